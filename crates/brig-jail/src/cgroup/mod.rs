@@ -1,0 +1,1 @@
+//! cgroup v1 and v2 (being written).

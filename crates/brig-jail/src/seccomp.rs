@@ -1,0 +1,1 @@
+//! seccomp-bpf filter (being written).
