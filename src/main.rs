@@ -1,1 +1,299 @@
-fn main() {}
+//! brig: a self-hosted sandbox for untrusted code. This binary is a thin client:
+//! it parses flags into a `brig_policy::SandboxSpec` and hands it to `brig_jail`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use brig_jail::{HostConfig, Outcome, Stdio};
+use brig_policy::{
+    parse_cpus_millis, parse_duration_ms, parse_size, BindMount, Identity, LandlockMode,
+    NetworkMode, RootSource, SandboxSpec, SeccompMode,
+};
+use clap::{Args, Parser, Subcommand};
+
+/// Exit status for brig's own errors (bad flag, setup failure), as in `docker run`.
+const EXIT_BRIG_ERROR: u8 = 125;
+/// Exit status when the timeout fired, as in timeout(1).
+const EXIT_TIMEOUT: u8 = 124;
+
+#[derive(Parser)]
+#[command(
+    name = "brig",
+    version,
+    about = "Run untrusted code in a fresh, fully isolated Linux sandbox"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command in a brand-new sandbox and report its result.
+    Run(RunArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Capture stdout/stderr and print one JSON object with the result when the command ends.
+    #[arg(long)]
+    json: bool,
+
+    /// Wall-clock limit (e.g. 30s, 500ms, 2m; "none" for no limit). Kills the whole process tree.
+    #[arg(long, value_name = "DURATION", default_value = "60s")]
+    timeout: String,
+    /// CPU seconds per process (RLIMIT_CPU).
+    #[arg(long, value_name = "SECS")]
+    cpu_time: Option<u64>,
+    /// Memory for the whole sandbox, tmpfs included, no swap (e.g. 512M; "none").
+    #[arg(long, value_name = "SIZE", default_value = "512M")]
+    memory: String,
+    /// Maximum number of processes and threads ("none" for no limit).
+    #[arg(long, value_name = "N", default_value = "256")]
+    pids: String,
+    /// CPU bandwidth in CPUs, fractional allowed (e.g. 0.5; "none").
+    #[arg(long, value_name = "N", default_value = "1")]
+    cpus: String,
+    /// Size of all writable storage together: /tmp, /workspace, /dev/shm.
+    #[arg(long, value_name = "SIZE", default_value = "512M")]
+    disk: String,
+    /// Bytes kept of each captured stream with --json; the rest is cut and marked truncated.
+    #[arg(long, value_name = "SIZE", default_value = "1M")]
+    output_limit: String,
+    /// Open file descriptors per process.
+    #[arg(long, value_name = "N", default_value_t = brig_policy::defaults::NOFILE)]
+    nofile: u64,
+    /// Largest file a process may write.
+    #[arg(long, value_name = "SIZE")]
+    file_size: Option<String>,
+
+    /// Use this directory tree as / (read-only) instead of the host's system directories.
+    #[arg(long, value_name = "DIR")]
+    rootfs: Option<PathBuf>,
+    /// Make a host path visible inside: SRC:DST[:ro|rw], read-only by default. Repeatable.
+    #[arg(long, value_name = "SRC:DST[:ro|rw]")]
+    bind: Vec<String>,
+    /// Bind this host directory read-write at /workspace instead of a private tmpfs.
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// Working directory inside the sandbox.
+    #[arg(long, value_name = "PATH", default_value = brig_policy::defaults::WORKSPACE)]
+    cwd: String,
+
+    /// Set an environment variable (KEY=VALUE). Repeatable. The environment is otherwise
+    /// cleared except PATH, HOME and LANG.
+    #[arg(long, value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    #[arg(long, value_name = "NAME", default_value = brig_policy::defaults::HOSTNAME)]
+    hostname: String,
+    /// uid[:gid] inside the sandbox; 0 is root of the sandbox's user namespace only.
+    #[arg(long, value_name = "UID[:GID]", default_value = "1000")]
+    user: String,
+
+    /// Network mode: "none" is loopback only (the only mode so far).
+    #[arg(long, value_name = "MODE", default_value = "none")]
+    network: String,
+    /// seccomp filter: default or off.
+    #[arg(long, value_name = "MODE", default_value = "default")]
+    seccomp: SeccompMode,
+    /// Allow ptrace and process_vm_* among the sandbox's own processes (debuggers).
+    #[arg(long)]
+    allow_ptrace: bool,
+    /// Landlock: required (refuse to run unless fully enforced), best-effort or off.
+    #[arg(long, value_name = "MODE", default_value = "best-effort")]
+    landlock: LandlockMode,
+
+    /// Host uid/gid range for sandboxes when brig runs as root (START-END).
+    #[arg(long, value_name = "START-END", env = "BRIG_ID_RANGE")]
+    id_range: Option<brig_jail::ids::IdRange>,
+    /// Parent cgroup for sandboxes, relative to each hierarchy's root.
+    #[arg(long, value_name = "PATH", env = "BRIG_CGROUP_PARENT")]
+    cgroup_parent: Option<String>,
+
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+fn optional<T>(
+    text: &str,
+    parse: impl Fn(&str) -> Result<T, brig_policy::PolicyError>,
+) -> Result<Option<T>, brig_policy::PolicyError> {
+    match text {
+        "none" | "unlimited" => Ok(None),
+        other => parse(other).map(Some),
+    }
+}
+
+impl RunArgs {
+    fn spec(&self) -> anyhow::Result<SandboxSpec> {
+        let mut spec = SandboxSpec::new(self.command.clone());
+        let limits = &mut spec.limits;
+        limits.timeout_ms = optional(&self.timeout, parse_duration_ms)?;
+        limits.cpu_time_secs = self.cpu_time;
+        limits.memory_bytes = optional(&self.memory, parse_size)?;
+        limits.pids = optional(&self.pids, |t| {
+            t.parse()
+                .map_err(|_| brig_policy::PolicyError::BadSize(t.to_string()))
+        })?;
+        limits.cpus_millis = optional(&self.cpus, parse_cpus_millis)?;
+        limits.disk_bytes = parse_size(&self.disk)?;
+        limits.output_limit_bytes = parse_size(&self.output_limit)?;
+        limits.nofile = self.nofile;
+        limits.file_size_bytes = self.file_size.as_deref().map(parse_size).transpose()?;
+
+        if let Some(dir) = &self.rootfs {
+            spec.filesystem.root = RootSource::Directory(absolute(dir)?);
+        }
+        for bind in &self.bind {
+            let mut bind = BindMount::parse(bind)?;
+            bind.source = absolute(&bind.source)?;
+            spec.filesystem.binds.push(bind);
+        }
+        spec.filesystem.workspace = self.workspace.as_deref().map(absolute).transpose()?;
+        spec.cwd = brig_policy::normalize_sandbox_path(&self.cwd)?;
+
+        for entry in &self.env {
+            let (key, value) = entry
+                .split_once('=')
+                .ok_or_else(|| brig_policy::PolicyError::BadEnv(entry.clone()))?;
+            spec.env.insert(key.to_string(), value.to_string());
+        }
+        let (uid, gid) = Identity::parse_user(&self.user)?;
+        spec.identity = Identity {
+            uid,
+            gid,
+            hostname: self.hostname.clone(),
+        };
+        spec.network = self.network.parse::<NetworkMode>()?;
+        spec.seccomp.mode = self.seccomp;
+        spec.seccomp.allow_ptrace = self.allow_ptrace;
+        spec.landlock = self.landlock;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    fn host(&self) -> HostConfig {
+        let mut host = HostConfig::default();
+        if let Some(range) = self.id_range {
+            host.id_range = range;
+        }
+        host.cgroup.parent = self.cgroup_parent.clone();
+        host
+    }
+}
+
+/// Host paths are resolved against the caller's directory and must exist.
+fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
+    std::fs::canonicalize(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// The exit status and, for abnormal ends, a one-line explanation.
+fn exit_status(outcome: &Outcome, spec: &SandboxSpec) -> (u8, Option<String>) {
+    if outcome.timed_out {
+        let limit = spec.limits.timeout_ms.unwrap_or(0);
+        return (
+            EXIT_TIMEOUT,
+            Some(format!(
+                "timed out after {}ms; the sandbox was killed",
+                limit
+            )),
+        );
+    }
+    if let Some(error) = &outcome.error {
+        return (outcome.exit_code.unwrap_or(127) as u8, Some(error.clone()));
+    }
+    match (outcome.exit_code, outcome.signal) {
+        (Some(code), _) => (code as u8, None),
+        (None, Some(sig)) if outcome.oom_killed && sig == libc::SIGKILL => {
+            let limit = spec
+                .limits
+                .memory_bytes
+                .map(|b| format!(" (limit {} MiB)", b >> 20))
+                .unwrap_or_default();
+            (
+                128 + sig as u8,
+                Some(format!("killed: out of memory{limit}")),
+            )
+        }
+        (None, Some(sig)) => (128 + sig as u8, None),
+        (None, None) => (
+            EXIT_BRIG_ERROR,
+            Some("the sandbox ended without a status".into()),
+        ),
+    }
+}
+
+fn fail(json: bool, code: &str, message: &str) -> ExitCode {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"error": {"code": code, "message": message}})
+        );
+    }
+    eprintln!("brig: {message}");
+    ExitCode::from(EXIT_BRIG_ERROR)
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let spec = match args.spec() {
+        Ok(spec) => spec,
+        Err(e) => return fail(args.json, "invalid_argument", &e.to_string()),
+    };
+    let stdio = if args.json {
+        Stdio::Capture
+    } else {
+        Stdio::Inherit
+    };
+    let outcome = match brig_jail::run(&spec, &args.host(), stdio) {
+        Ok(outcome) => outcome,
+        Err(e) => return fail(args.json, e.code(), &e.to_string()),
+    };
+    let (status, message) = exit_status(&outcome, &spec);
+    if args.json {
+        match serde_json::to_string(&outcome) {
+            Ok(text) => println!("{text}"),
+            Err(e) => return fail(true, "internal", &format!("cannot encode the result: {e}")),
+        }
+    }
+    if let Some(message) = message {
+        eprintln!("brig: {message}");
+    }
+    ExitCode::from(status)
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BRIG_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            let rendered = e.render().to_string();
+            let first = rendered
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            eprintln!("brig: {first} (see brig --help)");
+            return ExitCode::from(EXIT_BRIG_ERROR);
+        }
+    };
+    match cli.command {
+        Command::Run(args) => run(args),
+    }
+}

@@ -22,6 +22,9 @@ pub enum JailError {
     /// The sandbox could not be set up; the message comes from inside it.
     #[error("sandbox setup failed: {0}")]
     Setup(String),
+    /// A setup error reported from inside the sandbox, with its original code.
+    #[error("{message}")]
+    InSandbox { code: String, message: String },
     #[error("invalid host path {path}: {reason}")]
     HostPath { path: String, reason: String },
     #[error("{0}")]
@@ -42,6 +45,11 @@ impl JailError {
             JailError::Cgroup(_) => "cgroup_failed",
             JailError::LandlockRequired(_) => "landlock_unavailable",
             JailError::Setup(_) => "setup_failed",
+            JailError::InSandbox { code, .. } => match code.as_str() {
+                "landlock_unavailable" => "landlock_unavailable",
+                "invalid_host_path" => "invalid_host_path",
+                _ => "setup_failed",
+            },
             JailError::HostPath { .. } => "invalid_host_path",
             JailError::Unsupported(_) => "unsupported",
             JailError::MultiThreaded(_) => "multi_threaded",

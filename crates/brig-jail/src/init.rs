@@ -1,0 +1,331 @@
+//! The sandbox side: what the cloned child does, in order, and then its life as the
+//! sandbox's PID 1.
+//!
+//! Setup stages (each needs the ones before it):
+//! 1. arrange file descriptors: stdio, the sync pipe at 3, the report pipe at 4,
+//!    everything else closed;
+//! 2. wait for the parent to write the uid/gid maps, then join the cgroup;
+//! 3. become the sandbox user (keeping capabilities of the new user namespace), arm
+//!    the parent-death signal (credential changes reset it, so it comes after);
+//! 4. new cgroup namespace (now that we sit in our own cgroup), hostname, loopback;
+//! 5. build the filesystem and pivot into it;
+//! 6. rlimits, then drop every capability, no_new_privs, Landlock, seccomp;
+//! 7. report "ready" and fork the command, which execs.
+//!
+//! As PID 1, init reaps every orphan, forwards signals to the command, and when the
+//! command ends kills everything else (`kill(-1)`) and reports the exit status.
+
+use std::ffi::CString;
+use std::os::fd::RawFd;
+
+use brig_policy::SandboxSpec;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::fsplan::FsPlan;
+use crate::proto::ChildMessage;
+use crate::report::NamespaceIds;
+use crate::rlimits::RlimitsReport;
+use crate::seccomp::SeccompProgram;
+use crate::sys::{self, write_all_fd, CloneResult};
+use crate::{caps, landlock, mounts, net, Context, JailError};
+
+pub(crate) const SYNC_FD: RawFd = 3;
+pub(crate) const REPORT_FD: RawFd = 4;
+
+/// Signals init passes on to the command.
+pub(crate) const FORWARDED: &[Signal] = &[
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTERM,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGWINCH,
+    Signal::SIGCONT,
+];
+
+/// Everything the child needs, prepared by the parent before clone (the child gets
+/// a copy of this memory, so nothing is serialized).
+pub(crate) struct ChildPlan<'a> {
+    pub spec: &'a SandboxSpec,
+    pub plan: &'a FsPlan,
+    pub seccomp: Option<&'a SeccompProgram>,
+    pub rlimits: &'a RlimitsReport,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    /// Where to look for argv[0], in PATH order (inside the sandbox).
+    pub exec_candidates: Vec<CString>,
+    pub sync_fd: RawFd,
+    pub report_fd: RawFd,
+    pub stdout_fd: Option<RawFd>,
+    pub stderr_fd: Option<RawFd>,
+    pub drop_groups: bool,
+    /// cgroup v1 `tasks` files the child moves itself into (see `Cgroup::self_attach_files`).
+    pub cgroup_tasks_files: Vec<std::path::PathBuf>,
+    /// When the run began (monotonic clock, shared with the parent).
+    pub started: std::time::Instant,
+}
+
+fn send(msg: &ChildMessage) {
+    // The parent reads until EOF; a failed write means it is gone and the
+    // parent-death signal is on its way.
+    let _ = write_all_fd(REPORT_FD, &msg.to_line());
+}
+
+/// Runs in the cloned child and never returns.
+pub(crate) fn child_main(plan: ChildPlan<'_>) -> ! {
+    if let Err(e) = arrange_fds(&plan) {
+        // The report pipe may not be at REPORT_FD yet; the parent sees EOF and a 125.
+        let _ = write_all_fd(
+            plan.report_fd,
+            &ChildMessage::Failed {
+                code: e.code().into(),
+                message: e.to_string(),
+            }
+            .to_line(),
+        );
+        sys::exit_now(125);
+    }
+    let command = match setup(&plan) {
+        Ok(command) => command,
+        Err(e) => {
+            send(&ChildMessage::Failed {
+                code: e.code().into(),
+                message: e.to_string(),
+            });
+            sys::exit_now(125);
+        }
+    };
+    let code = supervise(command);
+    sys::exit_now(code)
+}
+
+fn arrange_fds(plan: &ChildPlan<'_>) -> Result<(), JailError> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    if let Some(fd) = plan.stdout_fd {
+        nix::unistd::dup2(fd, 1).context(|| "redirect stdout".into())?;
+    }
+    if let Some(fd) = plan.stderr_fd {
+        nix::unistd::dup2(fd, 2).context(|| "redirect stderr".into())?;
+    }
+    // Move both pipes above any slot they could collide with, then into place.
+    let sync =
+        fcntl(plan.sync_fd, FcntlArg::F_DUPFD_CLOEXEC(10)).context(|| "dup sync pipe".into())?;
+    let report = fcntl(plan.report_fd, FcntlArg::F_DUPFD_CLOEXEC(10))
+        .context(|| "dup report pipe".into())?;
+    nix::unistd::dup3(sync, SYNC_FD, nix::fcntl::OFlag::O_CLOEXEC)
+        .context(|| "place sync pipe".into())?;
+    nix::unistd::dup3(report, REPORT_FD, nix::fcntl::OFlag::O_CLOEXEC)
+        .context(|| "place report pipe".into())?;
+    sys::close_fds_from(REPORT_FD + 1).context(|| "close inherited descriptors".into())?;
+    Ok(())
+}
+
+/// The prepared command: what the forked process execs.
+struct Command {
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    candidates: Vec<CString>,
+}
+
+fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
+    let mut timings = Vec::with_capacity(8);
+    let mut mark = |stage: &str| {
+        timings.push(crate::report::Timing {
+            stage: stage.to_string(),
+            at_us: plan.started.elapsed().as_micros() as u64,
+        })
+    };
+    // Stage 2: the parent writes our maps and cgroup, then one byte. EOF means it died.
+    let mut byte = [0u8; 1];
+    match nix::unistd::read(SYNC_FD, &mut byte) {
+        Ok(1) => {}
+        _ => sys::exit_now(125),
+    }
+
+    // Still host root here (when brig is): join the v1 cgroups by moving ourselves.
+    for file in &plan.cgroup_tasks_files {
+        std::fs::write(file, "0").context(|| format!("join cgroup {}", file.display()))?;
+    }
+
+    // Stage 3: become the sandbox user. Supplementary groups inherited from the host
+    // (root's included) must go; rootless brig cannot (setgroups is denied there) and
+    // keeps only the caller's own groups, which map to nobody.
+    let id = &plan.spec.identity;
+    if plan.drop_groups {
+        nix::unistd::setgroups(&[]).context(|| "drop supplementary groups".into())?;
+    }
+    caps::keep_across_setuid()?;
+    let gid = nix::unistd::Gid::from_raw(id.gid);
+    let uid = nix::unistd::Uid::from_raw(id.uid);
+    nix::unistd::setresgid(gid, gid, gid).context(|| format!("setresgid {}", id.gid))?;
+    nix::unistd::setresuid(uid, uid, uid).context(|| format!("setresuid {}", id.uid))?;
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
+        .context(|| "set parent-death signal".into())?;
+    // The parent may have died before the signal was armed: its end of the sync pipe
+    // is then closed.
+    let mut poll = [nix::poll::PollFd::new(
+        // SAFETY: SYNC_FD is open for the whole of setup.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(SYNC_FD) },
+        nix::poll::PollFlags::POLLIN,
+    )];
+    if nix::poll::poll(&mut poll, nix::poll::PollTimeout::ZERO).unwrap_or(0) > 0 {
+        sys::exit_now(125);
+    }
+
+    mark("child_identity");
+    // Stage 4.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+        .context(|| "new cgroup namespace".into())?;
+    nix::unistd::sethostname(&id.hostname).context(|| "set hostname".into())?;
+    net::loopback_up()?;
+
+    mark("child_namespaces");
+    // Stage 5.
+    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+    mounts::build_root(plan.plan)?;
+    enter_cwd(&plan.spec.cwd)?;
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+
+    mark("child_filesystem");
+    // Stage 6.
+    crate::rlimits::apply(plan.rlimits)?;
+    caps::drop_all()?;
+    sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).context(|| "set no_new_privs".into())?;
+    let landlock = landlock::restrict(plan.spec.landlock, &plan.plan.writable, &plan.plan.devices)?;
+    mark("child_landlock");
+    let namespaces = NamespaceIds::read("/proc/self");
+    let caps = caps::read_back()?;
+    if let Some(program) = plan.seccomp {
+        program.install()?;
+    }
+    mark("child_seccomp");
+    // The command runs as the same uid as init; it must not be able to ptrace init
+    // or read its memory even where ptrace is allowed.
+    sys::prctl(libc::PR_SET_DUMPABLE, 0).context(|| "set non-dumpable".into())?;
+
+    send(&ChildMessage::Ready {
+        caps,
+        landlock,
+        seccomp_installed: plan.seccomp.is_some(),
+        namespaces,
+        timings_us: timings,
+    });
+    Ok(Command {
+        argv: plan.argv.clone(),
+        envp: plan.envp.clone(),
+        candidates: plan.exec_candidates.clone(),
+    })
+}
+
+/// Changes into the working directory, creating it if it lies in writable scratch.
+fn enter_cwd(cwd: &str) -> Result<(), JailError> {
+    if nix::unistd::chdir(cwd).is_ok() {
+        return Ok(());
+    }
+    let writable = ["/tmp/", "/workspace/"].iter().any(|p| cwd.starts_with(p));
+    if writable {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .create(cwd)
+            .context(|| format!("create working directory {cwd}"))?;
+    }
+    nix::unistd::chdir(cwd)
+        .map_err(|e| JailError::Setup(format!("working directory {cwd}: {}", e.desc())))
+}
+
+/// Forks and execs the command, then acts as PID 1 until it ends. Returns init's exit code.
+fn supervise(command: Command) -> i32 {
+    let mut watched = SigSet::empty();
+    watched.add(Signal::SIGCHLD);
+    for sig in FORWARDED {
+        watched.add(*sig);
+    }
+    if nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&watched), None).is_err() {
+        return 125;
+    }
+    // SAFETY: init is single-threaded (a clone of the single-threaded parent).
+    let child = match unsafe { sys::fork_process() } {
+        Ok(CloneResult::Child) => exec_command(&command),
+        Ok(CloneResult::Parent { child }) => Pid::from_raw(child),
+        Err(e) => {
+            send(&ChildMessage::Failed {
+                code: "setup_failed".into(),
+                message: format!("fork the command: {e}"),
+            });
+            return 125;
+        }
+    };
+
+    loop {
+        let sig = match watched.wait() {
+            Ok(sig) => sig,
+            Err(_) => continue,
+        };
+        if sig != Signal::SIGCHLD {
+            let _ = nix::sys::signal::kill(child, sig);
+            continue;
+        }
+        // Reap everything that has exited: the command, and orphans re-parented to us.
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == child => {
+                    return finish(Some(code), None)
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
+                    return finish(None, Some(sig as i32))
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+    }
+}
+
+/// The command is gone: everything else in the sandbox goes with it.
+fn finish(code: Option<i32>, signal: Option<i32>) -> i32 {
+    let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
+    send(&ChildMessage::Exited { code, signal });
+    match (code, signal) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 125,
+    }
+}
+
+/// In the forked command process: restore a clean signal state and exec.
+fn exec_command(command: &Command) -> ! {
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+    // Rust's runtime ignores SIGPIPE in brig; an ignored disposition survives execve,
+    // and `yes | head` must behave as it does outside.
+    // SAFETY: restoring the default disposition of SIGPIPE has no memory-safety effect.
+    unsafe {
+        let _ = nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl);
+    }
+    let mut denied = false;
+    let mut last_error = nix::errno::Errno::ENOENT;
+    for candidate in &command.candidates {
+        // execve only returns on failure.
+        let err = nix::unistd::execve(candidate, &command.argv, &command.envp).unwrap_err();
+        match err {
+            nix::errno::Errno::EACCES => denied = true,
+            nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR => {}
+            other => {
+                last_error = other;
+                break;
+            }
+        }
+    }
+    let name = command.argv[0].to_string_lossy();
+    let (message, exit_code) = if last_error != nix::errno::Errno::ENOENT {
+        (format!("cannot execute {name}: {}", last_error.desc()), 126)
+    } else if denied {
+        (format!("cannot execute {name}: permission denied"), 126)
+    } else {
+        (format!("command not found: {name}"), 127)
+    };
+    send(&ChildMessage::ExecFailed { message, exit_code });
+    sys::exit_now(exit_code)
+}

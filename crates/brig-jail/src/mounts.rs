@@ -1,0 +1,351 @@
+//! Executes an [`FsPlan`] inside the sandbox's new mount namespace and pivots into it.
+//!
+//! Order (each step depends on the one before):
+//! 1. make every mount private, so nothing propagates back to the host;
+//! 2. clone every host source into a detached mount (`open_tree`) and set its flags,
+//!    before anything is mounted over host paths that a source might live under;
+//! 3. mount the new root (a small tmpfs) on the staging directory and the scratch
+//!    tmpfs beside it;
+//! 4. run the plan's steps, resolving every target with `RESOLVE_IN_ROOT` so a
+//!    symlink inside a rootfs cannot redirect a mount outside the new root;
+//! 5. `pivot_root(".", ".")` and detach the old root: the host tree is gone;
+//! 6. make the new root read-only.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::stat::Mode;
+
+use crate::fsplan::{Access, FsOp, FsPlan, NodeKind, ScratchDir};
+use crate::sys;
+use crate::{Context, JailError};
+
+/// Where the new root is assembled. Mounting over it in our private namespace is
+/// harmless, and every host source was cloned before, so nothing under it is lost.
+const STAGING: &str = "/tmp";
+/// The scratch tmpfs while the root is being built; detached before the pivot.
+const SCRATCH: &str = "/tmp/.brig-scratch";
+
+fn staged(path: &str) -> PathBuf {
+    PathBuf::from(format!("{STAGING}{path}"))
+}
+
+fn attrs(access: Access) -> u64 {
+    match access {
+        Access::ReadOnly => sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+        Access::ReadWrite => sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+        Access::Device => sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+    }
+}
+
+/// Builds the root and pivots into it. On return the process's root and cwd are the
+/// sandbox's `/`.
+pub fn build_root(plan: &FsPlan) -> Result<(), JailError> {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context(|| "make mounts private".into())?;
+
+    let mut sources: Vec<OwnedFd> = Vec::new();
+    for op in &plan.ops {
+        if let FsOp::Bind { source, access, .. } = op {
+            let tree = sys::open_tree_clone(source)
+                .context(|| format!("bind source {}", source.display()))?;
+            sys::mount_setattr_fd(tree.as_fd(), attrs(*access))
+                .context(|| format!("set flags on {}", source.display()))?;
+            sources.push(tree);
+        }
+    }
+
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(
+        Some("brig"),
+        STAGING,
+        Some("tmpfs"),
+        flags,
+        Some("mode=0755,size=16m,nr_inodes=16384"),
+    )
+    .context(|| "mount root tmpfs".into())?;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(SCRATCH)
+        .context(|| "create scratch mount point".into())?;
+    let inodes = (plan.scratch_bytes / 4096).max(4096);
+    mount(
+        Some("brig-scratch"),
+        SCRATCH,
+        Some("tmpfs"),
+        flags,
+        Some(format!("mode=0755,size={},nr_inodes={inodes}", plan.scratch_bytes).as_str()),
+    )
+    .context(|| "mount scratch tmpfs (--disk)".into())?;
+    for dir in ScratchDir::ALL {
+        std::fs::DirBuilder::new()
+            .mode(dir.mode())
+            .create(format!("{SCRATCH}/{}", dir.name()))
+            .context(|| format!("create scratch {}", dir.name()))?;
+    }
+
+    let root = nix::fcntl::open(
+        STAGING,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .context(|| "open new root".into())?;
+    // SAFETY: `open` just returned this descriptor and nothing else owns it.
+    let root: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(root) };
+
+    let mut sources = sources.into_iter();
+    for op in &plan.ops {
+        run_op(&root, op, &mut sources)?;
+    }
+
+    umount2(SCRATCH, MntFlags::MNT_DETACH).context(|| "detach scratch staging".into())?;
+    std::fs::remove_dir(SCRATCH).context(|| "remove scratch mount point".into())?;
+    drop(root);
+
+    nix::unistd::chdir(STAGING).context(|| "enter new root".into())?;
+    sys::pivot_root(Path::new("."), Path::new(".")).context(|| "pivot_root".into())?;
+    // The old root now sits on top of the new one at "."; detaching it removes every
+    // host mount from this namespace.
+    umount2(".", MntFlags::MNT_DETACH).context(|| "detach old root".into())?;
+    nix::unistd::chdir("/").context(|| "chdir /".into())?;
+    sys::mount_setattr_path(
+        Path::new("/"),
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+    )
+    .context(|| "make root read-only".into())?;
+    Ok(())
+}
+
+fn run_op(
+    root: &OwnedFd,
+    op: &FsOp,
+    sources: &mut impl Iterator<Item = OwnedFd>,
+) -> Result<(), JailError> {
+    match op {
+        FsOp::Dir { path, mode } => {
+            mkdir_all(root, path, *mode)?;
+        }
+        FsOp::Symlink { path, target } => {
+            let (parent, name) = parent_of(root, path)?;
+            nix::unistd::symlinkat(target.as_path(), Some(parent.as_raw_fd()), name)
+                .context(|| format!("symlink {path}"))?;
+        }
+        FsOp::File {
+            path,
+            contents,
+            mode,
+        } => {
+            let (parent, name) = parent_of(root, path)?;
+            let fd = nix::fcntl::openat(
+                Some(parent.as_raw_fd()),
+                name,
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(*mode),
+            )
+            .context(|| format!("create {path}"))?;
+            // SAFETY: `openat` just returned this descriptor and nothing else owns it.
+            let mut file: File = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+            file.write_all(contents)
+                .context(|| format!("write {path}"))?;
+        }
+        FsOp::Bind { path, kind, .. } => {
+            let tree = sources
+                .next()
+                .expect("one source per bind, cloned in plan order");
+            let target = mount_point(root, path, *kind)?;
+            sys::move_mount_fd(tree.as_fd(), target.as_fd())
+                .context(|| format!("bind at {path}"))?;
+        }
+        FsOp::Scratch { dir, path } => {
+            let tree = sys::open_tree_clone(Path::new(&format!("{SCRATCH}/{}", dir.name())))
+                .context(|| format!("clone scratch {}", dir.name()))?;
+            sys::mount_setattr_fd(tree.as_fd(), attrs(Access::ReadWrite))
+                .context(|| format!("set flags on scratch {}", dir.name()))?;
+            let target = mount_point(root, path, NodeKind::Dir)?;
+            sys::move_mount_fd(tree.as_fd(), target.as_fd()).context(|| format!("mount {path}"))?;
+        }
+        FsOp::Tmpfs {
+            path,
+            size_bytes,
+            mode,
+        } => {
+            mount(
+                Some("tmpfs"),
+                &staged(path),
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+                Some(format!("mode={mode:o},size={size_bytes},nr_inodes=1024").as_str()),
+            )
+            .context(|| format!("mount tmpfs at {path}"))?;
+        }
+        FsOp::Proc { path } => {
+            mount(
+                Some("proc"),
+                &staged(path),
+                Some("proc"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .context(|| format!("mount proc at {path}"))?;
+        }
+        FsOp::Devpts { path } => {
+            mount(
+                Some("devpts"),
+                &staged(path),
+                Some("devpts"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+                Some("newinstance,ptmxmode=0666,mode=0620"),
+            )
+            .context(|| format!("mount devpts at {path}"))?;
+        }
+        FsOp::Mask { path } => {
+            let target = staged(path);
+            match std::fs::symlink_metadata(&target) {
+                Err(_) => {} // not on this kernel: nothing to hide
+                Ok(meta) if meta.is_dir() => mount(
+                    Some("tmpfs"),
+                    &target,
+                    Some("tmpfs"),
+                    MsFlags::MS_RDONLY
+                        | MsFlags::MS_NOSUID
+                        | MsFlags::MS_NODEV
+                        | MsFlags::MS_NOEXEC,
+                    Some("size=4k,nr_inodes=1,mode=0555"),
+                )
+                .context(|| format!("mask {path}"))?,
+                Ok(_) => mount(
+                    Some(&staged("/dev/null")),
+                    &target,
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )
+                .context(|| format!("mask {path}"))?,
+            }
+        }
+        FsOp::ReadOnly { path } => {
+            let target = staged(path);
+            if target.symlink_metadata().is_ok() {
+                mount(
+                    Some(&target),
+                    &target,
+                    None::<&str>,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    None::<&str>,
+                )
+                .context(|| format!("rebind {path}"))?;
+                sys::mount_setattr_path(
+                    &target,
+                    sys::MOUNT_ATTR_RDONLY
+                        | sys::MOUNT_ATTR_NOSUID
+                        | sys::MOUNT_ATTR_NODEV
+                        | sys::MOUNT_ATTR_NOEXEC,
+                )
+                .context(|| format!("make {path} read-only"))?;
+            }
+        }
+        FsOp::Seal { path } => {
+            sys::mount_setattr_path(&staged(path), sys::MOUNT_ATTR_RDONLY)
+                .context(|| format!("make {path} read-only"))?;
+        }
+    }
+    Ok(())
+}
+
+fn how(flags: OFlag) -> OpenHow {
+    OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS)
+}
+
+fn open_in_root(root: &OwnedFd, path: &str, flags: OFlag) -> nix::Result<OwnedFd> {
+    let fd = openat2(root.as_raw_fd(), path, how(flags))?;
+    // SAFETY: `openat2` just returned this descriptor and nothing else owns it.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+/// Creates every missing directory of `path` (resolved inside `root`).
+fn mkdir_all(root: &OwnedFd, path: &str, mode: u32) -> Result<(), JailError> {
+    let mut current = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        let parent = open_in_root(
+            root,
+            if current.is_empty() { "/" } else { &current },
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+        )
+        .context(|| format!("open {}", if current.is_empty() { "/" } else { &current }))?;
+        current.push('/');
+        current.push_str(part);
+        match nix::sys::stat::mkdirat(
+            Some(parent.as_raw_fd()),
+            part,
+            Mode::from_bits_truncate(mode),
+        ) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(nix::errno::Errno::EROFS) => {
+                return Err(JailError::Setup(format!(
+                    "cannot create mount point {current}: it lies in a read-only directory"
+                )))
+            }
+            Err(e) => return Err(JailError::sys(format!("mkdir {current}"), e.into())),
+        }
+    }
+    Ok(())
+}
+
+fn parent_of<'p>(root: &OwnedFd, path: &'p str) -> Result<(OwnedFd, &'p str), JailError> {
+    let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+    let parent = if parent.is_empty() { "/" } else { parent };
+    mkdir_all(root, parent, 0o755)?;
+    let fd = open_in_root(root, parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
+        .context(|| format!("open {parent}"))?;
+    Ok((fd, name))
+}
+
+/// Opens (creating if needed) the mount point for a bind as an `O_PATH` descriptor.
+fn mount_point(root: &OwnedFd, path: &str, kind: NodeKind) -> Result<OwnedFd, JailError> {
+    match kind {
+        NodeKind::Dir => mkdir_all(root, path, 0o755)?,
+        NodeKind::File => {
+            let (parent, name) = parent_of(root, path)?;
+            match nix::fcntl::openat(
+                Some(parent.as_raw_fd()),
+                name,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o644),
+            ) {
+                Ok(fd) => drop(unsafe_owned(fd)),
+                // An existing file in a read-only tree is a fine mount point as it is.
+                Err(nix::errno::Errno::EROFS) | Err(nix::errno::Errno::EISDIR) => {}
+                Err(e) => {
+                    return Err(JailError::sys(
+                        format!("create mount point {path}"),
+                        e.into(),
+                    ))
+                }
+            }
+        }
+    }
+    open_in_root(root, path, OFlag::O_PATH | OFlag::O_NOFOLLOW)
+        .context(|| format!("open mount point {path}"))
+}
+
+fn unsafe_owned(fd: std::os::fd::RawFd) -> OwnedFd {
+    // SAFETY: only called with descriptors just returned by the kernel to this code.
+    unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }
+}

@@ -1,0 +1,786 @@
+//! The parent side of a run: prepares everything, clones the sandbox's init, watches
+//! it (output, timeout, signals) and cleans up.
+//!
+//! Process layout while a sandbox runs:
+//!
+//! ```text
+//! brig (this process, single-threaded)
+//!  ├── brig-watchdog   holds the id lease; if brig dies (even by SIGKILL) it kills
+//!  │                   the cgroup's processes and removes the cgroup
+//!  └── init (PID 1 of the sandbox's namespaces, dies with brig via PDEATHSIG)
+//!       └── the command
+//! ```
+//!
+//! Mounts live only in the sandbox's mount namespace and vanish with it; no
+//! directory is created on the host. So after any end (normal, timeout, OOM,
+//! SIGINT/SIGTERM to brig, SIGKILL of brig) nothing is left behind.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use brig_policy::{RootSource, SandboxSpec};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::cgroup::{Cgroup, CgroupConfig, Layout};
+use crate::fsplan;
+use crate::ids::{self, IdRange};
+use crate::init::{self, ChildPlan};
+use crate::proto::{drain_messages, ChildMessage};
+use crate::report::*;
+use crate::rlimits;
+use crate::seccomp;
+use crate::sys::{self, CloneResult};
+use crate::{Context, JailError};
+
+/// Host-level settings chosen by the operator, not by the sandbox's requester.
+#[derive(Debug, Clone, Default)]
+pub struct HostConfig {
+    pub id_range: IdRange,
+    pub cgroup: CgroupConfig,
+}
+
+/// Where the sandbox's stdio goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stdio {
+    /// The caller's stdin, stdout and stderr.
+    Inherit,
+    /// stdin inherited; stdout and stderr captured into the [`Outcome`].
+    Capture,
+}
+
+/// How long a signalled sandbox gets to exit before it is killed.
+const SIGNAL_GRACE: Duration = Duration::from_secs(2);
+
+const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS;
+
+/// Runs one sandbox to completion.
+///
+/// Must be called from a single-threaded process (brig's CLI, or the self-exec
+/// helper a daemon starts): the sandbox is created with a fork-like clone.
+pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcome, JailError> {
+    let mut timeline = Timeline::new();
+    spec.validate()?;
+    let threads = sys::thread_count().context(|| "count threads".into())?;
+    if threads != 1 {
+        return Err(JailError::MultiThreaded(threads));
+    }
+    let rootless = !nix::unistd::geteuid().is_root();
+    let plan = fsplan::plan(spec, std::path::Path::new("/"))?;
+    let seccomp = seccomp::build(&spec.seccomp)?;
+    timeline.mark("plan");
+
+    let lease = if rootless {
+        None
+    } else {
+        Some(ids::lease(host.id_range)?)
+    };
+    let (host_uid, host_gid) = match &lease {
+        Some(lease) => (lease.id, lease.id),
+        None => (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        ),
+    };
+
+    timeline.mark("id_lease");
+    let name = format!("brig-{:016x}", ids::random_u64());
+    let (cgroup, cgroup_reason) = match Layout::detect()
+        .and_then(|layout| Cgroup::create(&layout, &host.cgroup, &name, &spec.limits))
+    {
+        Ok(cgroup) => (Some(cgroup), None),
+        // Unprivileged users rarely have a delegated cgroup; run without and say so.
+        Err(e) if rootless => (None, Some(e.to_string())),
+        Err(e) => return Err(e),
+    };
+    // Cgroup::create fails unless every requested limit was written, pids included.
+    let pids_by_cgroup = cgroup.is_some();
+    timeline.mark("cgroup");
+    let rlimit_plan = rlimits::planned(&spec.limits, pids_by_cgroup);
+    let result = rlimits::check_grantable(&rlimit_plan).and_then(|()| {
+        let watchdog = match &cgroup {
+            Some(cgroup) => Some(Watchdog::spawn(cgroup)?),
+            None => None,
+        };
+        timeline.mark("watchdog");
+        let result = run_sandbox(
+            &mut timeline,
+            spec,
+            &plan,
+            seccomp.as_ref(),
+            &rlimit_plan,
+            cgroup.as_ref(),
+            stdio,
+            rootless,
+            (host_uid, host_gid),
+        );
+        if let Some(watchdog) = watchdog {
+            // Only after the cgroup is gone: until then the watchdog must stay ready
+            // to clean up if this process dies.
+            let removed = cgroup.as_ref().map(|c| c.remove());
+            watchdog.release();
+            if let Some(Err(e)) = removed {
+                tracing::warn!("cgroup cleanup: {e}");
+            }
+        }
+        result
+    });
+    drop(lease);
+    let (mut outcome, stats) = result?;
+    outcome.enforced.cgroup = CgroupReport {
+        applied: cgroup.is_some(),
+        reason: cgroup_reason,
+        details: cgroup.as_ref().map(|c| c.enforced()),
+    };
+    if let Some(stats) = stats {
+        outcome.oom_killed = stats.oom_kills > 0;
+        outcome.memory_peak_bytes = stats.memory_peak_bytes;
+        if let Some(ns) = stats.cpu_time_ns {
+            outcome.cpu_time_ms = Some(ns / 1_000_000);
+        }
+    }
+    outcome.enforced.seccomp = SeccompReport {
+        enabled: outcome.enforced.seccomp.enabled,
+        filter: seccomp.as_ref().map(|p| p.summary.clone()),
+    };
+    outcome.enforced.filesystem = FilesystemReport {
+        pivot_root: true,
+        root: match spec.filesystem.root {
+            RootSource::HostSystem => "host-system".into(),
+            RootSource::Directory(_) => "directory".into(),
+        },
+        read_only_root: true,
+        writable: plan.writable.clone(),
+        disk_bytes: plan.scratch_bytes,
+    };
+    Ok(outcome)
+}
+
+/// Candidate paths for argv[0]: itself if it has a slash, else each PATH entry.
+fn exec_candidates(argv0: &str, path: &str) -> Vec<CString> {
+    if argv0.contains('/') {
+        return CString::new(argv0).into_iter().collect();
+    }
+    path.split(':')
+        .map(|dir| if dir.is_empty() { "." } else { dir })
+        .filter_map(|dir| CString::new(format!("{dir}/{argv0}")).ok())
+        .collect()
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), JailError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context(|| "create pipe".into())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_sandbox(
+    timeline: &mut Timeline,
+    spec: &SandboxSpec,
+    plan: &fsplan::FsPlan,
+    seccomp: Option<&seccomp::SeccompProgram>,
+    rlimit_plan: &rlimits::RlimitsReport,
+    cgroup: Option<&Cgroup>,
+    stdio: Stdio,
+    rootless: bool,
+    (host_uid, host_gid): (u32, u32),
+) -> Result<(Outcome, Option<crate::cgroup::CgroupStats>), JailError> {
+    let env = spec.effective_env();
+    let to_c = |s: &[u8]| {
+        CString::new(s).map_err(|_| JailError::Policy(brig_policy::PolicyError::NulInCommand))
+    };
+    let argv = spec
+        .command
+        .iter()
+        .map(|a| to_c(a.as_bytes()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let envp = env
+        .iter()
+        .map(|(k, v)| to_c(format!("{k}={v}").as_bytes()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let candidates = exec_candidates(
+        &spec.command[0],
+        env.get("PATH").map(String::as_str).unwrap_or(""),
+    );
+
+    let (sync_r, sync_w) = pipe()?;
+    let (report_r, report_w) = pipe()?;
+    let capture = match stdio {
+        Stdio::Capture => Some((pipe()?, pipe()?)),
+        Stdio::Inherit => None,
+    };
+
+    // Signals for brig are read from a signalfd; blocking them before clone means
+    // none is lost between here and the loop.
+    let mut handled = SigSet::empty();
+    for sig in [
+        Signal::SIGCHLD,
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        handled.add(sig);
+    }
+    let mut old_mask = SigSet::empty();
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&handled), Some(&mut old_mask))
+        .context(|| "block signals".into())?;
+    let restore_mask = RestoreMask(old_mask);
+    let signal_fd = SignalFd::with_flags(&handled, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .context(|| "signalfd".into())?;
+
+    let host_namespaces = NamespaceIds::read("/proc/self");
+    let child_plan = ChildPlan {
+        spec,
+        plan,
+        seccomp,
+        rlimits: rlimit_plan,
+        argv,
+        envp,
+        exec_candidates: candidates,
+        sync_fd: sync_r.as_raw_fd(),
+        report_fd: report_w.as_raw_fd(),
+        stdout_fd: capture.as_ref().map(|((_, w), _)| w.as_raw_fd()),
+        stderr_fd: capture.as_ref().map(|(_, (_, w))| w.as_raw_fd()),
+        drop_groups: !rootless,
+        cgroup_tasks_files: cgroup.map(|c| c.self_attach_files()).unwrap_or_default(),
+        started: timeline.started,
+    };
+
+    let started = Instant::now();
+    // SAFETY: run() checked that this process has a single thread.
+    let child = match unsafe { sys::clone_process(CLONE_FLAGS) } {
+        Ok(CloneResult::Child) => init::child_main(child_plan),
+        Ok(CloneResult::Parent { child }) => Pid::from_raw(child),
+        Err(e) => {
+            let hint = if e.raw_os_error() == Some(libc::EPERM)
+                || e.raw_os_error() == Some(libc::ENOSPC)
+            {
+                " (are user namespaces allowed? see user.max_user_namespaces)"
+            } else {
+                ""
+            };
+            return Err(JailError::Unsupported(format!(
+                "cannot create the sandbox's namespaces: {e}{hint}"
+            )));
+        }
+    };
+    // The child's copies are its own; ours would keep the pipes from ever closing.
+    drop(sync_r);
+    drop(report_w);
+    let capture = capture.map(|((out_r, out_w), (err_r, err_w))| {
+        drop(out_w);
+        drop(err_w);
+        (out_r, err_r)
+    });
+
+    timeline.mark("clone");
+    let identity = match prepare_child(child, spec, cgroup, rootless, host_uid, host_gid, &sync_w) {
+        Ok(identity) => identity,
+        Err(e) => {
+            let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+            let _ = waitpid(child, None);
+            return Err(e);
+        }
+    };
+
+    timeline.mark("id_maps_and_cgroup_join");
+    let mut watch = Watch::new(spec, started, child);
+    watch.run(&report_r, capture.as_ref(), &signal_fd)?;
+    timeline.mark("sandbox_gone");
+    drop(sync_w);
+    drop(restore_mask);
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let stats = cgroup.map(|c| c.stats());
+
+    if let Some(message) = watch.failed {
+        return Err(message);
+    }
+    let ready = watch
+        .ready
+        .ok_or_else(|| JailError::Setup("the sandbox exited during setup".into()))?;
+    let (caps, landlock, seccomp_installed, namespaces, child_timings) = ready;
+    timeline.marks.extend(child_timings);
+    if let Some(at) = watch.exited_at {
+        timeline.marks.push(Timing {
+            stage: "command_exited".into(),
+            at_us: at.duration_since(timeline.started).as_micros() as u64,
+        });
+    }
+    timeline.marks.sort_by_key(|t| t.at_us);
+    let (exit_code, signal) = match watch.exited {
+        Some((code, signal)) => (code, signal),
+        // init itself was killed (timeout, OOM, a signal to brig): so was the command.
+        None => (None, watch.init_signal.or(Some(libc::SIGKILL))),
+    };
+    let cpu_time_ms = rusage_children_ms();
+    let outcome = Outcome {
+        exit_code,
+        signal,
+        timed_out: watch.timed_out,
+        oom_killed: false,
+        stdout: String::from_utf8_lossy(&watch.stdout.data).into_owned(),
+        stderr: String::from_utf8_lossy(&watch.stderr.data).into_owned(),
+        stdout_truncated: watch.stdout.truncated,
+        stderr_truncated: watch.stderr.truncated,
+        duration_ms,
+        cpu_time_ms: Some(cpu_time_ms),
+        memory_peak_bytes: None,
+        error: watch.exec_error,
+        timings_us: std::mem::take(&mut timeline.marks),
+        enforced: Enforced {
+            namespaces: namespaces.differing_from(&host_namespaces),
+            identity,
+            filesystem: FilesystemReport {
+                pivot_root: true,
+                root: String::new(),
+                read_only_root: true,
+                writable: vec![],
+                disk_bytes: 0,
+            },
+            network: "loopback-only".into(),
+            no_new_privs: caps.no_new_privs,
+            capabilities: caps,
+            seccomp: SeccompReport {
+                enabled: seccomp_installed,
+                filter: None,
+            },
+            landlock,
+            cgroup: CgroupReport {
+                applied: false,
+                reason: None,
+                details: None,
+            },
+            rlimits: rlimit_plan.clone(),
+        },
+    };
+    Ok((outcome, stats))
+}
+
+struct RestoreMask(SigSet);
+
+impl Drop for RestoreMask {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&self.0), None);
+    }
+}
+
+/// Writes the id maps, moves the child into its cgroup and lets it go.
+fn prepare_child(
+    child: Pid,
+    spec: &SandboxSpec,
+    cgroup: Option<&Cgroup>,
+    rootless: bool,
+    host_uid: u32,
+    host_gid: u32,
+    sync_w: &OwnedFd,
+) -> Result<IdentityReport, JailError> {
+    let proc_dir = format!("/proc/{child}");
+    let id = &spec.identity;
+    if rootless {
+        // An unprivileged writer may map only its own ids, and only after denying
+        // setgroups (otherwise dropping a group could grant access: CVE-2014-8989).
+        std::fs::write(format!("{proc_dir}/setgroups"), "deny")
+            .context(|| "deny setgroups".into())?;
+    }
+    std::fs::write(
+        format!("{proc_dir}/uid_map"),
+        format!("{} {host_uid} 1\n", id.uid),
+    )
+    .context(|| "write uid_map".into())?;
+    std::fs::write(
+        format!("{proc_dir}/gid_map"),
+        format!("{} {host_gid} 1\n", id.gid),
+    )
+    .context(|| "write gid_map".into())?;
+    let read_map = |name: &str| {
+        std::fs::read_to_string(format!("{proc_dir}/{name}"))
+            .map(|m| m.split_whitespace().collect::<Vec<_>>().join(" "))
+            .context(|| format!("read {name}"))
+    };
+    let identity = IdentityReport {
+        uid: id.uid,
+        gid: id.gid,
+        host_uid,
+        host_gid,
+        uid_map: read_map("uid_map")?,
+        gid_map: read_map("gid_map")?,
+        rootless,
+    };
+    if let Some(cgroup) = cgroup {
+        // v1 leaves are joined by the child itself (fast path); v2 ones here.
+        cgroup.add_pid_except_self_attached(child.as_raw())?;
+    }
+    sys::write_all_fd(sync_w.as_raw_fd(), b"g").context(|| "start the sandbox".into())?;
+    Ok(identity)
+}
+
+fn rusage_children_ms() -> u64 {
+    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN) {
+        Ok(usage) => {
+            let ms = |tv: nix::sys::time::TimeVal| {
+                tv.tv_sec() as u64 * 1000 + tv.tv_usec() as u64 / 1000
+            };
+            ms(usage.user_time()) + ms(usage.system_time())
+        }
+        Err(_) => 0,
+    }
+}
+
+#[derive(Default)]
+struct Captured {
+    data: Vec<u8>,
+    truncated: bool,
+    open: bool,
+}
+
+impl Captured {
+    /// Keeps up to `limit` bytes and keeps draining the pipe past it, so the
+    /// command never blocks on a full pipe.
+    fn take(&mut self, fd: RawFd, limit: u64, buf: &mut [u8]) {
+        match nix::unistd::read(fd, buf) {
+            Ok(0) => self.open = false,
+            Ok(n) => {
+                let room = (limit as usize).saturating_sub(self.data.len());
+                if n > room {
+                    self.truncated = true;
+                }
+                self.data.extend_from_slice(&buf[..n.min(room)]);
+            }
+            Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::EAGAIN) => {}
+            Err(_) => self.open = false,
+        }
+    }
+}
+
+type Ready = (
+    crate::caps::CapsReport,
+    crate::landlock::LandlockReport,
+    bool,
+    NamespaceIds,
+    Vec<Timing>,
+);
+
+/// The event loop's state.
+struct Watch {
+    child: Pid,
+    output_limit: u64,
+    deadline: Option<Instant>,
+    grace_deadline: Option<Instant>,
+    reaped: bool,
+    report_open: bool,
+    report_buf: Vec<u8>,
+    stdout: Captured,
+    stderr: Captured,
+    ready: Option<Ready>,
+    failed: Option<JailError>,
+    exec_error: Option<String>,
+    exited: Option<(Option<i32>, Option<i32>)>,
+    exited_at: Option<Instant>,
+    init_signal: Option<i32>,
+    timed_out: bool,
+}
+
+impl Watch {
+    fn new(spec: &SandboxSpec, started: Instant, child: Pid) -> Self {
+        Watch {
+            child,
+            output_limit: spec.limits.output_limit_bytes,
+            deadline: spec
+                .limits
+                .timeout_ms
+                .map(|ms| started + Duration::from_millis(ms)),
+            grace_deadline: None,
+            reaped: false,
+            report_open: true,
+            report_buf: Vec::new(),
+            stdout: Captured {
+                open: true,
+                ..Default::default()
+            },
+            stderr: Captured {
+                open: true,
+                ..Default::default()
+            },
+            ready: None,
+            failed: None,
+            exec_error: None,
+            exited: None,
+            exited_at: None,
+            init_signal: None,
+            timed_out: false,
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = nix::sys::signal::kill(self.child, Signal::SIGKILL);
+    }
+
+    fn run(
+        &mut self,
+        report: &OwnedFd,
+        capture: Option<&(OwnedFd, OwnedFd)>,
+        signals: &SignalFd,
+    ) -> Result<(), JailError> {
+        if capture.is_none() {
+            self.stdout.open = false;
+            self.stderr.open = false;
+        }
+        let mut buf = vec![0u8; 64 << 10];
+        while !self.reaped || self.report_open || self.stdout.open || self.stderr.open {
+            let now = Instant::now();
+            let next = [self.deadline, self.grace_deadline]
+                .into_iter()
+                .flatten()
+                .min();
+            if let Some(at) = next {
+                if now >= at {
+                    if Some(at) == self.deadline && self.exited.is_none() && !self.reaped {
+                        self.timed_out = true;
+                    }
+                    self.kill();
+                    self.deadline = None;
+                    self.grace_deadline = None;
+                    continue;
+                }
+            }
+            let timeout = match next {
+                Some(at) => PollTimeout::try_from(
+                    at.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1,
+                )
+                .unwrap_or(PollTimeout::MAX),
+                None => PollTimeout::NONE,
+            };
+            let mut fds = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+            let report_at = self.report_open.then(|| {
+                fds.push(PollFd::new(report.as_fd(), PollFlags::POLLIN));
+                fds.len() - 1
+            });
+            let out_at = match capture {
+                Some((out, _)) if self.stdout.open => {
+                    fds.push(PollFd::new(out.as_fd(), PollFlags::POLLIN));
+                    Some(fds.len() - 1)
+                }
+                _ => None,
+            };
+            let err_at = match capture {
+                Some((_, err)) if self.stderr.open => {
+                    fds.push(PollFd::new(err.as_fd(), PollFlags::POLLIN));
+                    Some(fds.len() - 1)
+                }
+                _ => None,
+            };
+            match nix::poll::poll(&mut fds, timeout) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(JailError::sys("poll", e.into())),
+            }
+            let ready = |i: Option<usize>| {
+                i.is_some_and(|i| fds[i].revents().is_some_and(|r| !r.is_empty()))
+            };
+            let (sig_ready, report_ready, out_ready, err_ready) = (
+                ready(Some(0)),
+                ready(report_at),
+                ready(out_at),
+                ready(err_at),
+            );
+            drop(fds);
+            if report_ready {
+                match nix::unistd::read(report.as_raw_fd(), &mut buf) {
+                    Ok(0) => self.report_open = false,
+                    Ok(n) => {
+                        self.report_buf.extend_from_slice(&buf[..n]);
+                        for msg in drain_messages(&mut self.report_buf) {
+                            self.on_message(msg);
+                        }
+                    }
+                    Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::EAGAIN) => {}
+                    Err(_) => self.report_open = false,
+                }
+            }
+            if out_ready {
+                let fd = capture.map(|(o, _)| o.as_raw_fd()).unwrap_or(-1);
+                self.stdout.take(fd, self.output_limit, &mut buf);
+            }
+            if err_ready {
+                let fd = capture.map(|(_, e)| e.as_raw_fd()).unwrap_or(-1);
+                self.stderr.take(fd, self.output_limit, &mut buf);
+            }
+            if sig_ready {
+                while let Ok(Some(info)) = signals.read_signal() {
+                    self.on_signal(info.ssi_signo as i32, info.ssi_code);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_message(&mut self, msg: ChildMessage) {
+        match msg {
+            ChildMessage::Ready {
+                caps,
+                landlock,
+                seccomp_installed,
+                namespaces,
+                timings_us,
+            } => self.ready = Some((caps, landlock, seccomp_installed, namespaces, timings_us)),
+            ChildMessage::Failed { code, message } => {
+                self.failed = Some(JailError::InSandbox { code, message })
+            }
+            ChildMessage::ExecFailed { message, .. } => self.exec_error = Some(message),
+            ChildMessage::Exited { code, signal } => {
+                self.exited = Some((code, signal));
+                self.exited_at = Some(Instant::now());
+            }
+        }
+    }
+
+    fn on_signal(&mut self, signo: i32, code: i32) {
+        if signo == libc::SIGCHLD {
+            if !self.reaped {
+                match waitpid(self.child, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::Exited(..)) => self.reaped = true,
+                    Ok(WaitStatus::Signaled(_, sig, _)) => {
+                        self.reaped = true;
+                        self.init_signal = Some(sig as i32);
+                    }
+                    _ => {}
+                }
+            }
+            return;
+        }
+        if self.reaped {
+            return;
+        }
+        if self.grace_deadline.is_some() {
+            // Asked twice: stop waiting.
+            self.kill();
+            return;
+        }
+        // A terminal's ^C already reached the command (same process group); only
+        // signals sent by a process are passed on, so the command sees each once.
+        if code == libc::SI_USER || code == libc::SI_QUEUE {
+            if let Ok(sig) = Signal::try_from(signo) {
+                let _ = nix::sys::signal::kill(self.child, sig);
+            }
+        }
+        self.grace_deadline = Some(Instant::now() + SIGNAL_GRACE);
+    }
+}
+
+/// A process that outlives brig only to clean up after it.
+struct Watchdog {
+    pid: Pid,
+    done: OwnedFd,
+}
+
+impl Watchdog {
+    fn spawn(cgroup: &Cgroup) -> Result<Watchdog, JailError> {
+        let (read_end, write_end) = pipe()?;
+        // SAFETY: run() checked that this process has a single thread.
+        match unsafe { sys::fork_process() }.context(|| "fork watchdog".into())? {
+            CloneResult::Parent { child } => {
+                drop(read_end);
+                Ok(Watchdog {
+                    pid: Pid::from_raw(child),
+                    done: write_end,
+                })
+            }
+            CloneResult::Child => {
+                drop(write_end);
+                watchdog_main(read_end, cgroup)
+            }
+        }
+    }
+
+    /// The cgroup is gone: let the watchdog exit, and reap it.
+    fn release(self) {
+        let _ = sys::write_all_fd(self.done.as_raw_fd(), b"d");
+        drop(self.done);
+        let _ = waitpid(self.pid, None);
+    }
+}
+
+fn watchdog_main(done: OwnedFd, cgroup: &Cgroup) -> ! {
+    // Out of brig's session so a terminal's ^C or hangup does not reach it, and away
+    // from brig's stdio so it holds no pipe of the caller open.
+    let _ = nix::unistd::setsid();
+    if let Ok(null) = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDWR,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        for fd in 0..3 {
+            let _ = nix::unistd::dup2(null, fd);
+        }
+    }
+    let _ = sys::prctl(
+        libc::PR_SET_NAME,
+        c"brig-watchdog".as_ptr() as libc::c_ulong,
+    );
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(done.as_raw_fd(), &mut byte) {
+            Ok(1) => sys::exit_now(0),
+            Err(nix::errno::Errno::EINTR) => continue,
+            // EOF: brig died without cleaning up.
+            _ => break,
+        }
+    }
+    let _ = cgroup.kill_all();
+    let _ = cgroup.remove();
+    sys::exit_now(0)
+}
+
+/// When each stage of a run finished.
+struct Timeline {
+    started: Instant,
+    marks: Vec<Timing>,
+}
+
+impl Timeline {
+    fn new() -> Self {
+        Timeline {
+            started: Instant::now(),
+            marks: Vec::with_capacity(16),
+        }
+    }
+
+    fn mark(&mut self, stage: &str) {
+        self.marks.push(Timing {
+            stage: stage.to_string(),
+            at_us: self.started.elapsed().as_micros() as u64,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_candidates_follow_path() {
+        let c = exec_candidates("python3", "/usr/local/bin:/usr/bin");
+        assert_eq!(
+            c,
+            vec![
+                CString::new("/usr/local/bin/python3").unwrap(),
+                CString::new("/usr/bin/python3").unwrap()
+            ]
+        );
+        assert_eq!(
+            exec_candidates("./x", "/bin"),
+            vec![CString::new("./x").unwrap()]
+        );
+        assert_eq!(
+            exec_candidates("/bin/true", "/usr/bin"),
+            vec![CString::new("/bin/true").unwrap()]
+        );
+    }
+}

@@ -1,0 +1,249 @@
+//! Thin wrappers over system calls that neither `nix` nor `rustix` expose in the form
+//! brig needs (the new mount API, a fork-like clone with namespace flags, pivot_root).
+//! Each returns `io::Result` and holds the only `unsafe` for its call.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+pub const OPEN_TREE_CLONE: u32 = 1;
+pub const AT_RECURSIVE: u32 = 0x8000;
+pub const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+pub const MOVE_MOUNT_T_EMPTY_PATH: u32 = 0x40;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+fn cstr(path: &Path) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// A detached copy of the mount tree at `path` (recursive), to be attached elsewhere
+/// with [`move_mount_fd`]. Cloning first and attaching later means host paths are
+/// resolved before anything in the new mount namespace can shadow them.
+pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
+    let path = cstr(path)?;
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call; the
+    // kernel returns a new file descriptor that we take ownership of below.
+    let fd = check(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            (OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as u32) as libc::c_uint,
+        )
+    })?;
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sets mount attributes on every mount of the (possibly detached) tree `tree`.
+/// Only sets flags, never clears them, so flags the host locked stay as they are.
+pub fn mount_setattr_fd(tree: BorrowedFd<'_>, attr_set: u64) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let empty = c"";
+    // SAFETY: `attr` is a properly laid out `struct mount_attr` whose size we pass;
+    // `empty` is a static C string; `tree` is a valid open descriptor.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            (libc::AT_EMPTY_PATH as u32 | AT_RECURSIVE) as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// Same as [`mount_setattr_fd`] for the mount at `path` only (not its children).
+pub fn mount_setattr_path(path: &Path, attr_set: u64) -> io::Result<()> {
+    let path = cstr(path)?;
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: as above; `path` outlives the call.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            0 as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// Attaches the detached tree `tree` on top of the object `target` refers to
+/// (an `O_PATH` descriptor), so no path string is resolved at attach time.
+pub fn move_mount_fd(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
+    let empty = c"";
+    // SAFETY: both descriptors are valid; the empty strings are static.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            target.as_raw_fd(),
+            empty.as_ptr(),
+            (MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) as libc::c_uint,
+        )
+    })?;
+    Ok(())
+}
+
+/// pivot_root(2), which libc does not wrap.
+pub fn pivot_root(new_root: &Path, put_old: &Path) -> io::Result<()> {
+    let new_root = cstr(new_root)?;
+    let put_old = cstr(put_old)?;
+    // SAFETY: both strings are valid and outlive the call.
+    check(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })?;
+    Ok(())
+}
+
+/// What [`clone_process`] returned in the calling process.
+pub enum CloneResult {
+    Parent { child: libc::pid_t },
+    Child,
+}
+
+/// Creates a child process with the given namespace flags, like fork(2): the child
+/// continues from this call on a copy-on-write copy of the address space and stack.
+///
+/// # Safety
+/// The calling process must be single-threaded: like fork, the child gets a copy of
+/// memory in which another thread may have held a lock (malloc's, say) forever.
+pub unsafe fn clone_process(namespace_flags: libc::c_int) -> io::Result<CloneResult> {
+    // SAFETY: the caller guarantees a single thread. A NULL stack makes the kernel
+    // reuse the (copied) current stack, which is exactly fork's behaviour; the
+    // remaining pointer arguments are unused without CLONE_*TID/SETTLS flags.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (namespace_flags | libc::SIGCHLD) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            0 as libc::c_ulong,
+        )
+    };
+    match check(ret)? {
+        0 => Ok(CloneResult::Child),
+        pid => Ok(CloneResult::Parent {
+            child: pid as libc::pid_t,
+        }),
+    }
+}
+
+/// A plain fork for the (single-threaded) callers in this crate.
+///
+/// # Safety
+/// Same as [`clone_process`].
+pub unsafe fn fork_process() -> io::Result<CloneResult> {
+    // SAFETY: forwarded to the caller.
+    unsafe { clone_process(0) }
+}
+
+/// Closes every descriptor from `first` up, except none: used right after clone so
+/// the sandbox inherits nothing brig did not mean to give it.
+pub fn close_fds_from(first: RawFd) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors; the caller has already moved the
+    // ones it needs below `first`, so no live Rust object refers to a closed one
+    // (OwnedFds above `first` are leaked by the caller, never dropped).
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        )
+    })?;
+    Ok(())
+}
+
+/// Number of threads of the calling process, from /proc/self/stat.
+pub fn thread_count() -> io::Result<usize> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Field 20 (num_threads), counted after the parenthesised command name.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| io::Error::other("malformed /proc/self/stat"))?;
+    after
+        .split_whitespace()
+        .nth(17)
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| io::Error::other("malformed /proc/self/stat"))
+}
+
+pub fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<libc::c_int> {
+    // SAFETY: the prctl options brig uses take integer arguments only.
+    let ret = unsafe {
+        libc::prctl(
+            option,
+            arg2,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Writes `data` to `fd` in full, retrying on EINTR. Usable after clone without allocation.
+pub fn write_all_fd(fd: RawFd, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        // SAFETY: `data` is a valid slice for the given length.
+        let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        data = &data[n as usize..];
+    }
+    Ok(())
+}
+
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and runs no atexit handlers or destructors, which is
+    // what a cloned child that must not touch the parent's state wants.
+    unsafe { libc::_exit(code) }
+}
