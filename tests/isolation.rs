@@ -1,0 +1,400 @@
+//! Every isolation guarantee of `brig run`, attacked from inside a sandbox.
+//! Each test states the attack, runs it, and asserts it fails.
+
+mod common;
+
+use common::*;
+
+// 1. Namespaces -------------------------------------------------------------
+
+#[test]
+fn root_pid1_is_brig_init_and_host_processes_are_invisible() {
+    require_root!();
+    let host_pid = std::process::id();
+    let (out, _) = sh(&format!(
+        "cat /proc/1/comm; echo $$; ls /proc | grep -c '^[0-9]'; kill -0 {host_pid} 2>/dev/null && echo host-visible; ps -e | wc -l"
+    ));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "brig", "PID 1 must be brig's init: {out}");
+    assert_eq!(lines[1], "2", "the command is PID 2: {out}");
+    assert!(
+        lines[2].parse::<u32>().unwrap() <= 5,
+        "only the sandbox's processes: {out}"
+    );
+    assert!(!out.contains("host-visible"));
+    // header + init + sh + ps + wc at most
+    assert!(lines[3].parse::<u32>().unwrap() <= 6, "{out}");
+}
+
+#[test]
+fn root_sandbox_ids_map_to_unprivileged_unique_host_ids() {
+    require_root!();
+    let (out, _) = sh("cat /proc/self/uid_map /proc/self/gid_map");
+    let fields: Vec<u64> = out.split_whitespace().map(|f| f.parse().unwrap()).collect();
+    assert_eq!(
+        fields.len(),
+        6,
+        "exactly one uid and one gid mapping: {out}"
+    );
+    assert_eq!((fields[0], fields[2]), (1000, 1));
+    assert_ne!(fields[1], 0, "never host root");
+    assert!(fields[1] >= 1_000_000, "not a normal host user: {out}");
+    // Root inside is still an unprivileged host id.
+    let (out, _) = sh_with(&["--user", "0"], "cat /proc/self/uid_map");
+    let host: u64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_ne!(host, 0);
+
+    // Concurrent sandboxes get distinct host ids.
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(|| {
+                run_json(&[], &["sleep", "0.5"]).0["enforced"]["identity"]["host_uid"]
+                    .as_u64()
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut ids: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        4,
+        "concurrent sandboxes shared a host uid: {ids:?}"
+    );
+
+    // A custom range is honoured.
+    let (v, _) = run_json(&["--id-range", "2100000000-2100000009"], &["true"]);
+    let id = v["enforced"]["identity"]["host_uid"].as_u64().unwrap();
+    assert!((2_100_000_000..=2_100_000_009).contains(&id));
+}
+
+#[test]
+fn root_network_is_loopback_only() {
+    require_root!();
+    // A listener on the host's loopback is not reachable from the sandbox's.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (out, _) = py(
+        &[],
+        &format!(
+            "import socket,os\n\
+             print(sorted(os.listdir('/sys/class/net')) if os.path.exists('/sys/class/net') else 'nosys')\n\
+             print(open('/proc/net/dev').read().count(':'))\n\
+             s=socket.socket()\n\
+             try:\n  s.connect(('127.0.0.1',{port})); print('REACHED')\n\
+             except OSError as e: print('refused', e.errno)\n\
+             # its own loopback works\n\
+             a=socket.socket(); a.bind(('127.0.0.1',0)); a.listen(); b=socket.create_connection(a.getsockname()); print('lo-ok')\n\
+             try:\n  socket.create_connection(('10.0.0.1',80),timeout=1); print('OUT')\n\
+             except OSError as e: print('no-route')\n"
+        ),
+    );
+    assert!(!out.contains("REACHED") && !out.contains("OUT"), "{out}");
+    assert!(
+        out.contains("refused") && out.contains("lo-ok") && out.contains("no-route"),
+        "{out}"
+    );
+    let interfaces: u32 = out.lines().nth(1).unwrap().trim().parse().unwrap();
+    assert_eq!(interfaces, 1, "only lo: {out}");
+    drop(listener);
+}
+
+#[test]
+fn root_host_abstract_and_path_unix_sockets_are_unreachable() {
+    require_root!();
+    use std::os::linux::net::SocketAddrExt;
+    let name = unique("brig-test-abstract");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let path = dir.path().join("host.sock");
+    let _path_listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let (out, _) = py(
+        &[],
+        &format!(
+            "import socket,os\n\
+             s=socket.socket(socket.AF_UNIX)\n\
+             try:\n  s.connect('\\0{name}'); print('ABSTRACT-REACHED')\n\
+             except OSError as e: print('abstract-refused')\n\
+             print(os.path.exists('{}'))\n",
+            path.display()
+        ),
+    );
+    assert_eq!(out, "abstract-refused\nFalse\n");
+}
+
+#[test]
+fn root_ipc_and_uts_are_private() {
+    require_root!();
+    let host_hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let key = format!("0x{:x}", 0x4b1d0000u32 + std::process::id() % 0xffff);
+    let created = std::process::Command::new("ipcmk")
+        .args(["-M", "4096", "-p", "0600", "-k", &key])
+        .output();
+    let (out, _) = sh("ipcs -m | grep -c 0x || true; hostname");
+    assert!(out.starts_with("0\n"), "host SysV IPC visible: {out}");
+    assert!(out.ends_with("sandbox\n"));
+    assert_ne!(host_hostname.trim(), "sandbox");
+    if let Ok(o) = created {
+        let id = String::from_utf8_lossy(&o.stdout);
+        if let Some(id) = id.split_whitespace().last() {
+            let _ = std::process::Command::new("ipcrm")
+                .args(["-m", id])
+                .status();
+        }
+    }
+}
+
+#[test]
+fn root_init_reaps_orphans_and_everything_dies_with_the_command() {
+    require_root!();
+    // Orphans that exit must not stay zombies.
+    let (out, _) = py(
+        &[],
+        "import os,time\n\
+         for i in range(5):\n  if os.fork()==0:\n    if os.fork()==0: os._exit(0)\n    os._exit(0)\n\
+         time.sleep(0.3)\n\
+         for _ in range(5):\n  try: os.waitpid(-1,0)\n  except ChildProcessError: break\n\
+         time.sleep(0.3)\n\
+         z=[p for p in os.listdir('/proc') if p.isdigit() and open('/proc/'+p+'/stat').read().split(')')[1].split()[0]=='Z']\n\
+         print('zombies', len(z))\n",
+    );
+    assert_eq!(out, "zombies 0\n");
+    // A daemonized process (new session, ignores HUP) dies when the command ends.
+    let marker = "76543.21";
+    let (_, code) = sh(&format!(
+        "setsid nohup sleep {marker} >/dev/null 2>&1 & exit 0"
+    ));
+    assert_eq!(code, 0);
+    assert!(
+        eventually(2000, || processes_with(marker).is_empty()),
+        "daemonized process outlived the sandbox"
+    );
+}
+
+// 2. Filesystem ---------------------------------------------------------------
+
+#[test]
+fn root_pivot_root_hides_the_host_tree() {
+    require_root!();
+    let marker = tempfile::Builder::new()
+        .prefix("brig-host-marker")
+        .tempfile_in("/tmp")
+        .unwrap();
+    let name = marker
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let (out, _) = sh(&format!(
+        "ls /tmp | grep -c {name}; for p in /root /home /var/lib /run /boot /mnt /srv /etc/shadow /etc/ssh /etc/sudoers /etc/gshadow; do [ -e $p ] && echo visible:$p; done; \
+         grep -c ' / / ' /proc/self/mountinfo; awk '$5==\"/\"{{for(i=7;i<=NF;i++) if($i==\"-\"){{print $(i+1); break}}}}' /proc/self/mountinfo; \
+         cat /proc/self/mountinfo | grep -c '/oldroot\\|/tmp/.brig' ; ls /sys | wc -l; echo end"
+    ));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "0", "host /tmp visible: {out}");
+    assert!(!out.contains("visible:"), "{out}");
+    assert_eq!(lines[1], "1", "exactly one root mount: {out}");
+    assert_eq!(
+        lines[2], "tmpfs",
+        "root is brig's tmpfs, not the host's: {out}"
+    );
+    assert_eq!(lines[3], "0", "no trace of the old root: {out}");
+    assert_eq!(lines[4], "0", "/sys is empty: {out}");
+    // pivot_root, not chroot: there is no way back to the host root through "..".
+    let (out, _) = py(&[], "import os\nos.chdir('/')\nfor _ in range(10): os.chdir('..')\nprint(sorted(os.listdir('.'))==sorted(os.listdir('/')))");
+    assert_eq!(out, "True\n");
+}
+
+#[test]
+fn root_system_dirs_are_read_only_nosuid_nodev() {
+    require_root!();
+    let (out, _) = sh_with(
+        &["--user", "0"],
+        "for p in /usr/x /bin/x /etc/x /x /proc/sys/kernel/hostname /dev/x; do (echo x > $p) 2>/dev/null && echo WROTE:$p; done; \
+         grep -E ' /usr ' /proc/self/mountinfo | grep -o 'ro,nosuid,nodev' | head -1",
+    );
+    assert!(!out.contains("WROTE"), "{out}");
+    assert_eq!(out.trim(), "ro,nosuid,nodev");
+}
+
+#[test]
+fn root_etc_is_synthesized_without_host_secrets() {
+    require_root!();
+    let (out, _) = sh("cat /etc/passwd; ls /etc | tr '\\n' ' '; getent hosts localhost | head -1");
+    assert!(out.contains("sandbox:x:1000:1000:"), "{out}");
+    let host_passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    for user in host_passwd.lines().filter_map(|l| l.split(':').next()) {
+        if !["root", "nobody"].contains(&user) {
+            assert!(
+                !out.contains(&format!("\n{user}:")),
+                "host user {user} leaked"
+            );
+        }
+    }
+    for secret in [
+        "shadow",
+        "gshadow",
+        "sudoers",
+        "ssh ",
+        "subuid",
+        "machine-id",
+    ] {
+        assert!(
+            !out.contains(&format!(" {secret}")),
+            "{secret} present: {out}"
+        );
+    }
+    assert!(out.contains("ld.so.cache") && out.contains("resolv.conf"));
+    assert!(out.contains("127.0.0.1") || out.contains("::1"), "{out}");
+    // TLS roots are there for libraries that need them.
+    let (out, _) = py(
+        &[],
+        "import ssl; print(len(ssl.create_default_context().get_ca_certs()) >= 0)",
+    );
+    assert_eq!(out, "True\n");
+}
+
+#[test]
+fn root_proc_is_fresh_and_masked() {
+    require_root!();
+    let (out, _) = sh(
+        "cat /proc/kcore 2>/dev/null | wc -c; cat /proc/keys 2>/dev/null | wc -c; cat /proc/timer_list 2>/dev/null | wc -c; \
+         ls /proc/acpi 2>/dev/null | wc -l; echo 1 > /proc/sysrq-trigger 2>/dev/null && echo SYSRQ; \
+         echo 0 > /proc/sys/kernel/randomize_va_space 2>/dev/null && echo SYSCTL; echo end",
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(&lines[..4], &["0", "0", "0", "0"], "{out}");
+    assert!(!out.contains("SYSRQ") && !out.contains("SYSCTL"), "{out}");
+}
+
+#[test]
+fn root_dev_is_minimal() {
+    require_root!();
+    let (out, _) = sh("ls /dev | tr '\\n' ' '; echo; head -c 4 /dev/urandom | wc -c; echo x > /dev/null && echo null-ok; python3 -c 'import os; m,s=os.openpty(); print(\"pty-ok\")'");
+    let listing: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    let mut sorted = listing.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        vec![
+            "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout",
+            "tty", "urandom", "zero"
+        ],
+        "{out}"
+    );
+    assert!(out.contains("\n4\nnull-ok\npty-ok\n"), "{out}");
+    // No block devices, no mknod.
+    let (out, _) = sh_with(
+        &["--user", "0"],
+        "mknod /tmp/sda b 8 0 2>/dev/null && echo MKNOD; ls /dev/vda 2>/dev/null; echo end",
+    );
+    assert_eq!(out, "end\n");
+}
+
+#[test]
+fn root_writable_storage_is_capped_together() {
+    require_root!();
+    // 8 MiB for /tmp, /workspace and /dev/shm together.
+    let (out, _) = sh_with(
+        &["--disk", "8M"],
+        "dd if=/dev/zero of=/tmp/a bs=1M count=5 2>/dev/null; dd if=/dev/zero of=/workspace/b bs=1M count=5 2>/dev/null || echo ws-full; \
+         dd if=/dev/zero of=/dev/shm/c bs=1M count=1 2>/dev/null || echo shm-full; du -sm /tmp/a | cut -f1",
+    );
+    assert!(out.contains("ws-full") && out.contains("shm-full"), "{out}");
+}
+
+// 3. Privileges ---------------------------------------------------------------
+
+#[test]
+fn root_no_capabilities_no_new_privs_setuid_gives_nothing() {
+    require_root!();
+    for user in ["1000", "0"] {
+        let (out, _) = sh_with(
+            &["--user", user],
+            "grep -E '^(Cap|NoNewPrivs)' /proc/self/status",
+        );
+        for line in out.lines() {
+            let value = line.split_whitespace().nth(1).unwrap();
+            if line.starts_with("NoNewPrivs") {
+                assert_eq!(value, "1");
+            } else {
+                assert!(value.chars().all(|c| c == '0'), "user {user}: {line}");
+            }
+        }
+        assert_eq!(out.lines().count(), 6);
+    }
+    // setuid-root binaries from the host run without privilege.
+    let (out, _) = sh("ls -l /usr/bin/su | cut -c1-10; su -c id root </dev/null 2>&1 | head -1; mount -t tmpfs x /tmp 2>&1 | head -1; id -u");
+    assert!(out.ends_with("1000\n"), "{out}");
+    assert!(!out.contains("uid=0"), "{out}");
+    let (out, _) = sh_with(&["--user", "0"], "unshare -U -r true 2>/dev/null && echo UNSHARED; chroot / true 2>/dev/null && echo CHROOT; echo end");
+    assert_eq!(out, "end\n");
+}
+
+// 4. seccomp (the filter itself is attacked syscall by syscall in brig-jail's tests) --
+
+#[test]
+fn root_seccomp_blocks_escapes_from_inside() {
+    require_root!();
+    let (out, _) = py(
+        &[],
+        "import ctypes,errno,os\n\
+         libc=ctypes.CDLL(None,use_errno=True)\n\
+         def t(name,nr,*a):\n  r=libc.syscall(nr,*a); print(name, r, ctypes.get_errno())\n\
+         t('unshare',272,0x10000000)\n\
+         t('io_uring_setup',425,8,0)\n\
+         t('bpf',321,0,0,0)\n\
+         t('userfaultfd',323,0)\n\
+         t('keyctl',250,0,0,0)\n\
+         t('clone3',435,0,0)\n\
+         t('ptrace',101,0,0,0,0)\n",
+    );
+    let expect = "unshare -1 1\nio_uring_setup -1 1\nbpf -1 1\nuserfaultfd -1 1\nkeyctl -1 1\nclone3 -1 38\nptrace -1 1\n";
+    assert_eq!(out, expect);
+    // x32 syscalls kill the process.
+    let (v, code) = run_json(
+        &[],
+        &[
+            "python3",
+            "-c",
+            "import ctypes; ctypes.CDLL(None).syscall(0x40000000|39)",
+        ],
+    );
+    assert_eq!(v["signal"], 31, "{v}");
+    assert_eq!(code, 128 + 31);
+    // ptrace can be allowed for debuggers.
+    let (out, _) = py(
+        &["--allow-ptrace"],
+        "import ctypes; print(ctypes.CDLL(None).syscall(101,0,0,0,0))",
+    );
+    assert_eq!(out, "0\n");
+}
+
+// 5. Landlock -----------------------------------------------------------------
+
+#[test]
+fn root_landlock_denies_writes_outside_writable_mounts() {
+    require_root!();
+    // /proc/self/comm is writable by its owner as far as mounts and permissions go;
+    // only Landlock stands in the way.
+    let attack = "(echo pwned > /proc/self/comm) 2>/dev/null && echo WROTE || echo denied";
+    let (out, _) = sh(attack);
+    assert_eq!(out, "denied\n");
+    let (out, _) = sh_with(&["--landlock", "off"], attack);
+    assert_eq!(
+        out, "WROTE\n",
+        "the attack must work without Landlock, or this test proves nothing"
+    );
+    let (v, code) = run_json(&["--landlock", "required"], &["true"]);
+    assert_eq!(code, 0);
+    assert_eq!(v["enforced"]["landlock"]["status"], "fully_enforced");
+    assert_eq!(
+        v["enforced"]["landlock"]["kernel_abi"]
+            .as_u64()
+            .map(|a| a >= 1),
+        Some(true)
+    );
+}

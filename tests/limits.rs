@@ -1,0 +1,125 @@
+//! Resource limits (cgroups and rlimits), attacked from inside.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn root_memory_limit_oom_kills_and_reports() {
+    require_root!();
+    let (v, code) = run_json(
+        &["--memory", "64M"],
+        &[
+            "python3",
+            "-c",
+            "b = bytearray(300 << 20); print('survived')",
+        ],
+    );
+    assert_eq!(v["oom_killed"], true, "{v}");
+    assert_eq!(v["signal"], 9);
+    assert_eq!(v["exit_code"], serde_json::Value::Null);
+    assert_eq!(code, 137);
+    assert!(!v["stdout"].as_str().unwrap().contains("survived"));
+    let out = run(
+        &["--memory", "64M"],
+        &["python3", "-c", "b = bytearray(300 << 20)"],
+    );
+    assert_eq!(out.status.code(), Some(137));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("out of memory"), "{stderr}");
+    // tmpfs pages count too: filling /dev/shm past the memory limit is an OOM, not a host problem.
+    let (v, _) = run_json(
+        &["--memory", "32M", "--disk", "256M"],
+        &[
+            "sh",
+            "-c",
+            "head -c 100000000 /dev/zero > /dev/shm/fill; echo wrote",
+        ],
+    );
+    assert!(v["oom_killed"] == true || v["exit_code"] != 0, "{v}");
+}
+
+#[test]
+fn root_memory_peak_is_measured() {
+    require_root!();
+    let (v, _) = run_json(
+        &[],
+        &[
+            "python3",
+            "-c",
+            "b = bytearray(100 << 20); b[::4096] = b'x' * len(b[::4096])",
+        ],
+    );
+    let peak = v["memory_peak_bytes"].as_u64().unwrap();
+    assert!(peak >= 100 << 20, "peak {peak}");
+    assert!(peak < 400 << 20, "peak {peak}");
+}
+
+#[test]
+fn root_fork_bomb_is_stopped_by_pids_limit() {
+    require_root!();
+    let (v, _) = run_json(
+        &["--pids", "20", "--timeout", "20s"],
+        &[
+            "python3",
+            "-c",
+            "import os,time\nn=0\nfor i in range(200):\n  try:\n    if os.fork()==0:\n      time.sleep(3); os._exit(0)\n    n+=1\n  except OSError:\n    pass\nprint(n)",
+        ],
+    );
+    let forked: u32 = v["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{v}"));
+    // init + python are 2 of the 20.
+    assert!(forked <= 18, "forked {forked} with --pids 20");
+    assert!(forked >= 5, "forking was not possible at all: {forked}");
+    // A classic shell fork bomb ends at the timeout without hurting the host.
+    let (v, code) = run_json(
+        &["--pids", "32", "--timeout", "2s"],
+        &["sh", "-c", "b(){ b|b& }; b; sleep 10"],
+    );
+    assert_eq!(code, 124, "{v}");
+}
+
+#[test]
+fn root_cpu_bandwidth_is_limited() {
+    require_root!();
+    // Two busy threads for ~1.5 s wall under --cpus 0.5 get about 0.75 s of CPU.
+    let spin = "import threading,time\nend=time.time()+1.5\ndef f():\n  while time.time()<end: pass\nts=[threading.Thread(target=f) for _ in range(2)]\n[t.start() for t in ts]\n[t.join() for t in ts]";
+    let (v, _) = run_json(&["--cpus", "0.5"], &["python3", "-c", spin]);
+    let cpu = v["cpu_time_ms"].as_u64().unwrap();
+    assert!(
+        cpu < 1200,
+        "--cpus 0.5 let through {cpu} ms of CPU in 1.5 s"
+    );
+    assert!(cpu > 300, "implausibly little CPU: {cpu} ms");
+}
+
+#[test]
+fn root_cpu_time_and_file_size_rlimits() {
+    require_root!();
+    let (v, code) = run_json(
+        &["--cpu-time", "1", "--cpus", "none"],
+        &["python3", "-c", "while True: pass"],
+    );
+    // SIGXCPU at the soft limit.
+    assert_eq!(v["signal"], 24, "{v}");
+    assert_eq!(code, 128 + 24);
+    let (out, _) = sh_with(
+        &["--file-size", "1M"],
+        "dd if=/dev/zero of=/tmp/big bs=1M count=4 2>/dev/null; stat -c %s /tmp/big",
+    );
+    assert_eq!(out.trim(), "1048576");
+    let (out, _) = sh_with(&["--nofile", "64"], "ulimit -n; ulimit -c");
+    assert_eq!(out, "64\n0\n");
+}
+
+#[test]
+fn root_nofile_above_host_hard_limit_is_refused() {
+    require_root!();
+    let out = run(&["--nofile", "100000000"], &["true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("hard limit"));
+}
