@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it. Installs what the tests need on a fresh
+# Debian machine (which has only the Rust toolchain, gcc, Python and git), then runs
+# formatting, lints and every test. Tests that need root say so and skip without it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages the tests use inside sandboxes and around them:
+#   python3        /usr/bin/python3 inside the sandbox (the host's /usr is its /usr)
+#   procps         ps, used by isolation tests
+#   util-linux     setpriv (rootless test), unshare, ipcmk/ipcs, setsid
+#   passwd         useradd/userdel for the rootless test's own user
+need=()
+command -v /usr/bin/python3 >/dev/null 2>&1 || need+=(python3)
+command -v ps >/dev/null 2>&1 || need+=(procps)
+command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+command -v ipcmk >/dev/null 2>&1 || need+=(util-linux)
+command -v useradd >/dev/null 2>&1 || need+=(passwd)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "missing Debian packages: ${need[*]} (run as root to install them)" >&2
+    exit 1
+  fi
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace --all-targets
