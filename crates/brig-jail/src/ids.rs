@@ -67,6 +67,12 @@ pub struct IdLease {
     _socket: UnixDatagram,
 }
 
+impl IdLease {
+    pub fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self._socket)
+    }
+}
+
 fn lease_name(id: u32) -> String {
     format!("brig/host-id/{id}")
 }

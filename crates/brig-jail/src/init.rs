@@ -32,6 +32,11 @@ use crate::sys::{self, write_all_fd, CloneResult};
 use crate::{caps, landlock, mounts, net, Context, JailError};
 
 pub(crate) const SYNC_FD: RawFd = 3;
+/// First message on the sync channel: the id maps are written.
+pub(crate) const GO_MAPS_WRITTEN: u8 = b'm';
+/// Second message: the cgroup is ready (with its v1 `tasks` files attached) or there is none.
+pub(crate) const GO_WITH_CGROUP: u8 = b'c';
+pub(crate) const GO_WITHOUT_CGROUP: u8 = b'n';
 pub(crate) const REPORT_FD: RawFd = 4;
 
 /// Signals init passes on to the command.
@@ -62,8 +67,6 @@ pub(crate) struct ChildPlan<'a> {
     pub stdout_fd: Option<RawFd>,
     pub stderr_fd: Option<RawFd>,
     pub drop_groups: bool,
-    /// cgroup v1 `tasks` files the child moves itself into (see `Cgroup::self_attach_files`).
-    pub cgroup_tasks_files: Vec<std::path::PathBuf>,
     /// When the run began (monotonic clock, shared with the parent).
     pub started: std::time::Instant,
 }
@@ -141,13 +144,8 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
     // Stage 2: the parent writes our maps and cgroup, then one byte. EOF means it died.
     let mut byte = [0u8; 1];
     match nix::unistd::read(SYNC_FD, &mut byte) {
-        Ok(1) => {}
+        Ok(1) if byte[0] == GO_MAPS_WRITTEN => {}
         _ => sys::exit_now(125),
-    }
-
-    // Still host root here (when brig is): join the v1 cgroups by moving ourselves.
-    for file in &plan.cgroup_tasks_files {
-        std::fs::write(file, "0").context(|| format!("join cgroup {}", file.display()))?;
     }
 
     // Stage 3: become the sandbox user. Supplementary groups inherited from the host
@@ -164,21 +162,23 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
     nix::unistd::setresuid(uid, uid, uid).context(|| format!("setresuid {}", id.uid))?;
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong)
         .context(|| "set parent-death signal".into())?;
-    // The parent may have died before the signal was armed: its end of the sync pipe
-    // is then closed.
+    // The parent may have died before the signal was armed: its end of the sync
+    // channel is then closed (POLLHUP; POLLIN alone may just be its next message).
     let mut poll = [nix::poll::PollFd::new(
         // SAFETY: SYNC_FD is open for the whole of setup.
         unsafe { std::os::fd::BorrowedFd::borrow_raw(SYNC_FD) },
         nix::poll::PollFlags::POLLIN,
     )];
-    if nix::poll::poll(&mut poll, nix::poll::PollTimeout::ZERO).unwrap_or(0) > 0 {
+    let _ = nix::poll::poll(&mut poll, nix::poll::PollTimeout::ZERO);
+    if poll[0]
+        .revents()
+        .is_some_and(|r| r.contains(nix::poll::PollFlags::POLLHUP))
+    {
         sys::exit_now(125);
     }
 
     mark("child_identity");
     // Stage 4.
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
-        .context(|| "new cgroup namespace".into())?;
     nix::unistd::sethostname(&id.hostname).context(|| "set hostname".into())?;
     net::loopback_up()?;
 
@@ -190,8 +190,19 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
 
     mark("child_filesystem");
+
+    // Join the cgroup the parent prepared meanwhile; only then does a new cgroup
+    // namespace root the sandbox's view at its own cgroup.
+    let mut rlimits = plan.rlimits.clone();
+    if recv_go()? {
+        rlimits.nproc = None;
+    }
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+        .context(|| "new cgroup namespace".into())?;
+    mark("child_cgroup");
+
     // Stage 6.
-    crate::rlimits::apply(plan.rlimits)?;
+    crate::rlimits::apply(&rlimits)?;
     caps::drop_all()?;
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).context(|| "set no_new_privs".into())?;
     let landlock = landlock::restrict(plan.spec.landlock, &plan.plan.writable, &plan.plan.devices)?;
@@ -218,6 +229,71 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
         envp: plan.envp.clone(),
         candidates: plan.exec_candidates.clone(),
     })
+}
+
+/// Sends the second sync message: `flag` and the v1 `tasks` files to join.
+pub(crate) fn send_go(
+    sync: &std::os::fd::OwnedFd,
+    flag: u8,
+    files: &[std::os::fd::OwnedFd],
+) -> Result<(), JailError> {
+    use std::os::fd::AsRawFd;
+    let raw: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
+    let iov = [std::io::IoSlice::new(std::slice::from_ref(&flag))];
+    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[nix::sys::socket::ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
+    nix::sys::socket::sendmsg::<()>(
+        sync.as_raw_fd(),
+        &iov,
+        cmsgs,
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .context(|| "hand the cgroup to the sandbox".into())?;
+    Ok(())
+}
+
+/// Waits for the second sync message and joins the cgroup files it carries by
+/// writing "0" (this thread) to each. Returns whether a cgroup is in use.
+fn recv_go() -> Result<bool, JailError> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; 16]);
+    let (flag, fds) = {
+        let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+        let msg = recvmsg::<()>(
+            SYNC_FD,
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .context(|| "wait for the cgroup".into())?;
+        if msg.bytes != 1 {
+            // The parent is gone.
+            sys::exit_now(125);
+        }
+        let mut fds = Vec::new();
+        for cmsg in msg
+            .cmsgs()
+            .map_err(|e| JailError::sys("read control message", e.into()))?
+        {
+            if let ControlMessageOwned::ScmRights(received) = cmsg {
+                fds.extend(received);
+            }
+        }
+        (byte[0], fds)
+    };
+    for fd in &fds {
+        sys::write_all_fd(*fd, b"0").context(|| "join the sandbox's cgroup".into())?;
+        let _ = nix::unistd::close(*fd);
+    }
+    match flag {
+        GO_WITH_CGROUP => Ok(true),
+        GO_WITHOUT_CGROUP => Ok(false),
+        _ => Err(JailError::Setup(
+            "unexpected message on the sync channel".into(),
+        )),
+    }
 }
 
 /// Changes into the working directory, creating it if it lies in writable scratch.

@@ -11,9 +11,10 @@
 //! 5. `pivot_root(".", ".")` and detach the old root: the host tree is gone;
 //! 6. make the new root read-only.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
@@ -101,17 +102,19 @@ pub fn build_root(plan: &FsPlan) -> Result<(), JailError> {
         Mode::empty(),
     )
     .context(|| "open new root".into())?;
-    // SAFETY: `open` just returned this descriptor and nothing else owns it.
-    let root: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(root) };
+    let mut tree = Tree {
+        root: unsafe_owned(root),
+        dirs: HashMap::new(),
+    };
 
     let mut sources = sources.into_iter();
     for op in &plan.ops {
-        run_op(&root, op, &mut sources)?;
+        run_op(&mut tree, op, &mut sources)?;
     }
 
     umount2(SCRATCH, MntFlags::MNT_DETACH).context(|| "detach scratch staging".into())?;
     std::fs::remove_dir(SCRATCH).context(|| "remove scratch mount point".into())?;
-    drop(root);
+    drop(tree);
 
     nix::unistd::chdir(STAGING).context(|| "enter new root".into())?;
     sys::pivot_root(Path::new("."), Path::new(".")).context(|| "pivot_root".into())?;
@@ -128,17 +131,17 @@ pub fn build_root(plan: &FsPlan) -> Result<(), JailError> {
 }
 
 fn run_op(
-    root: &OwnedFd,
+    tree: &mut Tree,
     op: &FsOp,
     sources: &mut impl Iterator<Item = OwnedFd>,
 ) -> Result<(), JailError> {
     match op {
         FsOp::Dir { path, mode } => {
-            mkdir_all(root, path, *mode)?;
+            tree.dir(path, *mode)?;
         }
         FsOp::Symlink { path, target } => {
-            let (parent, name) = parent_of(root, path)?;
-            nix::unistd::symlinkat(target.as_path(), Some(parent.as_raw_fd()), name)
+            let (parent, name) = tree.parent_of(path)?;
+            nix::unistd::symlinkat(target.as_path(), Some(parent), name)
                 .context(|| format!("symlink {path}"))?;
         }
         FsOp::File {
@@ -146,9 +149,9 @@ fn run_op(
             contents,
             mode,
         } => {
-            let (parent, name) = parent_of(root, path)?;
+            let (parent, name) = tree.parent_of(path)?;
             let fd = nix::fcntl::openat(
-                Some(parent.as_raw_fd()),
+                Some(parent),
                 name,
                 OFlag::O_WRONLY
                     | OFlag::O_CREAT
@@ -164,20 +167,23 @@ fn run_op(
                 .context(|| format!("write {path}"))?;
         }
         FsOp::Bind { path, kind, .. } => {
-            let tree = sources
+            let source = sources
                 .next()
                 .expect("one source per bind, cloned in plan order");
-            let target = mount_point(root, path, *kind)?;
-            sys::move_mount_fd(tree.as_fd(), target.as_fd())
+            let target = tree.mount_point(path, *kind)?;
+            sys::move_mount_fd(source.as_fd(), target.as_fd())
                 .context(|| format!("bind at {path}"))?;
+            tree.mounted(path);
         }
         FsOp::Scratch { dir, path } => {
-            let tree = sys::open_tree_clone(Path::new(&format!("{SCRATCH}/{}", dir.name())))
+            let source = sys::open_tree_clone(Path::new(&format!("{SCRATCH}/{}", dir.name())))
                 .context(|| format!("clone scratch {}", dir.name()))?;
-            sys::mount_setattr_fd(tree.as_fd(), attrs(Access::ReadWrite))
+            sys::mount_setattr_fd(source.as_fd(), attrs(Access::ReadWrite))
                 .context(|| format!("set flags on scratch {}", dir.name()))?;
-            let target = mount_point(root, path, NodeKind::Dir)?;
-            sys::move_mount_fd(tree.as_fd(), target.as_fd()).context(|| format!("mount {path}"))?;
+            let target = tree.mount_point(path, NodeKind::Dir)?;
+            sys::move_mount_fd(source.as_fd(), target.as_fd())
+                .context(|| format!("mount {path}"))?;
+            tree.mounted(path);
         }
         FsOp::Tmpfs {
             path,
@@ -192,6 +198,7 @@ fn run_op(
                 Some(format!("mode={mode:o},size={size_bytes},nr_inodes=1024").as_str()),
             )
             .context(|| format!("mount tmpfs at {path}"))?;
+            tree.mounted(path);
         }
         FsOp::Proc { path } => {
             mount(
@@ -202,6 +209,7 @@ fn run_op(
                 None::<&str>,
             )
             .context(|| format!("mount proc at {path}"))?;
+            tree.mounted(path);
         }
         FsOp::Devpts { path } => {
             mount(
@@ -212,6 +220,7 @@ fn run_op(
                 Some("newinstance,ptmxmode=0666,mode=0620"),
             )
             .context(|| format!("mount devpts at {path}"))?;
+            tree.mounted(path);
         }
         FsOp::Mask { path } => {
             let target = staged(path);
@@ -279,52 +288,55 @@ fn open_in_root(root: &OwnedFd, path: &str, flags: OFlag) -> nix::Result<OwnedFd
     Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
 }
 
-/// Creates every missing directory of `path` (resolved inside `root`).
-fn mkdir_all(root: &OwnedFd, path: &str, mode: u32) -> Result<(), JailError> {
-    let mut current = String::new();
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        let parent = open_in_root(
-            root,
-            if current.is_empty() { "/" } else { &current },
-            OFlag::O_PATH | OFlag::O_DIRECTORY,
-        )
-        .context(|| format!("open {}", if current.is_empty() { "/" } else { &current }))?;
-        current.push('/');
-        current.push_str(part);
-        match nix::sys::stat::mkdirat(
-            Some(parent.as_raw_fd()),
-            part,
-            Mode::from_bits_truncate(mode),
-        ) {
+/// The new root while it is built. Directory descriptors are resolved inside it
+/// (`RESOLVE_IN_ROOT`) once and cached, so each directory is walked once rather than
+/// from `/` for every entry. A mount on a path hides what cached descriptors at or
+/// below it point to, so [`Tree::mounted`] drops those.
+struct Tree {
+    root: OwnedFd,
+    dirs: HashMap<String, OwnedFd>,
+}
+
+impl Tree {
+    /// The directory at `path`, created (with `mode`) along with missing parents.
+    fn dir(&mut self, path: &str, mode: u32) -> Result<RawFd, JailError> {
+        if path == "/" || path.is_empty() {
+            return Ok(self.root.as_raw_fd());
+        }
+        if let Some(fd) = self.dirs.get(path) {
+            return Ok(fd.as_raw_fd());
+        }
+        let (parent, name) = split(path);
+        let parent_fd = self.dir(parent, 0o755)?;
+        match nix::sys::stat::mkdirat(Some(parent_fd), name, Mode::from_bits_truncate(mode)) {
             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
             Err(nix::errno::Errno::EROFS) => {
                 return Err(JailError::Setup(format!(
-                    "cannot create mount point {current}: it lies in a read-only directory"
+                    "cannot create mount point {path}: it lies in a read-only directory"
                 )))
             }
-            Err(e) => return Err(JailError::sys(format!("mkdir {current}"), e.into())),
+            Err(e) => return Err(JailError::sys(format!("mkdir {path}"), e.into())),
         }
+        let fd = open_in_root(&self.root, path, OFlag::O_PATH | OFlag::O_DIRECTORY)
+            .context(|| format!("open {path}"))?;
+        let raw = fd.as_raw_fd();
+        self.dirs.insert(path.to_string(), fd);
+        Ok(raw)
     }
-    Ok(())
-}
 
-fn parent_of<'p>(root: &OwnedFd, path: &'p str) -> Result<(OwnedFd, &'p str), JailError> {
-    let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
-    let parent = if parent.is_empty() { "/" } else { parent };
-    mkdir_all(root, parent, 0o755)?;
-    let fd = open_in_root(root, parent, OFlag::O_PATH | OFlag::O_DIRECTORY)
-        .context(|| format!("open {parent}"))?;
-    Ok((fd, name))
-}
+    fn parent_of<'p>(&mut self, path: &'p str) -> Result<(RawFd, &'p str), JailError> {
+        let (parent, name) = split(path);
+        Ok((self.dir(parent, 0o755)?, name))
+    }
 
-/// Opens (creating if needed) the mount point for a bind as an `O_PATH` descriptor.
-fn mount_point(root: &OwnedFd, path: &str, kind: NodeKind) -> Result<OwnedFd, JailError> {
-    match kind {
-        NodeKind::Dir => mkdir_all(root, path, 0o755)?,
-        NodeKind::File => {
-            let (parent, name) = parent_of(root, path)?;
+    /// Opens (creating if needed) the mount point for a bind as an `O_PATH` descriptor.
+    fn mount_point(&mut self, path: &str, kind: NodeKind) -> Result<OwnedFd, JailError> {
+        let (parent, name) = self.parent_of(path)?;
+        if kind == NodeKind::Dir {
+            self.dir(path, 0o755)?;
+        } else {
             match nix::fcntl::openat(
-                Some(parent.as_raw_fd()),
+                Some(parent),
                 name,
                 OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
                 Mode::from_bits_truncate(0o644),
@@ -340,9 +352,24 @@ fn mount_point(root: &OwnedFd, path: &str, kind: NodeKind) -> Result<OwnedFd, Ja
                 }
             }
         }
+        open_in_root(&self.root, path, OFlag::O_PATH | OFlag::O_NOFOLLOW)
+            .context(|| format!("open mount point {path}"))
     }
-    open_in_root(root, path, OFlag::O_PATH | OFlag::O_NOFOLLOW)
-        .context(|| format!("open mount point {path}"))
+
+    /// Something was mounted at `path`: forget descriptors it now hides.
+    fn mounted(&mut self, path: &str) {
+        let below = format!("{path}/");
+        self.dirs
+            .retain(|dir, _| dir != path && !dir.starts_with(&below));
+    }
+}
+
+fn split(path: &str) -> (&str, &str) {
+    match path.rsplit_once('/') {
+        Some(("", name)) => ("/", name),
+        Some((parent, name)) => (parent, name),
+        None => ("/", path),
+    }
 }
 
 fn unsafe_owned(fd: std::os::fd::RawFd) -> OwnedFd {

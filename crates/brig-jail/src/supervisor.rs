@@ -77,6 +77,10 @@ pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcom
     let rootless = !nix::unistd::geteuid().is_root();
     let plan = fsplan::plan(spec, std::path::Path::new("/"))?;
     let seccomp = seccomp::build(&spec.seccomp)?;
+    // RLIMIT_NPROC is planned as the fallback for the pids controller; the child
+    // drops it once it has joined a cgroup that limits pids.
+    let rlimit_plan = rlimits::planned(&spec.limits, false);
+    rlimits::check_grantable(&rlimit_plan)?;
     timeline.mark("plan");
 
     let lease = if rootless {
@@ -84,63 +88,54 @@ pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcom
     } else {
         Some(ids::lease(host.id_range)?)
     };
-    let (host_uid, host_gid) = match &lease {
+    let ids = match &lease {
         Some(lease) => (lease.id, lease.id),
         None => (
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
         ),
     };
-
     timeline.mark("id_lease");
-    let name = format!("brig-{:016x}", ids::random_u64());
-    let (cgroup, cgroup_reason) = match Layout::detect()
-        .and_then(|layout| Cgroup::create(&layout, &host.cgroup, &name, &spec.limits))
-    {
-        Ok(cgroup) => (Some(cgroup), None),
-        // Unprivileged users rarely have a delegated cgroup; run without and say so.
-        Err(e) if rootless => (None, Some(e.to_string())),
-        Err(e) => return Err(e),
+
+    let mut limits = Limiter {
+        host,
+        limits: &spec.limits,
+        rootless,
+        lease_fd: lease.as_ref().map(|l| l.as_raw_fd()),
+        cgroup: None,
+        reason: None,
+        watchdog: None,
     };
-    // Cgroup::create fails unless every requested limit was written, pids included.
-    let pids_by_cgroup = cgroup.is_some();
-    timeline.mark("cgroup");
-    let rlimit_plan = rlimits::planned(&spec.limits, pids_by_cgroup);
-    let result = rlimits::check_grantable(&rlimit_plan).and_then(|()| {
-        let watchdog = match &cgroup {
-            Some(cgroup) => Some(Watchdog::spawn(cgroup)?),
-            None => None,
-        };
-        timeline.mark("watchdog");
-        let result = run_sandbox(
-            &mut timeline,
-            spec,
-            &plan,
-            seccomp.as_ref(),
-            &rlimit_plan,
-            cgroup.as_ref(),
-            stdio,
-            rootless,
-            (host_uid, host_gid),
-        );
-        if let Some(watchdog) = watchdog {
-            // Only after the cgroup is gone: until then the watchdog must stay ready
-            // to clean up if this process dies.
-            let removed = cgroup.as_ref().map(|c| c.remove());
-            watchdog.release();
-            if let Some(Err(e)) = removed {
-                tracing::warn!("cgroup cleanup: {e}");
-            }
+    let result = run_sandbox(
+        &mut timeline,
+        spec,
+        &plan,
+        seccomp.as_ref(),
+        &rlimit_plan,
+        &mut limits,
+        stdio,
+        rootless,
+        ids,
+    );
+    let cgroup = limits.cgroup.take();
+    if let Some(cgroup) = &cgroup {
+        // Remove the cgroup before letting the watchdog go: until then it must stay
+        // ready to clean up if this process dies.
+        if let Err(e) = cgroup.remove() {
+            tracing::warn!("cgroup cleanup: {e}");
         }
-        result
-    });
+    }
+    if let Some(watchdog) = limits.watchdog.take() {
+        watchdog.release();
+    }
     drop(lease);
     let (mut outcome, stats) = result?;
     outcome.enforced.cgroup = CgroupReport {
         applied: cgroup.is_some(),
-        reason: cgroup_reason,
+        reason: limits.reason.take(),
         details: cgroup.as_ref().map(|c| c.enforced()),
     };
+    outcome.enforced.rlimits = rlimits::planned(&spec.limits, cgroup.is_some());
     if let Some(stats) = stats {
         outcome.oom_killed = stats.oom_kills > 0;
         outcome.memory_peak_bytes = stats.memory_peak_bytes;
@@ -165,6 +160,57 @@ pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcom
     Ok(outcome)
 }
 
+/// The sandbox's cgroup and its watchdog, made while the child builds its root.
+struct Limiter<'a> {
+    host: &'a HostConfig,
+    limits: &'a brig_policy::Limits,
+    rootless: bool,
+    lease_fd: Option<RawFd>,
+    cgroup: Option<Cgroup>,
+    /// Why no cgroup is used (rootless without a delegated parent).
+    reason: Option<String>,
+    watchdog: Option<Watchdog>,
+}
+
+impl Limiter<'_> {
+    /// Creates the cgroup with every limit written and the watchdog that removes it if
+    /// brig dies, puts `child` in the v2 leaves, and hands the child its v1 `tasks`
+    /// files to join by itself (see `Cgroup::self_attach_files`): the kernel checks
+    /// the opener's credentials, so the child may be any user by then.
+    fn prepare(&mut self, child: Pid, sync: &OwnedFd) -> Result<(), JailError> {
+        let name = format!("brig-{:016x}", ids::random_u64());
+        match Layout::detect()
+            .and_then(|layout| Cgroup::create(&layout, &self.host.cgroup, &name, self.limits))
+        {
+            Ok(cgroup) => {
+                // Recorded first, so it is removed even if a later step fails.
+                self.cgroup = Some(cgroup);
+            }
+            // Unprivileged users rarely have a delegated cgroup; run without and say so.
+            Err(e) if self.rootless => self.reason = Some(e.to_string()),
+            Err(e) => return Err(e),
+        }
+        let mut files = Vec::new();
+        if let Some(cgroup) = &self.cgroup {
+            self.watchdog = Some(Watchdog::spawn(cgroup, self.lease_fd)?);
+            cgroup.add_pid_except_self_attached(child.as_raw())?;
+            for path in cgroup.self_attach_files() {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .context(|| format!("open {}", path.display()))?;
+                files.push(OwnedFd::from(file));
+            }
+        }
+        let flag = if self.cgroup.is_some() {
+            init::GO_WITH_CGROUP
+        } else {
+            init::GO_WITHOUT_CGROUP
+        };
+        init::send_go(sync, flag, &files)
+    }
+}
+
 /// Candidate paths for argv[0]: itself if it has a slash, else each PATH entry.
 fn exec_candidates(argv0: &str, path: &str) -> Vec<CString> {
     if argv0.contains('/') {
@@ -187,7 +233,7 @@ fn run_sandbox(
     plan: &fsplan::FsPlan,
     seccomp: Option<&seccomp::SeccompProgram>,
     rlimit_plan: &rlimits::RlimitsReport,
-    cgroup: Option<&Cgroup>,
+    limiter: &mut Limiter<'_>,
     stdio: Stdio,
     rootless: bool,
     (host_uid, host_gid): (u32, u32),
@@ -210,7 +256,13 @@ fn run_sandbox(
         env.get("PATH").map(String::as_str).unwrap_or(""),
     );
 
-    let (sync_r, sync_w) = pipe()?;
+    let (sync_parent, sync_child) = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .context(|| "socketpair".into())?;
     let (report_r, report_w) = pipe()?;
     let capture = match stdio {
         Stdio::Capture => Some((pipe()?, pipe()?)),
@@ -245,12 +297,11 @@ fn run_sandbox(
         argv,
         envp,
         exec_candidates: candidates,
-        sync_fd: sync_r.as_raw_fd(),
+        sync_fd: sync_child.as_raw_fd(),
         report_fd: report_w.as_raw_fd(),
         stdout_fd: capture.as_ref().map(|((_, w), _)| w.as_raw_fd()),
         stderr_fd: capture.as_ref().map(|(_, (_, w))| w.as_raw_fd()),
         drop_groups: !rootless,
-        cgroup_tasks_files: cgroup.map(|c| c.self_attach_files()).unwrap_or_default(),
         started: timeline.started,
     };
 
@@ -273,7 +324,7 @@ fn run_sandbox(
         }
     };
     // The child's copies are its own; ours would keep the pipes from ever closing.
-    drop(sync_r);
+    drop(sync_child);
     drop(report_w);
     let capture = capture.map(|((out_r, out_w), (err_r, err_w))| {
         drop(out_w);
@@ -282,7 +333,12 @@ fn run_sandbox(
     });
 
     timeline.mark("clone");
-    let identity = match prepare_child(child, spec, cgroup, rootless, host_uid, host_gid, &sync_w) {
+    let identity = match prepare_child(child, spec, rootless, host_uid, host_gid, &sync_parent)
+        .and_then(|identity| {
+            timeline.mark("id_maps");
+            limiter.prepare(child, &sync_parent)?;
+            Ok(identity)
+        }) {
         Ok(identity) => identity,
         Err(e) => {
             let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
@@ -290,15 +346,14 @@ fn run_sandbox(
             return Err(e);
         }
     };
-
-    timeline.mark("id_maps_and_cgroup_join");
+    timeline.mark("cgroup");
     let mut watch = Watch::new(spec, started, child);
     watch.run(&report_r, capture.as_ref(), &signal_fd)?;
     timeline.mark("sandbox_gone");
-    drop(sync_w);
+    drop(sync_parent);
     drop(restore_mask);
     let duration_ms = started.elapsed().as_millis() as u64;
-    let stats = cgroup.map(|c| c.stats());
+    let stats = limiter.cgroup.as_ref().map(|c| c.stats());
 
     if let Some(message) = watch.failed {
         return Err(message);
@@ -372,11 +427,10 @@ impl Drop for RestoreMask {
     }
 }
 
-/// Writes the id maps, moves the child into its cgroup and lets it go.
+/// Writes the id maps and lets the child start building its root.
 fn prepare_child(
     child: Pid,
     spec: &SandboxSpec,
-    cgroup: Option<&Cgroup>,
     rootless: bool,
     host_uid: u32,
     host_gid: u32,
@@ -414,11 +468,8 @@ fn prepare_child(
         gid_map: read_map("gid_map")?,
         rootless,
     };
-    if let Some(cgroup) = cgroup {
-        // v1 leaves are joined by the child itself (fast path); v2 ones here.
-        cgroup.add_pid_except_self_attached(child.as_raw())?;
-    }
-    sys::write_all_fd(sync_w.as_raw_fd(), b"g").context(|| "start the sandbox".into())?;
+    sys::write_all_fd(sync_w.as_raw_fd(), &[init::GO_MAPS_WRITTEN])
+        .context(|| "start the sandbox".into())?;
     Ok(identity)
 }
 
@@ -681,7 +732,10 @@ struct Watchdog {
 }
 
 impl Watchdog {
-    fn spawn(cgroup: &Cgroup) -> Result<Watchdog, JailError> {
+    /// The watchdog closes every descriptor brig had but `lease` (held until the
+    /// cgroup is gone): above all brig's end of the sandbox's sync channel, whose
+    /// closing tells the sandbox that brig died.
+    fn spawn(cgroup: &Cgroup, lease: Option<RawFd>) -> Result<Watchdog, JailError> {
         let (read_end, write_end) = pipe()?;
         // SAFETY: run() checked that this process has a single thread.
         match unsafe { sys::fork_process() }.context(|| "fork watchdog".into())? {
@@ -694,7 +748,7 @@ impl Watchdog {
             }
             CloneResult::Child => {
                 drop(write_end);
-                watchdog_main(read_end, cgroup)
+                watchdog_main(read_end, lease, cgroup)
             }
         }
     }
@@ -707,7 +761,29 @@ impl Watchdog {
     }
 }
 
-fn watchdog_main(done: OwnedFd, cgroup: &Cgroup) -> ! {
+fn watchdog_main(done: OwnedFd, lease: Option<RawFd>, cgroup: &Cgroup) -> ! {
+    // Keep only the done pipe (at 3) and the lease (at 4); everything else brig had
+    // open (the sandbox's channel and pipes above all) is closed.
+    const DONE: RawFd = 3;
+    const LEASE: RawFd = 4;
+    let moved = nix::fcntl::fcntl(done.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
+        .and_then(|d| nix::unistd::dup2(d, DONE));
+    let lease_moved = match lease {
+        Some(fd) => nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
+            .and_then(|l| nix::unistd::dup2(l, LEASE))
+            .is_ok(),
+        None => true,
+    };
+    if moved.is_err()
+        || !lease_moved
+        || sys::close_fds_from(if lease.is_some() { LEASE + 1 } else { DONE + 1 }).is_err()
+    {
+        // Without its descriptors in place it cannot do its job safely: clean up now.
+        let _ = cgroup.kill_all();
+        let _ = cgroup.remove();
+        sys::exit_now(1);
+    }
+    std::mem::forget(done);
     // Out of brig's session so a terminal's ^C or hangup does not reach it, and away
     // from brig's stdio so it holds no pipe of the caller open.
     let _ = nix::unistd::setsid();
@@ -726,7 +802,7 @@ fn watchdog_main(done: OwnedFd, cgroup: &Cgroup) -> ! {
     );
     let mut byte = [0u8; 1];
     loop {
-        match nix::unistd::read(done.as_raw_fd(), &mut byte) {
+        match nix::unistd::read(DONE, &mut byte) {
             Ok(1) => sys::exit_now(0),
             Err(nix::errno::Errno::EINTR) => continue,
             // EOF: brig died without cleaning up.
