@@ -28,7 +28,7 @@ use crate::proto::ChildMessage;
 use crate::report::NamespaceIds;
 use crate::rlimits::RlimitsReport;
 use crate::seccomp::SeccompProgram;
-use crate::sys::{self, write_all_fd, CloneResult};
+use crate::sys::{self, write_all_fd};
 use crate::{caps, landlock, mounts, net, Context, JailError};
 
 pub(crate) const SYNC_FD: RawFd = 3;
@@ -69,6 +69,8 @@ pub(crate) struct ChildPlan<'a> {
     pub drop_groups: bool,
     /// When the run began (monotonic clock, shared with the parent).
     pub started: std::time::Instant,
+    /// The CPU set to restore before the command starts (see `steer_away`).
+    pub cpus: Option<nix::sched::CpuSet>,
 }
 
 fn send(msg: &ChildMessage) {
@@ -213,6 +215,9 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
         program.install()?;
     }
     mark("child_seccomp");
+    if let Some(cpus) = &plan.cpus {
+        let _ = nix::sched::sched_setaffinity(Pid::from_raw(0), cpus);
+    }
     // The command runs as the same uid as init; it must not be able to ptrace init
     // or read its memory even where ptrace is allowed.
     sys::prctl(libc::PR_SET_DUMPABLE, 0).context(|| "set non-dumpable".into())?;
@@ -322,10 +327,23 @@ fn supervise(command: Command) -> i32 {
     if nix::sys::signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&watched), None).is_err() {
         return 125;
     }
-    // SAFETY: init is single-threaded (a clone of the single-threaded parent).
-    let child = match unsafe { sys::fork_process() } {
-        Ok(CloneResult::Child) => exec_command(&command),
-        Ok(CloneResult::Parent { child }) => Pid::from_raw(child),
+    // Like vfork: the command shares init's memory until it execs, so none of it is
+    // copied (init is a copy of brig, plan and all); init waits meanwhile.
+    let mut stack = vec![0u8; 256 << 10];
+    let start = Box::new(|| -> isize { exec_command(&command) });
+    // SAFETY: init is single-threaded and suspended until the child execs or exits;
+    // the child only adjusts its own signal state, execs, or reports and _exits, and
+    // its stack is `stack`, which outlives the call.
+    let spawned = unsafe {
+        nix::sched::clone(
+            start,
+            &mut stack,
+            nix::sched::CloneFlags::CLONE_VM | nix::sched::CloneFlags::CLONE_VFORK,
+            Some(libc::SIGCHLD),
+        )
+    };
+    let child = match spawned {
+        Ok(child) => child,
         Err(e) => {
             send(&ChildMessage::Failed {
                 code: "setup_failed".into(),

@@ -67,6 +67,15 @@ pub fn build_root(plan: &FsPlan) -> Result<(), JailError> {
         }
     }
 
+    // Copied files are read now too, for the same reason as the clones above.
+    let mut copies = Vec::new();
+    for op in &plan.ops {
+        if let FsOp::Copy { source, .. } = op {
+            copies.push(std::fs::read(source).context(|| format!("read {}", source.display()))?);
+        }
+    }
+    let mut copies = copies.into_iter();
+
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(
         Some("brig"),
@@ -109,7 +118,7 @@ pub fn build_root(plan: &FsPlan) -> Result<(), JailError> {
 
     let mut sources = sources.into_iter();
     for op in &plan.ops {
-        run_op(&mut tree, op, &mut sources)?;
+        run_op(&mut tree, op, &mut sources, &mut copies)?;
     }
 
     umount2(SCRATCH, MntFlags::MNT_DETACH).context(|| "detach scratch staging".into())?;
@@ -134,6 +143,7 @@ fn run_op(
     tree: &mut Tree,
     op: &FsOp,
     sources: &mut impl Iterator<Item = OwnedFd>,
+    copies: &mut impl Iterator<Item = Vec<u8>>,
 ) -> Result<(), JailError> {
     match op {
         FsOp::Dir { path, mode } => {
@@ -144,28 +154,15 @@ fn run_op(
             nix::unistd::symlinkat(target.as_path(), Some(parent), name)
                 .context(|| format!("symlink {path}"))?;
         }
+        FsOp::Copy { path, mode, .. } => {
+            let contents = copies.next().expect("one read per copy, in plan order");
+            write_file(tree, path, &contents, *mode)?;
+        }
         FsOp::File {
             path,
             contents,
             mode,
-        } => {
-            let (parent, name) = tree.parent_of(path)?;
-            let fd = nix::fcntl::openat(
-                Some(parent),
-                name,
-                OFlag::O_WRONLY
-                    | OFlag::O_CREAT
-                    | OFlag::O_EXCL
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC,
-                Mode::from_bits_truncate(*mode),
-            )
-            .context(|| format!("create {path}"))?;
-            // SAFETY: `openat` just returned this descriptor and nothing else owns it.
-            let mut file: File = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
-            file.write_all(contents)
-                .context(|| format!("write {path}"))?;
-        }
+        } => write_file(tree, path, contents, *mode)?,
         FsOp::Bind { path, kind, .. } => {
             let source = sources
                 .next()
@@ -362,6 +359,19 @@ impl Tree {
         self.dirs
             .retain(|dir, _| dir != path && !dir.starts_with(&below));
     }
+}
+
+fn write_file(tree: &mut Tree, path: &str, contents: &[u8], mode: u32) -> Result<(), JailError> {
+    let (parent, name) = tree.parent_of(path)?;
+    let fd = nix::fcntl::openat(
+        Some(parent),
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(mode),
+    )
+    .context(|| format!("create {path}"))?;
+    let mut file = File::from(unsafe_owned(fd));
+    file.write_all(contents).context(|| format!("write {path}"))
 }
 
 fn split(path: &str) -> (&str, &str) {

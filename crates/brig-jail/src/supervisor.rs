@@ -302,6 +302,7 @@ fn run_sandbox(
         stdout_fd: capture.as_ref().map(|((_, w), _)| w.as_raw_fd()),
         stderr_fd: capture.as_ref().map(|(_, (_, w))| w.as_raw_fd()),
         drop_groups: !rootless,
+        cpus: nix::sched::sched_getaffinity(Pid::from_raw(0)).ok(),
         started: timeline.started,
     };
 
@@ -333,6 +334,7 @@ fn run_sandbox(
     });
 
     timeline.mark("clone");
+    steer_away(child);
     let identity = match prepare_child(child, spec, rootless, host_uid, host_gid, &sync_parent)
         .and_then(|identity| {
             timeline.mark("id_maps");
@@ -417,6 +419,28 @@ fn run_sandbox(
         },
     };
     Ok((outcome, stats))
+}
+
+/// Keeps the child off this process's CPU while both work on setup: the wakeups on
+/// the sync channel would otherwise queue it behind this process, and the two halves
+/// of setup would run one after the other. The child restores its CPU set before
+/// the command starts. Returns whether anything was changed.
+fn steer_away(child: Pid) -> bool {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    // SAFETY: sched_getcpu has no preconditions.
+    let here = unsafe { libc::sched_getcpu() };
+    let Ok(allowed) = sched_getaffinity(Pid::from_raw(0)) else {
+        return false;
+    };
+    let mut elsewhere = CpuSet::new();
+    let mut count = 0;
+    for cpu in 0..CpuSet::count() {
+        if cpu as i32 != here && allowed.is_set(cpu).unwrap_or(false) {
+            let _ = elsewhere.set(cpu);
+            count += 1;
+        }
+    }
+    count > 0 && sched_setaffinity(child, &elsewhere).is_ok()
 }
 
 struct RestoreMask(SigSet);
