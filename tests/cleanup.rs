@@ -129,8 +129,7 @@ fn root_sigkill_of_brig_leaves_nothing() {
     let mounts_before = host_mounts();
     let tmp_before = tmp_entries();
     let (mut child, init, dirs) = start_sleeper(marker, "");
-    // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    send_signal(child.id(), "KILL");
     let _ = child.wait();
     assert!(
         eventually(5000, || processes_with(marker).is_empty()),
@@ -170,12 +169,11 @@ fn watchdog_running() -> bool {
 #[test]
 fn root_sigterm_and_sigint_to_brig_reach_the_command_and_clean_up() {
     require_root!();
-    for (signal, name) in [(libc::SIGTERM, "TERM"), (libc::SIGINT, "INT")] {
-        let marker = format!("7654.{}", signal);
+    for (number, name) in [(15, "TERM"), (2, "INT")] {
+        let marker = format!("7654.{number}");
         let (child, init, dirs) =
             start_sleeper(&marker, &format!("trap 'echo got-{name}; exit 7' {name};"));
-        // SAFETY: plain kill(2) of our own child.
-        unsafe { libc::kill(child.id() as i32, signal) };
+        send_signal(child.id(), name);
         let out = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         // sh runs the trap once its foreground sleep ends (killed with the sandbox at
@@ -213,8 +211,7 @@ fn root_signal_is_forwarded_to_a_command_that_handles_it() {
     // Wait until python is inside its sleep.
     assert!(eventually(5000, || processes_with("time.sleep(30)").len() >= 2));
     std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    send_signal(pid, "TERM");
     let out = child.wait_with_output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["stdout"], "ready\ngot TERM\n");

@@ -18,8 +18,21 @@ pub fn brig() -> Command {
 }
 
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to the effective uid.
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
+}
+
+/// Sends `signal` (e.g. "TERM") to `pid` with kill(1).
+pub fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
 }
 
 /// Tests that need root say so by calling this first; CI runs as root.

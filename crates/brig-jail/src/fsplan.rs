@@ -665,6 +665,19 @@ mod tests {
         SandboxSpec::new(vec!["true".into()])
     }
 
+    /// The contents brig writes at `path`.
+    fn written(plan: &FsPlan, path: &str) -> String {
+        plan.ops
+            .iter()
+            .find_map(|op| match op {
+                FsOp::File {
+                    path: p, contents, ..
+                } if p == path => Some(String::from_utf8(contents.clone()).unwrap()),
+                _ => None,
+            })
+            .unwrap()
+    }
+
     fn paths(plan: &FsPlan) -> Vec<String> {
         plan.ops
             .iter()
@@ -725,16 +738,7 @@ mod tests {
                 );
             }
         }
-        let passwd = plan
-            .ops
-            .iter()
-            .find_map(|op| match op {
-                FsOp::File { path, contents, .. } if path == "/etc/passwd" => {
-                    Some(String::from_utf8(contents.clone()).unwrap())
-                }
-                _ => None,
-            })
-            .unwrap();
+        let passwd = written(&plan, "/etc/passwd");
         assert!(!passwd.contains("alice"), "host users leaked: {passwd}");
         assert!(passwd.contains("sandbox:x:1000:1000:"));
         // Allowlisted entries: copied when small and world-readable, bound otherwise
@@ -893,16 +897,7 @@ mod tests {
             .iter()
             .any(|op| matches!(op, FsOp::Bind { path, .. } if path == "/proc")));
         // The rootfs's own users are kept; uid 1000 exists already, so none is added.
-        let passwd = plan
-            .ops
-            .iter()
-            .find_map(|op| match op {
-                FsOp::File { path, contents, .. } if path == "/etc/passwd" => {
-                    Some(String::from_utf8(contents.clone()).unwrap())
-                }
-                _ => None,
-            })
-            .unwrap();
+        let passwd = written(&plan, "/etc/passwd");
         assert_eq!(
             passwd,
             "root:x:0:0::/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n"
