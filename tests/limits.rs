@@ -94,7 +94,8 @@ fn root_cpu_bandwidth_is_limited() {
         cpu < 1200,
         "--cpus 0.5 let through {cpu} ms of CPU in 1.5 s"
     );
-    assert!(cpu > 300, "implausibly little CPU: {cpu} ms");
+    // Only a sanity floor: other tests may load both CPUs at the same time.
+    assert!(cpu > 50, "implausibly little CPU: {cpu} ms");
 }
 
 #[test]
