@@ -496,7 +496,10 @@ fn plan_etc(spec: &SandboxSpec, host_root: &Path, ops: &mut Vec<FsOp>) -> Result
                     // The listing already says which top-level names exist: no stat
                     // for the many allowlisted entries a host does not have.
                     let top = name.split('/').next().unwrap_or_default();
-                    if host_names.binary_search_by(|n| n.as_str().cmp(top)).is_err() {
+                    if host_names
+                        .binary_search_by(|n| n.as_str().cmp(top))
+                        .is_err()
+                    {
                         continue;
                     }
                     if let Some((parent, _)) = name.rsplit_once('/') {
