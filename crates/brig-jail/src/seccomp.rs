@@ -33,28 +33,60 @@
 //!
 //! # Shape of the program
 //!
-//! A hand-written prologue (arch and x32 checks, `clone3`, socket families) runs first, then
-//! the program seccompiler compiles from the EPERM rules. seccompiler gives one filter a
-//! single match action and knows nothing of x32, so everything needing another action lives
-//! in the prologue; its jumps are relative, so the two concatenate without relocation.
+//! ```text
+//! ld arch; jeq AUDIT_ARCH, else -> kill           a foreign ABI is killed
+//! ld nr; jset 0x40000000 -> (jeq -1, else -> kill)  so is x32 (x86_64), but for nr -1
+//! jge 246                                         the search: a balanced tree of jge on
+//!   jge 139                                       nr, each node's lower half right after
+//!     jge 57                                      it, the upper half further on
+//!       ...
+//!         jeq 41 -> socket, else -> allow         leaves of at most two comparisons
+//!         jeq 16 -> ioctl, else -> allow
+//!     ...
+//! ioctl: ld args[1]; jeq TIOCSTI -> eperm;        an argument check, written once
+//!        jeq TIOCLINUX -> eperm, else -> allow
+//! ...
+//! eperm: ret ERRNO(EPERM)                         every action written once
+//! allow: ret ALLOW
+//! kill:  ret KILL_PROCESS
+//! ```
+//!
+//! The syscall numbers are cut into ranges whose numbers all get the same verdict (allow,
+//! an errno, or one of the argument checks), and a balanced binary search of `jge` on the
+//! number finds the range: a dozen instructions at most from the start of the program to
+//! any syscall's verdict on x86_64, where a linear chain took up to 171. The search halves
+//! the ranges until a leaf can sort out the rest with at most two comparisons (a `jeq` for
+//! a single number, two `jge` for a run), which is never longer than the tree it replaces.
+//! Every `ret` and argument check is written once and jumped to, and the program comes to
+//! under a hundred instructions, where seccompiler's took 464.
+//!
+//! Both numbers matter at start-up: when the filter is attached the kernel compiles it
+//! (the cost grows with its length) and runs it once per syscall number to fill its action
+//! cache (`seccomp_cache_prepare`, the cost grows with the path), and every call that the
+//! cache cannot answer runs it again.
+//!
+//! The program is generated here rather than by seccompiler, which compiles a linear chain
+//! of one comparison per syscall, gives a filter a single match action (this one needs
+//! EPERM, ENOSYS, EAFNOSUPPORT and kill) and knows nothing of x32.
+//!
+//! Conditional jumps have 8-bit offsets. A jump to code more than 255 instructions on goes
+//! to a copy of it written nearer (a `ret`) or to a `ja`, whose offset is 32-bit. Today's
+//! program is shorter than that, but the generator does not rely on it.
 //!
 //! Only `clone`, `ioctl`, `personality`, `socket` and `socketpair` look at arguments. For
-//! every other syscall the result depends on the syscall number alone, so the kernel's
-//! seccomp action cache (5.11+) allows it without running the filter at all.
+//! every other syscall the result depends on the syscall number alone, and the search uses
+//! only instructions the kernel's cache emulation understands (`ld` of nr and arch, `jeq`,
+//! `jge`, `jset`, `ja`, `ret`), so the kernel's seccomp action cache (5.11+) allows it
+//! without running the filter at all.
 
 use std::collections::BTreeMap;
 use std::io;
 
 use brig_policy::{SeccompMode, SeccompPolicy};
-use seccompiler::{
-    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
-    SeccompFilter, SeccompRule,
-};
 use serde::Serialize;
 
 use crate::JailError;
 
-// The hand-written prologue reads an argument's low half at the start of its slot.
 #[cfg(not(all(
     any(target_arch = "x86_64", target_arch = "aarch64"),
     target_endian = "little"
@@ -64,7 +96,7 @@ compile_error!("brig's seccomp filter is written for little-endian x86_64 and aa
 /// A compiled filter, built once before the sandbox starts (in the parent), installed in the child.
 #[derive(Debug, Clone)]
 pub struct SeccompProgram {
-    filter: BpfProgram,
+    filter: Vec<Insn>,
     pub summary: SeccompSummary,
 }
 
@@ -84,7 +116,6 @@ pub struct SeccompSummary {
 #[cfg(target_arch = "x86_64")]
 mod arch {
     pub const NAME: &str = "x86_64";
-    pub const TARGET: seccompiler::TargetArch = seccompiler::TargetArch::x86_64;
     /// AUDIT_ARCH_X86_64: EM_X86_64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE.
     pub const AUDIT_ARCH: u32 = 62 | 0x8000_0000 | 0x4000_0000;
     /// x32 syscalls share AUDIT_ARCH_X86_64 and differ only by this bit in the number.
@@ -116,7 +147,6 @@ mod arch {
 #[cfg(target_arch = "aarch64")]
 mod arch {
     pub const NAME: &str = "aarch64";
-    pub const TARGET: seccompiler::TargetArch = seccompiler::TargetArch::aarch64;
     /// AUDIT_ARCH_AARCH64: EM_AARCH64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE.
     pub const AUDIT_ARCH: u32 = 183 | 0x8000_0000 | 0x4000_0000;
     pub const X32_SYSCALL_BIT: Option<u32> = None;
@@ -196,9 +226,6 @@ const PTRACE: &[i64] = &[
     libc::SYS_process_madvise,
 ];
 
-/// Syscalls the prologue handles: clone3, socket, socketpair.
-const PROLOGUE_DENIED: usize = 3;
-
 /// Namespace flags refused in clone(). CLONE_NEWTIME shares its bit with the exit signal
 /// byte of clone() and only works through clone3, but a set 0x80 bit is never a valid
 /// signal either, so refusing it costs nothing.
@@ -235,19 +262,8 @@ pub fn build(policy: &SeccompPolicy) -> Result<Option<SeccompProgram>, JailError
     if policy.mode == SeccompMode::Off {
         return Ok(None);
     }
-    let rules = eperm_rules(policy.allow_ptrace)?;
-    let denied_syscalls = rules.len() + PROLOGUE_DENIED;
-    let main = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch::TARGET,
-    )
-    .map_err(compile_error)?;
-    let main: BpfProgram = main.try_into().map_err(compile_error)?;
-
-    let mut filter = prologue();
-    filter.extend(main);
+    let verdicts = verdicts(policy.allow_ptrace)?;
+    let filter = program(&ranges(&verdicts));
     if filter.len() > BPF_MAXINSNS {
         return Err(JailError::Seccomp(format!(
             "the filter has {} instructions, more than the kernel's limit of {BPF_MAXINSNS}",
@@ -257,7 +273,8 @@ pub fn build(policy: &SeccompPolicy) -> Result<Option<SeccompProgram>, JailError
 
     let summary = SeccompSummary {
         arch: arch::NAME,
-        denied_syscalls,
+        // Every syscall with a verdict of its own is denied always or for some arguments.
+        denied_syscalls: verdicts.len(),
         allow_ptrace: policy.allow_ptrace,
         kills_foreign_arch: true,
         kills_x32: arch::X32_SYSCALL_BIT.is_some(),
@@ -308,68 +325,125 @@ impl SeccompProgram {
     }
 }
 
-// seccompiler's sock_filter is handed to the kernel as libc's.
+/// One classic BPF instruction, laid out as the kernel's `struct sock_filter` (libc's lacks
+/// `PartialEq`, which the tests want).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Insn {
+    code: u16,
+    jt: u8,
+    jf: u8,
+    k: u32,
+}
+
+// Handed to the kernel as libc's sock_filter.
 const _: () = {
-    assert!(std::mem::size_of::<sock_filter>() == std::mem::size_of::<libc::sock_filter>());
-    assert!(std::mem::align_of::<sock_filter>() == std::mem::align_of::<libc::sock_filter>());
+    assert!(std::mem::size_of::<Insn>() == std::mem::size_of::<libc::sock_filter>());
+    assert!(std::mem::align_of::<Insn>() == std::mem::align_of::<libc::sock_filter>());
+    assert!(std::mem::offset_of!(Insn, jt) == std::mem::offset_of!(libc::sock_filter, jt));
+    assert!(std::mem::offset_of!(Insn, jf) == std::mem::offset_of!(libc::sock_filter, jf));
+    assert!(std::mem::offset_of!(Insn, k) == std::mem::offset_of!(libc::sock_filter, k));
 };
 
 /// The kernel's limit on the length of a classic BPF program.
 const BPF_MAXINSNS: usize = 4096;
 
-fn compile_error(err: seccompiler::BackendError) -> JailError {
-    JailError::Seccomp(format!("cannot compile the filter (a bug in brig): {err}"))
+/// What the filter does with one syscall number (of the native ABI).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Allow,
+    /// Fail with this errno whatever the arguments.
+    Errno(libc::c_int),
+    /// Decide on the arguments.
+    Check(Check),
 }
 
-/// The rules seccompiler compiles: a syscall with no rule is denied outright, one with
-/// rules is denied when any rule matches.
-fn eperm_rules(allow_ptrace: bool) -> Result<BTreeMap<i64, Vec<SeccompRule>>, JailError> {
-    // The kernel reads clone's flags, ioctl's request and personality's argument as 32-bit
-    // ints, so only the low half is compared: a value with junk in the high half must not
-    // slip past a 64-bit comparison.
-    let dword = |arg, op, value| {
-        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(compile_error)
-    };
-    let rule = |conditions| SeccompRule::new(conditions).map_err(compile_error);
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// EPERM if the flags (arg 0) ask for a new namespace.
+    CloneFlags,
+    /// EPERM for the terminal-injection requests (arg 1).
+    IoctlRequest,
+    /// EPERM unless arg 0 is one of Docker's personalities.
+    Personality,
+    /// EAFNOSUPPORT unless the domain (arg 0) is an allowed family.
+    SocketFamily,
+}
 
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+/// The verdict of every syscall that is not simply allowed.
+fn verdicts(allow_ptrace: bool) -> Result<BTreeMap<u32, Verdict>, JailError> {
     let unconditional =
         DENIED
             .iter()
             .chain(arch::DENIED)
             .chain(if allow_ptrace { &[][..] } else { PTRACE });
-    for &nr in unconditional {
-        rules.insert(nr, Vec::new());
+    let special = [
+        // ENOSYS, so that libc falls back to clone, whose flags the filter can read.
+        (libc::SYS_clone3, Verdict::Errno(libc::ENOSYS)),
+        // clone(flags, ...) takes the flags first on both architectures (s390 is the odd one).
+        (libc::SYS_clone, Verdict::Check(Check::CloneFlags)),
+        (libc::SYS_ioctl, Verdict::Check(Check::IoctlRequest)),
+        (libc::SYS_personality, Verdict::Check(Check::Personality)),
+        (libc::SYS_socket, Verdict::Check(Check::SocketFamily)),
+        (libc::SYS_socketpair, Verdict::Check(Check::SocketFamily)),
+    ];
+    let mut verdicts = BTreeMap::new();
+    for (nr, verdict) in unconditional
+        .map(|&nr| (nr, Verdict::Errno(libc::EPERM)))
+        .chain(special)
+    {
+        let key = u32::try_from(nr)
+            .ok()
+            .filter(|&key| key < SYSCALL_NUMBERS_END)
+            .ok_or_else(|| bug(format!("syscall number {nr} out of range")))?;
+        if verdicts.insert(key, verdict).is_some() {
+            return Err(bug(format!("syscall {nr} is listed twice")));
+        }
     }
+    Ok(verdicts)
+}
 
-    // clone(flags, ...) takes the flags first on both architectures (s390 is the odd one).
-    let clone = CLONE_NAMESPACE_FLAGS
-        .iter()
-        .map(|&flag| {
-            let flag = flag as u32 as u64;
-            rule(vec![dword(0, SeccompCmpOp::MaskedEq(flag), flag)?])
-        })
-        .collect::<Result<_, _>>()?;
-    rules.insert(libc::SYS_clone, clone);
+/// Native syscall numbers stay below this (x86_64 and aarch64 are in the 400s); anything
+/// higher is allowed, which the kernel answers with ENOSYS (x32 is killed before the search).
+const SYSCALL_NUMBERS_END: u32 = 0x1000;
 
-    let ioctl = DENIED_IOCTLS
-        .iter()
-        .map(|&request| rule(vec![dword(1, SeccompCmpOp::Eq, u64::from(request))?]))
-        .collect::<Result<_, _>>()?;
-    rules.insert(libc::SYS_ioctl, ioctl);
+fn bug(what: String) -> JailError {
+    JailError::Seccomp(format!("cannot compile the filter (a bug in brig): {what}"))
+}
 
-    let not_allowed = ALLOWED_PERSONALITIES
-        .iter()
-        .map(|&value| dword(0, SeccompCmpOp::Ne, u64::from(value)))
-        .collect::<Result<_, _>>()?;
-    rules.insert(libc::SYS_personality, vec![rule(not_allowed)?]);
+/// A range of syscall numbers with one verdict: from `start` up to the next range's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Range {
+    start: u32,
+    verdict: Verdict,
+}
 
-    Ok(rules)
+/// Cuts the whole u32 space of syscall numbers into ranges, merging neighbours with the
+/// same verdict. The first range starts at 0; the last runs to u32::MAX and allows.
+fn ranges(verdicts: &BTreeMap<u32, Verdict>) -> Vec<Range> {
+    let mut ranges: Vec<Range> = Vec::new();
+    let mut push = |start: u32, verdict: Verdict| {
+        if ranges.last().map(|r| r.verdict) != Some(verdict) {
+            ranges.push(Range { start, verdict });
+        }
+    };
+    let mut next = 0;
+    for (&nr, &verdict) in verdicts {
+        if nr > next {
+            push(next, Verdict::Allow);
+        }
+        push(nr, verdict);
+        next = nr + 1;
+    }
+    push(next, Verdict::Allow);
+    ranges
 }
 
 // Classic BPF opcodes (linux/filter.h): BPF_LD | BPF_W | BPF_ABS, BPF_JMP | BPF_JEQ | BPF_K, ...
 const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_JMP_JA: u16 = 0x05;
 const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
+const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
 const BPF_JMP_JSET_K: u16 = 0x05 | 0x40;
 const BPF_RET_K: u16 = 0x06;
 
@@ -377,10 +451,16 @@ const BPF_RET_K: u16 = 0x06;
 // architectures are little-endian, so an argument's low half comes first.
 const DATA_NR: u32 = 0;
 const DATA_ARCH: u32 = 4;
-const DATA_ARG0_LOW: u32 = 16;
 
-fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter {
+/// The offset of argument `n`'s low half. The kernel reads clone's flags, ioctl's request,
+/// personality's argument and socket's domain as 32-bit ints, so only the low half is
+/// compared: a value with junk in the high half must not slip past a 64-bit comparison.
+const fn data_arg_low(n: u32) -> u32 {
+    16 + 8 * n
+}
+
+fn stmt(code: u16, k: u32) -> Insn {
+    Insn {
         code,
         jt: 0,
         jf: 0,
@@ -388,49 +468,298 @@ fn stmt(code: u16, k: u32) -> sock_filter {
     }
 }
 
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
-    sock_filter { code, jt, jf, k }
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> Insn {
+    Insn { code, jt, jf, k }
 }
 
-/// The checks that need an action other than EPERM. Hand-written because seccompiler
-/// compiles one match action per filter and has no notion of x32. It ends by falling
-/// through into the main program.
-fn prologue() -> Vec<sock_filter> {
-    let errno = |e: libc::c_int| libc::SECCOMP_RET_ERRNO | (e as u32 & libc::SECCOMP_RET_DATA);
-    let mut p = vec![
-        stmt(BPF_LD_W_ABS, DATA_ARCH),
-        jump(BPF_JMP_JEQ_K, arch::AUDIT_ARCH, 1, 0),
-        stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
-        stmt(BPF_LD_W_ABS, DATA_NR),
-    ];
-    if let Some(x32_bit) = arch::X32_SYSCALL_BIT {
-        p.extend([
-            jump(BPF_JMP_JSET_K, x32_bit, 0, 2),
+fn ret(action: u32) -> Insn {
+    stmt(BPF_RET_K, action)
+}
+
+fn errno(e: libc::c_int) -> u32 {
+    libc::SECCOMP_RET_ERRNO | (e as u32 & libc::SECCOMP_RET_DATA)
+}
+
+/// The whole program for `ranges`: the arch and x32 checks, then the search.
+fn program(ranges: &[Range]) -> Vec<Insn> {
+    let mut asm = Assembler::default();
+    // Written first, so that it ends the program, out of the way of the search.
+    asm.ret(libc::SECCOMP_RET_KILL_PROCESS);
+    let search = asm.search(ranges, None);
+    let entry = asm.prologue(search);
+    asm.finish(entry)
+}
+
+/// Most comparisons a leaf of the search makes in a row before it gives up and splits its
+/// ranges in two: a short chain costs fewer instructions than the nodes that would split it,
+/// and no longer a path.
+const CHAIN_MAX: usize = 2;
+
+/// Writes a program from its end backwards, so that whatever a jump may land on is already
+/// in place when the jump is written: code the program needs in many places (a `ret`, an
+/// argument check) is written once and jumped to from everywhere.
+///
+/// `code` holds the instructions in reverse order, and a position is an index into it. An
+/// instruction written now, at position `code.len()`, reaches position `t` with the offset
+/// `code.len() - 1 - t`. Every method returns the position where the code it wrote starts.
+#[derive(Default)]
+struct Assembler {
+    code: Vec<Insn>,
+    /// Where a `ret` of each action already stands.
+    rets: Vec<(u32, usize)>,
+    /// Where the code of each argument check already starts.
+    checks: Vec<(Check, usize)>,
+}
+
+impl Assembler {
+    /// The arch and x32 checks, going on to `search` with the syscall number loaded.
+    fn prologue(&mut self, search: usize) -> usize {
+        let kill = self.ret(libc::SECCOMP_RET_KILL_PROCESS);
+        let mut next = search;
+        if let Some(x32_bit) = arch::X32_SYSCALL_BIT {
             // nr -1 means "no syscall": a tracer skipping a call sets it, and seccomp sees it
             // after the tracer. The kernel answers ENOSYS; there is nothing to kill for.
-            jump(BPF_JMP_JEQ_K, u32::MAX, 1, 0),
-            stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
-        ]);
+            let minus_one = self.jump(BPF_JMP_JEQ_K, u32::MAX, search, kill);
+            next = self.jump(BPF_JMP_JSET_K, x32_bit, minus_one, search);
+        }
+        let load_nr = self.load_then(DATA_NR, next);
+        self.jump(BPF_JMP_JEQ_K, arch::AUDIT_ARCH, load_nr, kill);
+        self.load(DATA_ARCH)
     }
-    p.extend([
-        jump(BPF_JMP_JEQ_K, libc::SYS_clone3 as u32, 0, 1),
-        stmt(BPF_RET_K, errno(libc::ENOSYS)),
-    ]);
 
-    // socket(domain, ...) and socketpair(domain, ...): domain is an int, arg 0.
-    let families = ALLOWED_FAMILIES.len() as u8;
-    p.extend([
-        jump(BPF_JMP_JEQ_K, libc::SYS_socket as u32, 1, 0),
-        // Not a socket call: skip the load, the family checks and the return.
-        jump(BPF_JMP_JEQ_K, libc::SYS_socketpair as u32, 0, families + 2),
-        stmt(BPF_LD_W_ABS, DATA_ARG0_LOW),
-    ]);
-    for (i, &family) in ALLOWED_FAMILIES.iter().enumerate() {
-        // An allowed family jumps over the remaining checks and the return.
-        p.push(jump(BPF_JMP_JEQ_K, family as u32, families - i as u8, 0));
+    /// Finds the range of the number in the accumulator, `ranges` (sorted) covering the
+    /// numbers from `ranges[0].start` up to `end` (exclusive; `None`: all the rest).
+    ///
+    /// A balanced binary search: each node sends the numbers below its pivot to the lower
+    /// half of the ranges, the others to the upper half, until a leaf can sort its ranges
+    /// out in at most CHAIN_MAX comparisons.
+    fn search(&mut self, ranges: &[Range], end: Option<u32>) -> usize {
+        if let Some(background) = chain_background(ranges, end) {
+            return self.chain(ranges, end, background);
+        }
+        let (low, high) = ranges.split_at(ranges.len() / 2);
+        let pivot = high[0].start;
+        let high = self.search(high, end);
+        // Written last, so that a node's lower half usually starts right after it.
+        let low = self.search(low, Some(pivot));
+        self.jump(BPF_JMP_JGE_K, pivot, high, low)
     }
-    p.push(stmt(BPF_RET_K, errno(libc::EAFNOSUPPORT)));
-    p
+
+    /// A leaf of the search: tests the ranges that are not `background`, highest first.
+    fn chain(&mut self, ranges: &[Range], end: Option<u32>, background: Verdict) -> usize {
+        let fallback = self.verdict(background);
+        let mut next = fallback;
+        for link in chain(ranges, end, background) {
+            next = match link {
+                Link::Is(nr, verdict) => {
+                    let verdict = self.verdict(verdict);
+                    self.jump(BPF_JMP_JEQ_K, nr, verdict, next)
+                }
+                Link::From(nr, verdict) => {
+                    let verdict = self.verdict(verdict);
+                    self.jump(BPF_JMP_JGE_K, nr, verdict, next)
+                }
+                Link::Rest(verdict) => self.verdict(verdict),
+                Link::Above(nr) => self.jump(BPF_JMP_JGE_K, nr, fallback, next),
+            };
+        }
+        next
+    }
+
+    /// The code for one verdict, to run with the syscall number in the accumulator.
+    fn verdict(&mut self, verdict: Verdict) -> usize {
+        match verdict {
+            Verdict::Allow => self.ret(libc::SECCOMP_RET_ALLOW),
+            Verdict::Errno(e) => self.ret(errno(e)),
+            Verdict::Check(check) => match self.checks.iter().find(|(c, _)| *c == check) {
+                Some(&(_, at)) => at,
+                None => {
+                    let at = self.check(check);
+                    self.checks.push((check, at));
+                    at
+                }
+            },
+        }
+    }
+
+    fn check(&mut self, check: Check) -> usize {
+        let allow = libc::SECCOMP_RET_ALLOW;
+        let eperm = errno(libc::EPERM);
+        match check {
+            Check::CloneFlags => {
+                // Each flag is a single bit (checked in the tests), so "any flag set" is one
+                // jset.
+                let flags = CLONE_NAMESPACE_FLAGS
+                    .iter()
+                    .fold(0, |all, &flag| all | flag as u32);
+                let (deny, pass) = (self.ret(eperm), self.ret(allow));
+                self.jump(BPF_JMP_JSET_K, flags, deny, pass);
+                self.load(data_arg_low(0))
+            }
+            Check::IoctlRequest => self.one_of(1, DENIED_IOCTLS.iter().copied(), eperm, allow),
+            Check::Personality => {
+                self.one_of(0, ALLOWED_PERSONALITIES.iter().copied(), allow, eperm)
+            }
+            Check::SocketFamily => self.one_of(
+                0,
+                ALLOWED_FAMILIES.iter().map(|&family| family as u32),
+                allow,
+                errno(libc::EAFNOSUPPORT),
+            ),
+        }
+    }
+
+    /// Loads the low half of argument `arg` and returns `matched` if it equals one of
+    /// `values`, `otherwise` if not.
+    fn one_of(
+        &mut self,
+        arg: u32,
+        values: impl DoubleEndedIterator<Item = u32>,
+        matched: u32,
+        otherwise: u32,
+    ) -> usize {
+        let matched = self.ret(matched);
+        let mut next = self.ret(otherwise);
+        for value in values.rev() {
+            next = self.jump(BPF_JMP_JEQ_K, value, matched, next);
+        }
+        self.load(data_arg_low(arg))
+    }
+
+    fn load(&mut self, offset: u32) -> usize {
+        self.push(stmt(BPF_LD_W_ABS, offset))
+    }
+
+    /// A load that goes on to `next`, which need not be the code written last.
+    fn load_then(&mut self, offset: u32, next: usize) -> usize {
+        if next != self.code.len() - 1 {
+            let distance = self.code.len() - 1 - next;
+            self.push(stmt(BPF_JMP_JA, distance as u32));
+        }
+        self.load(offset)
+    }
+
+    fn ret(&mut self, action: u32) -> usize {
+        match self.rets.iter().find(|(a, _)| *a == action) {
+            Some(&(_, at)) => at,
+            None => {
+                let at = self.push(ret(action));
+                self.rets.push((action, at));
+                at
+            }
+        }
+    }
+
+    /// A conditional jump to `jt` or `jf`.
+    fn jump(&mut self, code: u16, k: u32, jt: usize, jf: usize) -> usize {
+        let jt = self.reach(jt);
+        let jf = self.reach(jf);
+        let at = self.code.len();
+        let offset = |target: usize| u8::try_from(at - 1 - target).expect("reach() keeps it short");
+        self.push(jump(code, k, offset(jt), offset(jf)))
+    }
+
+    /// A position holding the same code as `target`, close enough for a conditional jump
+    /// written after one more instruction. Jump offsets have 8 bits: a `ret` too far away is
+    /// written again, other code is reached through a `ja`, whose offset is 32-bit.
+    fn reach(&mut self, target: usize) -> usize {
+        let distance = self.code.len() - 1 - target;
+        if distance < usize::from(u8::MAX) {
+            return target;
+        }
+        let insn = self.code[target];
+        let near = if insn.code == BPF_RET_K {
+            self.push(insn)
+        } else {
+            self.push(stmt(BPF_JMP_JA, distance as u32))
+        };
+        // Later jumps to the same code go to the nearer copy.
+        let moved = self.rets.iter_mut().map(|(_, at)| at);
+        for at in moved.chain(self.checks.iter_mut().map(|(_, at)| at)) {
+            if *at == target {
+                *at = near;
+            }
+        }
+        near
+    }
+
+    fn push(&mut self, insn: Insn) -> usize {
+        self.code.push(insn);
+        self.code.len() - 1
+    }
+
+    /// The program in running order; it starts with the code written last.
+    fn finish(mut self, entry: usize) -> Vec<Insn> {
+        debug_assert_eq!(
+            entry,
+            self.code.len() - 1,
+            "the program starts at its entry"
+        );
+        self.code.reverse();
+        self.code
+    }
+}
+
+/// One step of a leaf of the search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    /// nr == this number (a range of one): that verdict.
+    Is(u32, Verdict),
+    /// nr >= this number: that verdict.
+    From(u32, Verdict),
+    /// No test: the lowest range of the leaf, nr cannot be below it.
+    Rest(Verdict),
+    /// nr >= this number: the leaf's background (the ranges above are tested already).
+    Above(u32),
+}
+
+/// The steps of a leaf over `ranges` (up to `end`, exclusive; `None`: all the rest) that
+/// falls back on `background`, lowest first. They run in the opposite order, so that when
+/// a range is tested, nr is in none of the ranges above it. A comparison the bounds of the
+/// leaf make certain is left out.
+fn chain(ranges: &[Range], end: Option<u32>, background: Verdict) -> Vec<Link> {
+    let start = ranges[0].start;
+    let mut links = Vec::new();
+    for (i, range) in ranges.iter().enumerate() {
+        if range.verdict == background {
+            continue;
+        }
+        let after = ranges.get(i + 1).map(|r| r.start).or(end);
+        if range.start == start {
+            links.push(Link::Rest(range.verdict));
+        } else if after == Some(range.start + 1) {
+            links.push(Link::Is(range.start, range.verdict));
+            continue;
+        } else {
+            links.push(Link::From(range.start, range.verdict));
+        }
+        if let Some(after) = after.filter(|&after| Some(after) != end) {
+            links.push(Link::Above(after));
+        }
+    }
+    links
+}
+
+/// The background for a leaf over `ranges` (up to `end`) that makes at most CHAIN_MAX
+/// comparisons, if there is one: the one that makes the fewest.
+fn chain_background(ranges: &[Range], end: Option<u32>) -> Option<Verdict> {
+    // Neighbouring ranges differ, so at most every other range is background, and every
+    // other range but the lowest costs a comparison.
+    if ranges.len() > 2 * CHAIN_MAX + 3 {
+        return None;
+    }
+    let comparisons = |background| {
+        chain(ranges, end, background)
+            .iter()
+            .filter(|link| !matches!(link, Link::Rest(_)))
+            .count()
+    };
+    ranges
+        .iter()
+        .map(|range| (comparisons(range.verdict), range.verdict))
+        .min_by_key(|&(comparisons, _)| comparisons)
+        .filter(|&(comparisons, _)| comparisons <= CHAIN_MAX)
+        .map(|(_, background)| background)
 }
 
 #[cfg(test)]
@@ -456,19 +785,25 @@ mod tests {
     /// A classic BPF interpreter for the instructions seccomp filters use. With `args` set to
     /// `None` it stops at the first argument load, as the kernel does when it decides whether
     /// a syscall's result can be cached: `Some(action)` then means "constant for this nr".
-    fn run(filter: &[sock_filter], arch: u32, nr: i64, args: Option<[u64; 6]>) -> Option<u32> {
+    /// Also returns how many instructions ran.
+    fn exec(filter: &[Insn], arch: u32, nr: u32, args: Option<[u64; 6]>) -> (Option<u32>, usize) {
         let mut acc: u32 = 0;
         let mut pc = 0usize;
+        let mut steps = 0;
         loop {
-            let insn = &filter[pc];
+            let insn = filter.get(pc).expect("the program jumps out of itself");
             pc += 1;
+            steps += 1;
             match insn.code {
                 BPF_LD_W_ABS => {
                     acc = match insn.k {
-                        DATA_NR => nr as u32,
+                        DATA_NR => nr,
                         DATA_ARCH => arch,
                         k if (16..64).contains(&k) && k % 4 == 0 => {
-                            let arg = args?[(k as usize - 16) / 8];
+                            let Some(args) = args else {
+                                return (None, steps);
+                            };
+                            let arg = args[(k as usize - 16) / 8];
                             if k % 8 == 0 {
                                 arg as u32
                             } else {
@@ -478,8 +813,8 @@ mod tests {
                         k => panic!("load from unexpected offset {k}"),
                     }
                 }
-                0x54 => acc &= insn.k,         // BPF_ALU | BPF_AND | BPF_K
-                0x05 => pc += insn.k as usize, // BPF_JMP | BPF_JA
+                0x54 => acc &= insn.k, // BPF_ALU | BPF_AND | BPF_K
+                BPF_JMP_JA => pc += insn.k as usize, // BPF_JMP | BPF_JA
                 code if code & 0x07 == 0x05 => {
                     let taken = match code & 0xf0 {
                         0x10 => acc == insn.k,
@@ -490,10 +825,14 @@ mod tests {
                     };
                     pc += usize::from(if taken { insn.jt } else { insn.jf });
                 }
-                BPF_RET_K => return Some(insn.k),
+                BPF_RET_K => return (Some(insn.k), steps),
                 code => panic!("unexpected BPF instruction {code:#x}"),
             }
         }
+    }
+
+    fn run(filter: &[Insn], arch: u32, nr: i64, args: Option<[u64; 6]>) -> Option<u32> {
+        exec(filter, arch, nr as u32, args).0
     }
 
     fn call(p: &SeccompProgram, nr: i64, args: [u64; 6]) -> u32 {
@@ -747,5 +1086,623 @@ mod tests {
                 assert!(constant.is_some(), "nr {nr} looks at its arguments");
             }
         }
+    }
+
+    /// The generator this module had before the binary search, kept as the reference the
+    /// new program must match: a hand-written prologue, then seccompiler's linear chain.
+    mod linear {
+        use super::super::*;
+        use seccompiler::{
+            BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+            SeccompFilter, SeccompRule,
+        };
+
+        pub fn program(allow_ptrace: bool) -> Vec<Insn> {
+            let main = SeccompFilter::new(
+                eperm_rules(allow_ptrace),
+                SeccompAction::Allow,
+                SeccompAction::Errno(libc::EPERM as u32),
+                target(),
+            )
+            .unwrap();
+            let main: BpfProgram = main.try_into().unwrap();
+            let mut filter = prologue();
+            filter.extend(main.into_iter().map(|i| Insn {
+                code: i.code,
+                jt: i.jt,
+                jf: i.jf,
+                k: i.k,
+            }));
+            filter
+        }
+
+        fn target() -> seccompiler::TargetArch {
+            if cfg!(target_arch = "x86_64") {
+                seccompiler::TargetArch::x86_64
+            } else {
+                seccompiler::TargetArch::aarch64
+            }
+        }
+
+        fn eperm_rules(allow_ptrace: bool) -> BTreeMap<i64, Vec<SeccompRule>> {
+            let dword = |arg, op, value| {
+                SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).unwrap()
+            };
+            let rule = |conditions| SeccompRule::new(conditions).unwrap();
+
+            let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+            let unconditional = DENIED.iter().chain(arch::DENIED).chain(if allow_ptrace {
+                &[][..]
+            } else {
+                PTRACE
+            });
+            for &nr in unconditional {
+                rules.insert(nr, Vec::new());
+            }
+            let clone = CLONE_NAMESPACE_FLAGS
+                .iter()
+                .map(|&flag| {
+                    let flag = flag as u32 as u64;
+                    rule(vec![dword(0, SeccompCmpOp::MaskedEq(flag), flag)])
+                })
+                .collect();
+            rules.insert(libc::SYS_clone, clone);
+            let ioctl = DENIED_IOCTLS
+                .iter()
+                .map(|&request| rule(vec![dword(1, SeccompCmpOp::Eq, u64::from(request))]))
+                .collect();
+            rules.insert(libc::SYS_ioctl, ioctl);
+            let not_allowed = ALLOWED_PERSONALITIES
+                .iter()
+                .map(|&value| dword(0, SeccompCmpOp::Ne, u64::from(value)))
+                .collect();
+            rules.insert(libc::SYS_personality, vec![rule(not_allowed)]);
+            rules
+        }
+
+        fn prologue() -> Vec<Insn> {
+            let mut p = vec![
+                stmt(BPF_LD_W_ABS, DATA_ARCH),
+                jump(BPF_JMP_JEQ_K, arch::AUDIT_ARCH, 1, 0),
+                stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
+                stmt(BPF_LD_W_ABS, DATA_NR),
+            ];
+            if let Some(x32_bit) = arch::X32_SYSCALL_BIT {
+                p.extend([
+                    jump(BPF_JMP_JSET_K, x32_bit, 0, 2),
+                    jump(BPF_JMP_JEQ_K, u32::MAX, 1, 0),
+                    stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
+                ]);
+            }
+            p.extend([
+                jump(BPF_JMP_JEQ_K, libc::SYS_clone3 as u32, 0, 1),
+                stmt(BPF_RET_K, errno(libc::ENOSYS)),
+            ]);
+            let families = ALLOWED_FAMILIES.len() as u8;
+            p.extend([
+                jump(BPF_JMP_JEQ_K, libc::SYS_socket as u32, 1, 0),
+                jump(BPF_JMP_JEQ_K, libc::SYS_socketpair as u32, 0, families + 2),
+                stmt(BPF_LD_W_ABS, data_arg_low(0)),
+            ]);
+            for (i, &family) in ALLOWED_FAMILIES.iter().enumerate() {
+                p.push(jump(BPF_JMP_JEQ_K, family as u32, families - i as u8, 0));
+            }
+            p.push(stmt(BPF_RET_K, errno(libc::EAFNOSUPPORT)));
+            p
+        }
+    }
+
+    /// The policy written out as plain Rust: what any filter brig builds must answer. With
+    /// `args` `None`, `None` means "depends on the arguments".
+    fn reference(allow_ptrace: bool, arch: u32, nr: u32, args: Option<[u64; 6]>) -> Option<u32> {
+        if arch != arch::AUDIT_ARCH {
+            return Some(KILL);
+        }
+        if let Some(bit) = arch::X32_SYSCALL_BIT {
+            if nr & bit != 0 && nr != u32::MAX {
+                return Some(KILL);
+            }
+        }
+        let nr = i64::from(nr);
+        let unconditional = DENIED.contains(&nr)
+            || arch::DENIED.contains(&nr)
+            || (!allow_ptrace && PTRACE.contains(&nr));
+        let verdict = match nr {
+            _ if unconditional => Verdict::Errno(libc::EPERM),
+            libc::SYS_clone3 => Verdict::Errno(libc::ENOSYS),
+            libc::SYS_clone => Verdict::Check(Check::CloneFlags),
+            libc::SYS_ioctl => Verdict::Check(Check::IoctlRequest),
+            libc::SYS_personality => Verdict::Check(Check::Personality),
+            libc::SYS_socket | libc::SYS_socketpair => Verdict::Check(Check::SocketFamily),
+            _ => Verdict::Allow,
+        };
+        judge(verdict, args)
+    }
+
+    /// What a verdict means for a call with `args`; `None` if it depends on them and they
+    /// are not given.
+    fn judge(verdict: Verdict, args: Option<[u64; 6]>) -> Option<u32> {
+        let eperm_if = |denied: bool| if denied { errno(libc::EPERM) } else { ALLOW };
+        // The low half of each argument: what the kernel reads of an int.
+        let low = || args.map(|args| args.map(|arg| arg as u32));
+        Some(match verdict {
+            Verdict::Allow => ALLOW,
+            Verdict::Errno(e) => errno(e),
+            Verdict::Check(Check::CloneFlags) => {
+                let flags = low()?[0];
+                eperm_if(
+                    CLONE_NAMESPACE_FLAGS
+                        .iter()
+                        .any(|&flag| flags & flag as u32 == flag as u32),
+                )
+            }
+            Verdict::Check(Check::IoctlRequest) => eperm_if(DENIED_IOCTLS.contains(&low()?[1])),
+            Verdict::Check(Check::Personality) => {
+                eperm_if(!ALLOWED_PERSONALITIES.contains(&low()?[0]))
+            }
+            Verdict::Check(Check::SocketFamily) => {
+                if ALLOWED_FAMILIES.contains(&(low()?[0] as libc::c_int)) {
+                    ALLOW
+                } else {
+                    errno(libc::EAFNOSUPPORT)
+                }
+            }
+        })
+    }
+
+    /// The generator on made-up tables (any architecture's numbers, neighbours of every
+    /// kind, long and short runs): the program answers what the table says for every
+    /// number, arguments included.
+    #[test]
+    fn the_search_follows_random_tables() {
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut random = move |below: u32| {
+            // xorshift64
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % u64::from(below)) as u32
+        };
+        let kinds = [
+            Verdict::Allow,
+            Verdict::Errno(libc::EPERM),
+            Verdict::Errno(libc::ENOSYS),
+            Verdict::Errno(libc::EIO),
+            Verdict::Check(Check::CloneFlags),
+            Verdict::Check(Check::IoctlRequest),
+            Verdict::Check(Check::Personality),
+            Verdict::Check(Check::SocketFamily),
+        ];
+        let patterns = arg_patterns();
+        for round in 0..200 {
+            // Every fourth table is large enough to need far jumps.
+            let (spread, entries) = match round % 4 {
+                0 => (1 + random(3000), random(800)),
+                _ => (1 + random(700), random(150)),
+            };
+            let mut table = BTreeMap::new();
+            for _ in 0..entries {
+                // Runs of one to four numbers with the same verdict.
+                let (start, verdict) = (random(spread), kinds[random(8) as usize]);
+                for nr in start..start + 1 + random(4) {
+                    table.insert(nr, verdict);
+                }
+            }
+            let filter = super::program(&ranges(&table));
+            for nr in 0..spread + 8 {
+                let verdict = table.get(&nr).copied().unwrap_or(Verdict::Allow);
+                let (got, _) = exec(&filter, arch::AUDIT_ARCH, nr, None);
+                assert_eq!(got, judge(verdict, None), "nr {nr} in {table:?}");
+                if got.is_none() {
+                    for &args in patterns.iter().step_by(7) {
+                        let (got, _) = exec(&filter, arch::AUDIT_ARCH, nr, Some(args));
+                        assert_eq!(got, judge(verdict, Some(args)), "nr {nr} in {table:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// (arch, nr) pairs every filter is checked on: every number up to 600, the edges of the
+    /// number space and the x32 numbers, for the native and foreign architectures.
+    fn inputs() -> Vec<(u32, u32)> {
+        let native = arch::AUDIT_ARCH;
+        let mut nrs: Vec<u32> = (0..=600).collect();
+        nrs.extend([
+            SYSCALL_NUMBERS_END - 1,
+            SYSCALL_NUMBERS_END,
+            0x3fff_ffff,
+            0x4000_0000,
+            0x7fff_ffff,
+            0x8000_0000,
+            0x8000_0000 | 39,
+            0xbfff_ffff,
+            0xc000_0000,
+            0xc000_0000 | 39,
+            0xffff_fffe,
+            u32::MAX,
+        ]);
+        // The x32 numbers, on x86_64: every one up to 600 with the x32 bit set.
+        nrs.extend((0..=600).map(|nr| 0x4000_0000 | nr));
+        let mut inputs: Vec<(u32, u32)> = nrs.iter().map(|&nr| (native, nr)).collect();
+        // i386, arm, x86_64, aarch64 (one of them native), riscv64 and 0.
+        for foreign in [
+            0x4000_0003,
+            0x4000_0028,
+            0xc000_003e,
+            0xc000_00b7,
+            0xc000_00f3,
+            0,
+        ] {
+            if foreign != native {
+                inputs.extend(nrs.iter().map(|&nr| (foreign, nr)));
+            }
+        }
+        inputs
+    }
+
+    /// Arguments to try where the result depends on them: interesting values for each of the
+    /// checks (with and without junk in the high half), each in argument 0, in argument 1,
+    /// and in all six.
+    fn arg_patterns() -> Vec<[u64; 6]> {
+        let sigchld = libc::SIGCHLD as u64;
+        let mut values: Vec<u64> = vec![0, 1, u32::MAX.into(), u64::MAX, 0x1234_5678, sigchld];
+        for &flag in CLONE_NAMESPACE_FLAGS {
+            let flag = flag as u32 as u64;
+            values.extend([flag, flag | sigchld, flag - 1, flag << 32 | sigchld]);
+        }
+        let thread = (libc::CLONE_VM
+            | libc::CLONE_FS
+            | libc::CLONE_FILES
+            | libc::CLONE_SIGHAND
+            | libc::CLONE_THREAD
+            | libc::CLONE_SYSVSEM
+            | libc::CLONE_SETTLS
+            | libc::CLONE_PARENT_SETTID
+            | libc::CLONE_CHILD_CLEARTID) as u64;
+        values.extend([thread, thread | libc::CLONE_NEWUSER as u64]);
+        let requests = [
+            libc::TIOCSTI,
+            libc::TIOCLINUX,
+            libc::TCGETS,
+            libc::TIOCGWINSZ,
+            libc::FIONREAD,
+        ];
+        for request in requests {
+            let request = u64::from(request as u32);
+            values.extend([
+                request,
+                request + 1,
+                request - 1,
+                0xdead_beef << 32 | request,
+            ]);
+        }
+        for &value in ALLOWED_PERSONALITIES {
+            let value = u64::from(value);
+            values.extend([value, value + 1, value.wrapping_sub(1), 1 << 32 | value]);
+        }
+        values.extend([0x0040_0000, 0x0400_0000, 0x6]);
+        for family in 0..=48 {
+            values.extend([family, 1 << 32 | family]);
+        }
+        let mut patterns = vec![[0; 6]];
+        for value in values {
+            let mut arg0 = [0; 6];
+            arg0[0] = value;
+            let mut arg1 = [0; 6];
+            arg1[1] = value;
+            patterns.extend([arg0, arg1, [value; 6]]);
+        }
+        patterns
+    }
+
+    type Eval<'a> = &'a dyn Fn(u32, u32, Option<[u64; 6]>) -> Option<u32>;
+
+    /// Where `a` and `b` answer differently on `inputs()`. A number whose result is constant
+    /// in both (no argument load on its path) is proved for every argument at once; the
+    /// others are compared on `arg_patterns()`.
+    fn differences(a: Eval, b: Eval) -> Vec<String> {
+        let patterns = arg_patterns();
+        let mut diffs = Vec::new();
+        for (arch, nr) in inputs() {
+            let (constant_a, constant_b) = (a(arch, nr, None), b(arch, nr, None));
+            if constant_a != constant_b {
+                diffs.push(format!(
+                    "arch {arch:#x} nr {nr:#x}: {constant_a:?} vs {constant_b:?}"
+                ));
+            } else if constant_a.is_none() {
+                for &args in &patterns {
+                    let (got_a, got_b) = (a(arch, nr, Some(args)), b(arch, nr, Some(args)));
+                    assert!(got_a.is_some() && got_b.is_some());
+                    if got_a != got_b {
+                        diffs.push(format!(
+                            "arch {arch:#x} nr {nr:#x} args {args:x?}: {got_a:x?} vs {got_b:x?}"
+                        ));
+                    }
+                }
+            }
+        }
+        diffs
+    }
+
+    fn program_eval(filter: &[Insn]) -> impl Fn(u32, u32, Option<[u64; 6]>) -> Option<u32> + '_ {
+        move |arch, nr, args| exec(filter, arch, nr, args).0
+    }
+
+    fn reference_eval(allow_ptrace: bool) -> impl Fn(u32, u32, Option<[u64; 6]>) -> Option<u32> {
+        move |arch, nr, args| reference(allow_ptrace, arch, nr, args)
+    }
+
+    /// The equivalence proof: the binary search answers exactly as the old linear program
+    /// and as the policy written out in Rust, for every number up to 600, x32 and foreign
+    /// architectures, and many arguments for the five argument-checked syscalls.
+    #[test]
+    fn the_search_answers_as_the_linear_program_and_the_reference() {
+        for allow_ptrace in [false, true] {
+            let new = program(allow_ptrace).filter;
+            let old = linear::program(allow_ptrace);
+            let diffs = differences(&program_eval(&new), &program_eval(&old));
+            assert!(diffs.is_empty(), "allow_ptrace {allow_ptrace}: {diffs:#?}");
+            let diffs = differences(&program_eval(&new), &reference_eval(allow_ptrace));
+            assert!(diffs.is_empty(), "allow_ptrace {allow_ptrace}: {diffs:#?}");
+            let diffs = differences(&program_eval(&old), &reference_eval(allow_ptrace));
+            assert!(diffs.is_empty(), "allow_ptrace {allow_ptrace}: {diffs:#?}");
+        }
+    }
+
+    /// The comparison can fail: it sees the ptrace group, and any single changed
+    /// instruction of the program.
+    #[test]
+    fn the_comparison_catches_every_changed_instruction() {
+        let strict = program(false).filter;
+        let lenient = program(true).filter;
+        let diffs = differences(&program_eval(&strict), &program_eval(&lenient));
+        assert_eq!(diffs.len(), PTRACE.len(), "{diffs:#?}");
+
+        let reference = reference_eval(false);
+        for (pc, insn) in strict.iter().enumerate() {
+            let mut mutant = strict.clone();
+            let k = insn.k;
+            match insn.code {
+                BPF_RET_K if k == errno(libc::EIO) => mutant[pc].k = ALLOW,
+                BPF_RET_K => mutant[pc].k = errno(libc::EIO),
+                BPF_LD_W_ABS if k == DATA_NR => mutant[pc].k = DATA_ARCH,
+                BPF_LD_W_ABS if k == DATA_ARCH => mutant[pc].k = DATA_NR,
+                // Argument 0 <-> argument 1.
+                BPF_LD_W_ABS => mutant[pc].k = k ^ 8,
+                BPF_JMP_JEQ_K => mutant[pc].k = k.wrapping_add(1),
+                // A pivot may move inside a run of allowed numbers and change nothing:
+                // send each side of it to the other's code instead.
+                BPF_JMP_JGE_K => (mutant[pc].jt, mutant[pc].jf) = (insn.jf, insn.jt),
+                // Drop one bit of the mask.
+                BPF_JMP_JSET_K => mutant[pc].k = k & (k - 1),
+                code => panic!("no mutation for {code:#x} at {pc}"),
+            }
+            let diffs = differences(&program_eval(&mutant), &reference);
+            assert!(
+                !diffs.is_empty(),
+                "changing {insn:?} at {pc} goes unnoticed"
+            );
+        }
+    }
+
+    #[test]
+    fn clone_namespace_flags_are_single_bits() {
+        // The clone check tests them all with one jset.
+        for &flag in CLONE_NAMESPACE_FLAGS {
+            assert_eq!(flag.count_ones(), 1, "{flag:#x}");
+        }
+    }
+
+    /// What the kernel checks before taking a classic program (bpf_check_classic): every
+    /// jump lands inside the program, and it cannot run off its end.
+    #[test]
+    fn every_jump_lands_inside_the_program() {
+        for allow_ptrace in [false, true] {
+            let filter = program(allow_ptrace).filter;
+            for (pc, insn) in filter.iter().enumerate() {
+                let next = pc + 1;
+                let targets = match insn.code {
+                    BPF_JMP_JA => vec![next + insn.k as usize],
+                    BPF_JMP_JEQ_K | BPF_JMP_JGE_K | BPF_JMP_JSET_K => {
+                        vec![next + usize::from(insn.jt), next + usize::from(insn.jf)]
+                    }
+                    BPF_RET_K => vec![],
+                    _ => vec![next],
+                };
+                for target in targets {
+                    assert!(target < filter.len(), "{insn:?} at {pc} jumps out");
+                }
+            }
+            assert_eq!(filter.last().unwrap().code, BPF_RET_K);
+        }
+    }
+
+    /// Subtrees longer than a conditional jump reaches go through a ja. Today's lists never
+    /// need one, so this builds a search over enough ranges to.
+    #[test]
+    fn far_subtrees_are_reached_through_ja() {
+        let verdicts: BTreeMap<u32, Verdict> = (0..400)
+            .map(|i| {
+                let verdict = match i % 3 {
+                    0 => Verdict::Errno(libc::EPERM),
+                    1 => Verdict::Errno(libc::ENOSYS),
+                    _ => Verdict::Check(Check::CloneFlags),
+                };
+                (i * 2, verdict)
+            })
+            .collect();
+        let ranges = ranges(&verdicts);
+        assert_eq!(ranges.len(), 800);
+        let mut asm = Assembler::default();
+        let search = asm.search(&ranges, None);
+        let entry = asm.load_then(DATA_NR, search);
+        let filter = asm.finish(entry);
+        assert!(filter.iter().any(|insn| insn.code == BPF_JMP_JA));
+        for nr in 0..=900 {
+            let expected = match verdicts.get(&nr) {
+                None => Some(ALLOW),
+                Some(Verdict::Check(Check::CloneFlags)) => None,
+                Some(&Verdict::Errno(e)) => Some(errno(e)),
+                Some(verdict) => panic!("{verdict:?}"),
+            };
+            let (got, steps) = exec(&filter, arch::AUDIT_ARCH, nr, None);
+            assert_eq!(got, expected, "nr {nr}");
+            // The load, log2(800) comparisons, a ja at most at each level, then the leaf.
+            assert!(steps <= 1 + 2 * 10 + 1, "nr {nr}: {steps} steps");
+        }
+    }
+
+    #[test]
+    fn neighbouring_ranges_differ() {
+        let ranges = ranges(&verdicts(false).unwrap());
+        assert_eq!(ranges[0].start, 0);
+        assert_eq!(ranges.last().unwrap().verdict, Verdict::Allow);
+        for pair in ranges.windows(2) {
+            assert!(pair[0].start < pair[1].start);
+            assert_ne!(pair[0].verdict, pair[1].verdict);
+        }
+    }
+
+    /// How far `filter` runs for the native syscall numbers 0..=600.
+    #[derive(Debug)]
+    struct Paths {
+        /// The most instructions before the verdict or the first argument load: the search.
+        search: usize,
+        /// The most instructions for any number, arguments included (a few tried).
+        longest: usize,
+        /// All the instructions the kernel's action cache preparation runs (it stops at
+        /// argument loads), over numbers 0..=600.
+        cache: usize,
+    }
+
+    fn paths(filter: &[Insn]) -> Paths {
+        let mut paths = Paths {
+            search: 0,
+            longest: 0,
+            cache: 0,
+        };
+        for nr in 0..=600 {
+            let steps = exec(filter, arch::AUDIT_ARCH, nr, None).1;
+            paths.search = paths.search.max(steps);
+            paths.cache += steps;
+            for args in [[0; 6], [u64::MAX; 6], [0x1234_5678; 6]] {
+                let steps = exec(filter, arch::AUDIT_ARCH, nr, Some(args)).1;
+                paths.longest = paths.longest.max(steps);
+            }
+        }
+        paths
+    }
+
+    #[test]
+    fn paths_are_short() {
+        let filter = program(false).filter;
+        let linear = linear::program(false);
+        let (new, old) = (paths(&filter), paths(&linear));
+        println!(
+            "instructions {} (linear {}), {new:?} (linear {old:?})",
+            filter.len(),
+            linear.len()
+        );
+        // The prologue (4), a balanced search over the ranges, the verdict.
+        let ranges = ranges(&verdicts(false).unwrap()).len();
+        let depth = ranges.next_power_of_two().trailing_zeros() as usize;
+        assert!(new.search <= 4 + depth + 1, "{new:?}, {ranges} ranges");
+        assert!(filter.len() < linear.len() / 4);
+    }
+
+    /// Median time to install the filter in a fresh child, the linear program against the
+    /// binary search, interleaved. `cargo test -p brig-jail --lib install_time -- --ignored
+    /// --nocapture`
+    #[test]
+    #[ignore = "a measurement, not a test"]
+    fn install_time() {
+        const ROUNDS: usize = 400;
+        let new = program(false);
+        let old = SeccompProgram {
+            filter: linear::program(false),
+            summary: new.summary.clone(),
+        };
+        // The floor: the arch and x32 checks, then allow everything.
+        let floor = SeccompProgram {
+            filter: super::program(&[Range {
+                start: 0,
+                verdict: Verdict::Allow,
+            }]),
+            summary: new.summary.clone(),
+        };
+        let programs = [("linear", &old), ("search", &new), ("floor", &floor)];
+        let start = std::time::Instant::now();
+        for _ in 0..ROUNDS {
+            std::hint::black_box(linear::program(false));
+        }
+        let linear_build = start.elapsed() / ROUNDS as u32;
+        let start = std::time::Instant::now();
+        for _ in 0..ROUNDS {
+            std::hint::black_box(program(false));
+        }
+        let search_build = start.elapsed() / ROUNDS as u32;
+        println!("build: linear {linear_build:?}, search {search_build:?}");
+        let mut times = vec![Vec::new(); programs.len()];
+        for _ in 0..ROUNDS {
+            for (i, (_, p)) in programs.iter().enumerate() {
+                times[i].push(time_install(p));
+            }
+        }
+        for ((name, p), mut t) in programs.into_iter().zip(times) {
+            t.sort_unstable();
+            println!(
+                "{name}: {} instructions, install median {} ns, p10 {} ns, p90 {} ns",
+                p.filter.len(),
+                t[ROUNDS / 2],
+                t[ROUNDS / 10],
+                t[ROUNDS * 9 / 10]
+            );
+        }
+    }
+
+    /// Forks, installs `p` in the child and returns how long the seccomp() call took.
+    fn time_install(p: &SeccompProgram) -> u64 {
+        fn now() -> u64 {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: ts is a valid timespec to write to.
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        }
+        let mut fds = [0; 2];
+        // SAFETY: fds has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child only calls prctl, clock_gettime, seccomp (install allocates
+        // nothing when it succeeds), write and _exit, all async-signal-safe.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut ns = u64::MAX;
+            // SAFETY: plain syscalls on values this process owns.
+            unsafe {
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 {
+                    let start = now();
+                    if p.apply().is_ok() {
+                        ns = now() - start;
+                    }
+                }
+                libc::write(fds[1], (&ns as *const u64).cast(), 8);
+                libc::_exit(0);
+            }
+        }
+        let mut ns = 0u64;
+        // SAFETY: reading 8 bytes into a u64, then closing our descriptors and reaping the
+        // child.
+        unsafe {
+            libc::close(fds[1]);
+            assert_eq!(libc::read(fds[0], (&mut ns as *mut u64).cast(), 8), 8);
+            libc::close(fds[0]);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        assert_ne!(ns, u64::MAX, "the child could not install the filter");
+        ns
     }
 }
