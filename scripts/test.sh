@@ -26,6 +26,26 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+# What brig may leave behind if a cleanup path is broken: cgroup leaves, processes,
+# mounts. Recorded before and compared after the whole suite (each test also checks
+# its own runs).
+leftovers() {
+  { find /sys/fs/cgroup -name 'brig-*' -type d 2>/dev/null
+    ps -eo pid=,comm= | awk '$2 ~ /^brig/ {print "process", $0}'
+    { grep brig /proc/self/mountinfo || true; } | sed 's/^/mount /'
+  } | sort
+}
+before=$(leftovers)
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --all-targets
+
+sleep 1
+new=$(comm -13 <(echo "$before") <(leftovers))
+if [ -n "$new" ]; then
+  echo "the test suite left this behind:" >&2
+  echo "$new" >&2
+  exit 1
+fi
+echo "no leftovers: no brig cgroup, process or mount remains after the suite"
