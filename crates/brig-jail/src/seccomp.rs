@@ -764,6 +764,17 @@ fn chain_background(ranges: &[Range], end: Option<u32>) -> Option<Verdict> {
 
 #[cfg(test)]
 mod tests {
+    /// The flags glibc's pthread_create passes to clone: must stay allowed.
+    const THREAD_CLONE_FLAGS: u64 = (libc::CLONE_VM
+        | libc::CLONE_FS
+        | libc::CLONE_FILES
+        | libc::CLONE_SIGHAND
+        | libc::CLONE_THREAD
+        | libc::CLONE_SYSVSEM
+        | libc::CLONE_SETTLS
+        | libc::CLONE_PARENT_SETTID
+        | libc::CLONE_CHILD_CLEARTID) as u64;
+
     use super::*;
 
     const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
@@ -977,15 +988,7 @@ mod tests {
                 "{flag:#x}"
             );
         }
-        let thread = (libc::CLONE_VM
-            | libc::CLONE_FS
-            | libc::CLONE_FILES
-            | libc::CLONE_SIGHAND
-            | libc::CLONE_THREAD
-            | libc::CLONE_SYSVSEM
-            | libc::CLONE_SETTLS
-            | libc::CLONE_PARENT_SETTID
-            | libc::CLONE_CHILD_CLEARTID) as u64;
+        let thread = THREAD_CLONE_FLAGS;
         let fork = (libc::CLONE_CHILD_SETTID | libc::CLONE_CHILD_CLEARTID) as u64 | sigchld;
         let vfork = (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | sigchld;
         for flags in [sigchld, thread, fork, vfork] {
@@ -1351,15 +1354,7 @@ mod tests {
             let flag = flag as u32 as u64;
             values.extend([flag, flag | sigchld, flag - 1, flag << 32 | sigchld]);
         }
-        let thread = (libc::CLONE_VM
-            | libc::CLONE_FS
-            | libc::CLONE_FILES
-            | libc::CLONE_SIGHAND
-            | libc::CLONE_THREAD
-            | libc::CLONE_SYSVSEM
-            | libc::CLONE_SETTLS
-            | libc::CLONE_PARENT_SETTID
-            | libc::CLONE_CHILD_CLEARTID) as u64;
+        let thread = THREAD_CLONE_FLAGS;
         values.extend([thread, thread | libc::CLONE_NEWUSER as u64]);
         let requests = [
             libc::TIOCSTI,

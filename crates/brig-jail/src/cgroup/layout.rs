@@ -447,33 +447,7 @@ mod tests {
     use super::*;
 
     /// The cgroup lines of this project's CI host (v1 hybrid, no systemd).
-    const HYBRID_MOUNTINFO: &str = "\
-27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard
-31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
-34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset
-35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
-37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
-38 31 0:35 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio
-39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
-40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
-41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
-";
-
-    const HYBRID_CGROUP: &str = "\
-9:name=systemd:/
-8:pids:/
-7:blkio:/
-6:freezer:/
-5:devices:/
-4:memory:/process_api/8b73
-3:cpuset:/
-2:cpuacct:/
-1:cpu:/
-0::/
-";
+    use crate::cgroup::tests::{HYBRID_CGROUP, HYBRID_MOUNTINFO};
 
     #[test]
     fn hybrid_host_layout() {

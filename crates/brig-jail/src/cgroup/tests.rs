@@ -663,7 +663,7 @@ fn caller_outside_the_mount_needs_a_parent() {
 // ---------------------------------------------------------------- hybrid
 
 /// The cgroup lines of this project's CI host (v1 hybrid, no systemd).
-const HYBRID_MOUNTINFO: &str = "\
+pub(super) const HYBRID_MOUNTINFO: &str = "\
 27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard,resv_strict,resuid=65534,resgid=65534
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
@@ -677,7 +677,7 @@ const HYBRID_MOUNTINFO: &str = "\
 40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
-const HYBRID_CGROUP: &str = "\
+pub(super) const HYBRID_CGROUP: &str = "\
 9:name=systemd:/
 8:pids:/
 7:blkio:/
