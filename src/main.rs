@@ -70,6 +70,10 @@ struct RunArgs {
     /// Use this directory tree as / (read-only) instead of the host's system directories.
     #[arg(long, value_name = "DIR")]
     rootfs: Option<PathBuf>,
+    /// Stack this host directory as a read-only layer of a writable overlay root
+    /// (bottom first). Repeatable. `--image` does this with an image's layers.
+    #[arg(long, value_name = "DIR", conflicts_with = "rootfs")]
+    layer: Vec<PathBuf>,
     /// Make a host path visible inside: SRC:DST[:ro|rw], read-only by default. Repeatable.
     #[arg(long, value_name = "SRC:DST[:ro|rw]")]
     bind: Vec<String>,
@@ -145,6 +149,14 @@ impl RunArgs {
         if let Some(dir) = &self.rootfs {
             spec.filesystem.root = RootSource::Directory(absolute(dir)?);
         }
+        if !self.layer.is_empty() {
+            let layers = self
+                .layer
+                .iter()
+                .map(|l| absolute(l))
+                .collect::<Result<_, _>>()?;
+            spec.filesystem.root = RootSource::Layers(layers);
+        }
         for bind in &self.bind {
             let mut bind = BindMount::parse(bind)?;
             bind.source = absolute(&bind.source)?;
@@ -164,6 +176,7 @@ impl RunArgs {
             uid,
             gid,
             hostname: self.hostname.clone(),
+            ..Identity::default()
         };
         spec.network = self.network.parse::<NetworkMode>()?;
         spec.seccomp.mode = self.seccomp;

@@ -20,7 +20,7 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use brig_policy::{defaults, RootSource, SandboxSpec};
+use brig_policy::{defaults, IdMapping, NetworkMode, RootSource, SandboxSpec};
 
 use crate::JailError;
 
@@ -127,10 +127,19 @@ pub enum FsOp {
     Seal {
         path: String,
     },
+    /// A file brig writes (hosts, resolv.conf, ...) bound over `path` from the scratch
+    /// tmpfs: over an image's own file it hides it without writing into the image's
+    /// upper layer, so snapshots never capture brig's files.
+    Generated {
+        path: String,
+        contents: Vec<u8>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FsPlan {
+    /// Image layers stacked as the root (bottom first); empty for a tmpfs root.
+    pub layers: Vec<PathBuf>,
     pub ops: Vec<FsOp>,
     /// Size of the scratch tmpfs behind /tmp, /workspace and /dev/shm.
     pub scratch_bytes: u64,
@@ -256,7 +265,19 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
                 add_entry(&mut ops, &dir.join(&name), &format!("/{name}"))?;
             }
         }
+        RootSource::Layers(layers) => {
+            for layer in layers {
+                let layer = host(&layer.to_string_lossy());
+                if !layer.is_dir() {
+                    return Err(JailError::HostPath {
+                        path: layer.display().to_string(),
+                        reason: "image layer is not mounted there".into(),
+                    });
+                }
+            }
+        }
     }
+    let layered = matches!(spec.filesystem.root, RootSource::Layers(_));
 
     plan_etc(spec, host_root, &mut ops)?;
 
@@ -315,6 +336,10 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
     ops.push(FsOp::Seal {
         path: "/dev".into(),
     });
+    ops.push(FsOp::Dir {
+        path: "/sys".into(),
+        mode: 0o555,
+    });
 
     ops.push(FsOp::Dir {
         path: "/proc".into(),
@@ -334,7 +359,13 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
         });
     }
 
-    let mut writable = vec!["/tmp".to_string(), "/dev/shm".to_string()];
+    // An image's root is the sandbox's own (its writes go to a private upper layer),
+    // so Landlock allows writes anywhere the kernel's permission checks do.
+    let mut writable = if layered {
+        vec!["/".to_string()]
+    } else {
+        vec!["/tmp".to_string(), "/dev/shm".to_string()]
+    };
     ops.push(FsOp::Dir {
         path: "/tmp".into(),
         mode: 0o755,
@@ -354,24 +385,25 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
             kind: NodeKind::Dir,
             access: Access::ReadWrite,
         }),
+        // In an image the workspace is a directory of the root itself, so snapshots
+        // keep it.
+        None if layered => {}
         None => ops.push(FsOp::Scratch {
             dir: ScratchDir::Workspace,
             path: defaults::WORKSPACE.into(),
         }),
     }
-    writable.push(defaults::WORKSPACE.into());
-    ops.push(FsOp::Dir {
-        path: "/sys".into(),
-        mode: 0o555,
-    });
-    ops.push(FsOp::Dir {
-        path: "/var".into(),
-        mode: 0o755,
-    });
-    ops.push(FsOp::Symlink {
-        path: "/var/tmp".into(),
-        target: "/tmp".into(),
-    });
+    if !layered {
+        writable.push(defaults::WORKSPACE.into());
+        ops.push(FsOp::Dir {
+            path: "/var".into(),
+            mode: 0o755,
+        });
+        ops.push(FsOp::Symlink {
+            path: "/var/tmp".into(),
+            target: "/tmp".into(),
+        });
+    }
 
     // Parents before children, so a bind below another bind lands on top of it.
     let mut binds: Vec<_> = spec.filesystem.binds.iter().collect();
@@ -403,6 +435,12 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
     }
 
     Ok(FsPlan {
+        layers: match &spec.filesystem.root {
+            RootSource::Layers(layers) => {
+                layers.iter().map(|l| host(&l.to_string_lossy())).collect()
+            }
+            _ => Vec::new(),
+        },
         ops,
         scratch_bytes: spec.limits.disk_bytes,
         writable,
@@ -531,6 +569,7 @@ fn plan_etc(spec: &SandboxSpec, host_root: &Path, ops: &mut Vec<FsOp>) -> Result
             let group = std::fs::read_to_string(etc.join("group")).ok();
             (etc, passwd, group)
         }
+        RootSource::Layers(_) => return plan_image_etc(spec, host_root, ops),
     };
     let _ = etc_dir;
     let id = &spec.identity;
@@ -562,6 +601,77 @@ fn plan_etc(spec: &SandboxSpec, host_root: &Path, ops: &mut Vec<FsOp>) -> Result
         target: "/proc/self/mounts".into(),
     });
     Ok(())
+}
+
+/// /etc of an image is the image's own; brig only binds the files that describe this
+/// sandbox over it (hosts, hostname, resolv.conf) and, when the image does not know
+/// the sandbox's user or group, passwd and group with them added.
+fn plan_image_etc(
+    spec: &SandboxSpec,
+    host_root: &Path,
+    ops: &mut Vec<FsOp>,
+) -> Result<(), JailError> {
+    let RootSource::Layers(layers) = &spec.filesystem.root else {
+        return Ok(());
+    };
+    let layers: Vec<PathBuf> = layers
+        .iter()
+        .map(|l| host_root.join(l.to_string_lossy().trim_start_matches('/')))
+        .collect();
+    let id = &spec.identity;
+    let resolv = match spec.network {
+        NetworkMode::None => "# brig: --network none, the sandbox has loopback only\n".to_string(),
+        NetworkMode::Host => {
+            std::fs::read_to_string(host_root.join("etc/resolv.conf")).unwrap_or_default()
+        }
+    };
+    let mut files = vec![
+        ("hosts", hosts(&id.hostname)),
+        ("hostname", format!("{}\n", id.hostname)),
+        ("resolv.conf", resolv),
+    ];
+    // Builds keep the image's own databases: package scripts edit them in place.
+    if id.mapping == IdMapping::Single {
+        let base_passwd = read_layered(&layers, "etc/passwd");
+        let base_group = read_layered(&layers, "etc/group");
+        if !base_passwd
+            .as_deref()
+            .is_some_and(|db| has_id(db, id.uid, 2))
+        {
+            files.push(("passwd", passwd(id.uid, id.gid, base_passwd.as_deref())));
+        }
+        if !base_group
+            .as_deref()
+            .is_some_and(|db| has_id(db, id.gid, 2))
+        {
+            files.push(("group", group(id.gid, base_group.as_deref())));
+        }
+    }
+    ops.push(FsOp::Dir {
+        path: "/etc".into(),
+        mode: 0o755,
+    });
+    for (name, contents) in files {
+        ops.push(FsOp::Generated {
+            path: format!("/etc/{name}"),
+            contents: contents.into_bytes(),
+        });
+    }
+    Ok(())
+}
+
+/// A file as the stacked layers show it (top layer wins; a whiteout or a non-file
+/// there hides lower ones). Only used for small text databases like /etc/passwd.
+fn read_layered(layers: &[PathBuf], path: &str) -> Option<String> {
+    for layer in layers.iter().rev() {
+        let candidate = layer.join(path);
+        match std::fs::symlink_metadata(&candidate) {
+            Ok(meta) if meta.is_file() => return std::fs::read_to_string(candidate).ok(),
+            Ok(_) => return None,
+            Err(_) => continue,
+        }
+    }
+    None
 }
 
 fn has_id(db: &str, id: u32, field: usize) -> bool {
@@ -703,6 +813,7 @@ mod tests {
                 | FsOp::Mask { path }
                 | FsOp::ReadOnly { path }
                 | FsOp::Seal { path } => path.clone(),
+                FsOp::Generated { path, .. } => path.clone(),
             })
             .collect()
     }

@@ -34,10 +34,16 @@ use crate::{caps, landlock, mounts, net, Context, JailError};
 pub(crate) const SYNC_FD: RawFd = 3;
 /// First message on the sync channel: the id maps are written.
 pub(crate) const GO_MAPS_WRITTEN: u8 = b'm';
+/// Before it, any number of these: image layer mounts, bottom first.
+pub(crate) const GO_LAYERS: u8 = b'l';
 /// Second message: the cgroup is ready (with its v1 `tasks` files attached) or there is none.
 pub(crate) const GO_WITH_CGROUP: u8 = b'c';
 pub(crate) const GO_WITHOUT_CGROUP: u8 = b'n';
 pub(crate) const REPORT_FD: RawFd = 4;
+/// From the sandbox: its overlay's upper layer, for snapshots.
+pub(crate) const UPPER_LAYER: u8 = b'u';
+/// Descriptors one sync message may carry (SCM_MAX_FD is 253).
+pub(crate) const MAX_FDS_PER_MESSAGE: usize = 253;
 
 /// Signals init passes on to the command.
 pub(crate) const FORWARDED: &[Signal] = &[
@@ -143,11 +149,15 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
             at_us: plan.started.elapsed().as_micros() as u64,
         })
     };
-    // Stage 2: the parent writes our maps and cgroup, then one byte. EOF means it died.
-    let mut byte = [0u8; 1];
-    match nix::unistd::read(SYNC_FD, &mut byte) {
-        Ok(1) if byte[0] == GO_MAPS_WRITTEN => {}
-        _ => sys::exit_now(125),
+    // Stage 2: the parent writes our maps, then one byte with the image's layer
+    // mounts (if any). EOF means it died.
+    let mut layers = Vec::new();
+    loop {
+        match recv_fds()? {
+            (Some(GO_LAYERS), fds) => layers.extend(fds),
+            (Some(GO_MAPS_WRITTEN), _) => break,
+            _ => sys::exit_now(125),
+        }
     }
 
     // Stage 3: become the sandbox user. Supplementary groups inherited from the host
@@ -182,12 +192,17 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
     mark("child_identity");
     // Stage 4.
     nix::unistd::sethostname(&id.hostname).context(|| "set hostname".into())?;
-    net::loopback_up()?;
+    if plan.spec.network == brig_policy::NetworkMode::None {
+        net::loopback_up()?;
+    }
 
     mark("child_namespaces");
     // Stage 5.
     nix::sys::stat::umask(nix::sys::stat::Mode::empty());
-    mounts::build_root(plan.plan)?;
+    let writes = mounts::build_root(plan.plan, layers, plan.spec.filesystem.capture_writes)?;
+    if let Some(writes) = writes {
+        send_fds(UPPER_LAYER, &[writes])?;
+    }
     enter_cwd(&plan.spec.cwd)?;
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
 
@@ -236,9 +251,10 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
     })
 }
 
-/// Sends the second sync message: `flag` and the v1 `tasks` files to join.
-pub(crate) fn send_go(
-    sync: &std::os::fd::OwnedFd,
+/// Sends one sync message: `flag` and descriptors (cgroup `tasks` files, layer
+/// mounts or the upper layer). Either side uses it on its end of the channel.
+pub(crate) fn send_msg(
+    sync: RawFd,
     flag: u8,
     files: &[std::os::fd::OwnedFd],
 ) -> Result<(), JailError> {
@@ -247,51 +263,77 @@ pub(crate) fn send_go(
     let iov = [std::io::IoSlice::new(std::slice::from_ref(&flag))];
     let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&raw)];
     let cmsgs: &[nix::sys::socket::ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
-    nix::sys::socket::sendmsg::<()>(
-        sync.as_raw_fd(),
-        &iov,
-        cmsgs,
-        nix::sys::socket::MsgFlags::empty(),
-        None,
-    )
-    .context(|| "hand the cgroup to the sandbox".into())?;
+    nix::sys::socket::sendmsg::<()>(sync, &iov, cmsgs, nix::sys::socket::MsgFlags::empty(), None)
+        .context(|| "send on the sync channel".into())?;
     Ok(())
+}
+
+fn send_fds(flag: u8, files: &[std::os::fd::OwnedFd]) -> Result<(), JailError> {
+    send_msg(SYNC_FD, flag, files)
+}
+
+/// Receives one sync message: its flag (None when the channel is closed or the
+/// message is empty and `MSG_DONTWAIT` found nothing) and the descriptors it carries.
+pub(crate) fn recv_msg(
+    sync: RawFd,
+    flags: nix::sys::socket::MsgFlags,
+) -> Result<(Option<u8>, Vec<std::os::fd::OwnedFd>), JailError> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::FromRawFd;
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; MAX_FDS_PER_MESSAGE]);
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let msg = match recvmsg::<()>(
+        sync,
+        &mut iov,
+        Some(&mut space),
+        flags | MsgFlags::MSG_CMSG_CLOEXEC,
+    ) {
+        Ok(msg) => msg,
+        Err(nix::errno::Errno::EAGAIN) => return Ok((None, Vec::new())),
+        Err(e) => return Err(JailError::sys("receive on the sync channel", e.into())),
+    };
+    if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+        return Err(JailError::Setup(
+            "too many descriptors in one sync message".into(),
+        ));
+    }
+    let mut fds = Vec::new();
+    for cmsg in msg
+        .cmsgs()
+        .map_err(|e| JailError::sys("read control message", e.into()))?
+    {
+        if let ControlMessageOwned::ScmRights(received) = cmsg {
+            // SAFETY: SCM_RIGHTS just installed these descriptors in this process;
+            // nothing else owns them.
+            fds.extend(
+                received
+                    .into_iter()
+                    .map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    let flag = (msg.bytes == 1).then_some(iov[0][0]);
+    Ok((flag, fds))
+}
+
+fn recv_fds() -> Result<(Option<u8>, Vec<std::os::fd::OwnedFd>), JailError> {
+    recv_msg(SYNC_FD, nix::sys::socket::MsgFlags::empty())
 }
 
 /// Waits for the second sync message and joins the cgroup files it carries by
 /// writing "0" (this thread) to each. Returns whether a cgroup is in use.
 fn recv_go() -> Result<bool, JailError> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut byte = [0u8; 1];
-    let mut space = nix::cmsg_space!([RawFd; 16]);
-    let (flag, fds) = {
-        let mut iov = [std::io::IoSliceMut::new(&mut byte)];
-        let msg = recvmsg::<()>(
-            SYNC_FD,
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .context(|| "wait for the cgroup".into())?;
-        if msg.bytes != 1 {
-            // The parent is gone.
-            sys::exit_now(125);
-        }
-        let mut fds = Vec::new();
-        for cmsg in msg
-            .cmsgs()
-            .map_err(|e| JailError::sys("read control message", e.into()))?
-        {
-            if let ControlMessageOwned::ScmRights(received) = cmsg {
-                fds.extend(received);
-            }
-        }
-        (byte[0], fds)
+    use std::os::fd::AsRawFd;
+    let (flag, fds) = recv_fds()?;
+    let Some(flag) = flag else {
+        // The parent is gone.
+        sys::exit_now(125);
     };
     for fd in &fds {
-        sys::write_all_fd(*fd, b"0").context(|| "join the sandbox's cgroup".into())?;
-        let _ = nix::unistd::close(*fd);
+        sys::write_all_fd(fd.as_raw_fd(), b"0").context(|| "join the sandbox's cgroup".into())?;
     }
+    drop(fds);
     match flag {
         GO_WITH_CGROUP => Ok(true),
         GO_WITHOUT_CGROUP => Ok(false),

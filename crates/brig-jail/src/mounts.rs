@@ -26,14 +26,36 @@ use crate::fsplan::{Access, FsOp, FsPlan, NodeKind, ScratchDir};
 use crate::sys;
 use crate::{Context, JailError};
 
-/// Where the new root is assembled. Mounting over it in our private namespace is
-/// harmless, and every host source was cloned before, so nothing under it is lost.
-const STAGING: &str = "/tmp";
-/// The scratch tmpfs while the root is being built; detached before the pivot.
-const SCRATCH: &str = "/tmp/.brig-scratch";
+/// Where the root is assembled and where the scratch tmpfs sits meanwhile.
+///
+/// For a tmpfs root, the root is staged at /tmp (mounting over it in our private
+/// namespace is harmless: every host source was cloned before) and scratch sits
+/// inside it until it is detached before the pivot. For an image, scratch (which
+/// holds the overlay's upper layer) is mounted at /tmp first and the overlay root
+/// inside it; scratch leaves with the old root at the pivot, while the overlay and
+/// the binds keep what they use of it alive.
+struct Staging {
+    root: &'static str,
+    scratch: &'static str,
+}
 
-fn staged(path: &str) -> PathBuf {
-    PathBuf::from(format!("{STAGING}{path}"))
+const TMPFS_ROOT: Staging = Staging {
+    root: "/tmp",
+    scratch: "/tmp/.brig-scratch",
+};
+const IMAGE_ROOT: Staging = Staging {
+    root: "/tmp/root",
+    scratch: "/tmp",
+};
+
+impl Staging {
+    fn staged(&self, path: &str) -> PathBuf {
+        PathBuf::from(format!("{}{path}", self.root))
+    }
+
+    fn scratch(&self, name: &str) -> PathBuf {
+        PathBuf::from(format!("{}/{name}", self.scratch))
+    }
 }
 
 fn attrs(access: Access) -> u64 {
@@ -45,8 +67,14 @@ fn attrs(access: Access) -> u64 {
 }
 
 /// Builds the root and pivots into it. On return the process's root and cwd are the
-/// sandbox's `/`.
-pub fn build_root(plan: &FsPlan) -> Result<(), JailError> {
+/// sandbox's `/`. `layers` are the image's layer mounts (bottom first), detached and
+/// prepared by the parent; with them the root is an overlay whose upper layer is
+/// returned (an `O_PATH` descriptor) when `capture_writes` asks for it.
+pub fn build_root(
+    plan: &FsPlan,
+    layers: Vec<OwnedFd>,
+    capture_writes: bool,
+) -> Result<Option<OwnedFd>, JailError> {
     mount(
         None::<&str>,
         "/",
@@ -76,23 +104,27 @@ pub fn build_root(plan: &FsPlan) -> Result<(), JailError> {
     }
     let mut copies = copies.into_iter();
 
+    let layered = !plan.layers.is_empty();
+    let staging = if layered { IMAGE_ROOT } else { TMPFS_ROOT };
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    mount(
-        Some("brig"),
-        STAGING,
-        Some("tmpfs"),
-        flags,
-        Some("mode=0755,size=16m,nr_inodes=16384"),
-    )
-    .context(|| "mount root tmpfs".into())?;
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(SCRATCH)
-        .context(|| "create scratch mount point".into())?;
+    if !layered {
+        mount(
+            Some("brig"),
+            staging.root,
+            Some("tmpfs"),
+            flags,
+            Some("mode=0755,size=16m,nr_inodes=16384"),
+        )
+        .context(|| "mount root tmpfs".into())?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(staging.scratch)
+            .context(|| "create scratch mount point".into())?;
+    }
     let inodes = (plan.scratch_bytes / 4096).max(4096);
     mount(
         Some("brig-scratch"),
-        SCRATCH,
+        staging.scratch,
         Some("tmpfs"),
         flags,
         Some(format!("mode=0755,size={},nr_inodes={inodes}", plan.scratch_bytes).as_str()),
@@ -101,12 +133,33 @@ pub fn build_root(plan: &FsPlan) -> Result<(), JailError> {
     for dir in ScratchDir::ALL {
         std::fs::DirBuilder::new()
             .mode(dir.mode())
-            .create(format!("{SCRATCH}/{}", dir.name()))
+            .create(staging.scratch(dir.name()))
             .context(|| format!("create scratch {}", dir.name()))?;
     }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(staging.scratch("gen"))
+        .context(|| "create scratch gen".into())?;
+
+    let upper = if layered {
+        mount_overlay(&staging, layers)?;
+        if capture_writes {
+            let fd = nix::fcntl::open(
+                &staging.scratch("upper"),
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .context(|| "open the upper layer".into())?;
+            Some(unsafe_owned(fd))
+        } else {
+            None
+        }
+    } else {
+        None
+    };
 
     let root = nix::fcntl::open(
-        STAGING,
+        staging.root,
         OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
@@ -114,32 +167,96 @@ pub fn build_root(plan: &FsPlan) -> Result<(), JailError> {
     let mut tree = Tree {
         root: unsafe_owned(root),
         dirs: HashMap::new(),
+        generated: 0,
     };
 
     let mut sources = sources.into_iter();
     for op in &plan.ops {
-        run_op(&mut tree, op, &mut sources, &mut copies)?;
+        run_op(&staging, &mut tree, op, &mut sources, &mut copies)?;
     }
 
-    umount2(SCRATCH, MntFlags::MNT_DETACH).context(|| "detach scratch staging".into())?;
-    std::fs::remove_dir(SCRATCH).context(|| "remove scratch mount point".into())?;
+    if !layered {
+        umount2(staging.scratch, MntFlags::MNT_DETACH)
+            .context(|| "detach scratch staging".into())?;
+        std::fs::remove_dir(staging.scratch).context(|| "remove scratch mount point".into())?;
+    }
     drop(tree);
 
-    nix::unistd::chdir(STAGING).context(|| "enter new root".into())?;
+    nix::unistd::chdir(staging.root).context(|| "enter new root".into())?;
     sys::pivot_root(Path::new("."), Path::new(".")).context(|| "pivot_root".into())?;
     // The old root now sits on top of the new one at "."; detaching it removes every
     // host mount from this namespace.
     umount2(".", MntFlags::MNT_DETACH).context(|| "detach old root".into())?;
     nix::unistd::chdir("/").context(|| "chdir /".into())?;
-    sys::mount_setattr_path(
-        Path::new("/"),
-        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+    let root_attrs = if layered {
+        // An image's root stays writable: writes go to the sandbox's own upper layer.
+        sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV
+    } else {
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV
+    };
+    sys::mount_setattr_path(Path::new("/"), root_attrs)
+        .context(|| "set flags on the root".into())?;
+    Ok(upper)
+}
+
+/// Mounts the overlay root: the layers (attached under scratch, top first as
+/// overlayfs wants them) below, `upper` and `work` on the scratch tmpfs. `userxattr`
+/// because the mount is made inside the sandbox's user namespace, where trusted.*
+/// xattrs are off limits; layers use `user.overlay.opaque` accordingly.
+fn mount_overlay(staging: &Staging, layers: Vec<OwnedFd>) -> Result<(), JailError> {
+    for name in ["upper", "work", "lower"] {
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(staging.scratch(name))
+            .context(|| format!("create scratch {name}"))?;
+    }
+    let mut lower_paths = Vec::with_capacity(layers.len());
+    for (index, layer) in layers.iter().enumerate() {
+        let path = staging.scratch(&format!("lower/{index}"));
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&path)
+            .context(|| format!("create layer mount point {index}"))?;
+        let target = nix::fcntl::open(
+            &path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .context(|| format!("open layer mount point {index}"))?;
+        sys::move_mount_fd(layer.as_fd(), unsafe_owned(target).as_fd())
+            .context(|| format!("attach layer {index}"))?;
+        lower_paths.push(path);
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let context = sys::FsContext::open("overlay").context(|| "open overlayfs".into())?;
+    let overlay = (|| {
+        // One layer per key: the option string of mount(2) is limited to a page.
+        for path in lower_paths.iter().rev() {
+            context.set_string("lowerdir+", path.as_os_str().as_bytes())?;
+        }
+        context.set_string("upperdir", staging.scratch("upper").as_os_str().as_bytes())?;
+        context.set_string("workdir", staging.scratch("work").as_os_str().as_bytes())?;
+        context.set_flag("userxattr")?;
+        context.mount(sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV)
+    })()
+    .context(|| "mount the image's overlay root".into())?;
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(staging.root)
+        .context(|| "create root mount point".into())?;
+    let target = nix::fcntl::open(
+        staging.root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
     )
-    .context(|| "make root read-only".into())?;
+    .context(|| "open root mount point".into())?;
+    sys::move_mount_fd(overlay.as_fd(), unsafe_owned(target).as_fd())
+        .context(|| "attach the overlay root".into())?;
     Ok(())
 }
 
 fn run_op(
+    staging: &Staging,
     tree: &mut Tree,
     op: &FsOp,
     sources: &mut impl Iterator<Item = OwnedFd>,
@@ -173,7 +290,7 @@ fn run_op(
             tree.mounted(path);
         }
         FsOp::Scratch { dir, path } => {
-            let source = sys::open_tree_clone(Path::new(&format!("{SCRATCH}/{}", dir.name())))
+            let source = sys::open_tree_clone(&staging.scratch(dir.name()))
                 .context(|| format!("clone scratch {}", dir.name()))?;
             sys::mount_setattr_fd(source.as_fd(), attrs(Access::ReadWrite))
                 .context(|| format!("set flags on scratch {}", dir.name()))?;
@@ -189,7 +306,7 @@ fn run_op(
         } => {
             mount(
                 Some("tmpfs"),
-                &staged(path),
+                &staging.staged(path),
                 Some("tmpfs"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
                 Some(format!("mode={mode:o},size={size_bytes},nr_inodes=1024").as_str()),
@@ -200,7 +317,7 @@ fn run_op(
         FsOp::Proc { path } => {
             mount(
                 Some("proc"),
-                &staged(path),
+                &staging.staged(path),
                 Some("proc"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
                 None::<&str>,
@@ -211,7 +328,7 @@ fn run_op(
         FsOp::Devpts { path } => {
             mount(
                 Some("devpts"),
-                &staged(path),
+                &staging.staged(path),
                 Some("devpts"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
                 Some("newinstance,ptmxmode=0666,mode=0620"),
@@ -220,7 +337,7 @@ fn run_op(
             tree.mounted(path);
         }
         FsOp::Mask { path } => {
-            let target = staged(path);
+            let target = staging.staged(path);
             match std::fs::symlink_metadata(&target) {
                 Err(_) => {} // not on this kernel: nothing to hide
                 Ok(meta) if meta.is_dir() => mount(
@@ -235,7 +352,7 @@ fn run_op(
                 )
                 .context(|| format!("mask {path}"))?,
                 Ok(_) => mount(
-                    Some(&staged("/dev/null")),
+                    Some(&staging.staged("/dev/null")),
                     &target,
                     None::<&str>,
                     MsFlags::MS_BIND,
@@ -245,7 +362,7 @@ fn run_op(
             }
         }
         FsOp::ReadOnly { path } => {
-            let target = staged(path);
+            let target = staging.staged(path);
             if target.symlink_metadata().is_ok() {
                 mount(
                     Some(&target),
@@ -265,8 +382,21 @@ fn run_op(
                 .context(|| format!("make {path} read-only"))?;
             }
         }
+        FsOp::Generated { path, contents } => {
+            tree.generated += 1;
+            let file = staging.scratch(&format!("gen/{}", tree.generated));
+            std::fs::write(&file, contents).context(|| format!("write {path}"))?;
+            let source =
+                sys::open_tree_clone(&file).context(|| format!("clone generated {path}"))?;
+            sys::mount_setattr_fd(source.as_fd(), attrs(Access::ReadOnly))
+                .context(|| format!("set flags on {path}"))?;
+            if let Some(target) = tree.file_over(path)? {
+                sys::move_mount_fd(source.as_fd(), target.as_fd())
+                    .context(|| format!("bind at {path}"))?;
+            }
+        }
         FsOp::Seal { path } => {
-            sys::mount_setattr_path(&staged(path), sys::MOUNT_ATTR_RDONLY)
+            sys::mount_setattr_path(&staging.staged(path), sys::MOUNT_ATTR_RDONLY)
                 .context(|| format!("make {path} read-only"))?;
         }
     }
@@ -292,6 +422,8 @@ fn open_in_root(root: &OwnedFd, path: &str, flags: OFlag) -> nix::Result<OwnedFd
 struct Tree {
     root: OwnedFd,
     dirs: HashMap<String, OwnedFd>,
+    /// How many generated files were written so far (their names in scratch).
+    generated: usize,
 }
 
 impl Tree {
@@ -331,6 +463,11 @@ impl Tree {
         let (parent, name) = self.parent_of(path)?;
         if kind == NodeKind::Dir {
             self.dir(path, 0o755)?;
+        } else if let Ok(existing) =
+            open_in_root(&self.root, path, OFlag::O_PATH | OFlag::O_NOFOLLOW)
+        {
+            // Not opened for writing: an image's file would be copied up otherwise.
+            return Ok(existing);
         } else {
             match nix::fcntl::openat(
                 Some(parent),
@@ -351,6 +488,33 @@ impl Tree {
         }
         open_in_root(&self.root, path, OFlag::O_PATH | OFlag::O_NOFOLLOW)
             .context(|| format!("open mount point {path}"))
+    }
+
+    /// The file at `path` to mount over, created only if missing. Opened without
+    /// write access, so an image's file is not copied up into the upper layer; a
+    /// symlink there is followed inside the root (images link resolv.conf elsewhere).
+    fn file_over(&mut self, path: &str) -> Result<Option<OwnedFd>, JailError> {
+        match open_in_root(&self.root, path, OFlag::O_PATH) {
+            Ok(fd) => return Ok(Some(fd)),
+            Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(JailError::sys(format!("open {path}"), e.into())),
+        }
+        let (parent, name) = self.parent_of(path)?;
+        match nix::fcntl::openat(
+            Some(parent),
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o644),
+        ) {
+            Ok(fd) => drop(unsafe_owned(fd)),
+            // A dangling symlink: nothing can be mounted on the link itself, and
+            // replacing it would write into the image; leave the image's link alone.
+            Err(nix::errno::Errno::ELOOP) => return Ok(None),
+            Err(e) => return Err(JailError::sys(format!("create {path}"), e.into())),
+        }
+        open_in_root(&self.root, path, OFlag::O_PATH | OFlag::O_NOFOLLOW)
+            .map(Some)
+            .context(|| format!("open {path}"))
     }
 
     /// Something was mounted at `path`: forget descriptors it now hides.

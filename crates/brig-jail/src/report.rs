@@ -29,6 +29,11 @@ pub struct Outcome {
     /// When each stage of the run finished, in microseconds since brig began the
     /// run: where start-up time goes (see BENCHMARKS.md).
     pub timings_us: Vec<Timing>,
+    /// What the sandbox wrote: its overlay's upper directory (an `O_PATH`
+    /// descriptor, readable below `/proc/self/fd/N/`), when the spec asked to
+    /// capture writes. It outlives the sandbox for as long as it is held.
+    #[serde(skip)]
+    pub writes: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     pub enforced: Enforced,
 }
 

@@ -17,9 +17,10 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brig_policy::{RootSource, SandboxSpec};
+use brig_policy::{IdMapping, NetworkMode, RootSource, SandboxSpec};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -28,6 +29,7 @@ use nix::unistd::Pid;
 
 use crate::cgroup::{Cgroup, CgroupConfig, Layout};
 use crate::fsplan;
+use crate::idmap;
 use crate::ids::{self, IdRange};
 use crate::init::{self, ChildPlan};
 use crate::proto::{drain_messages, ChildMessage};
@@ -59,9 +61,15 @@ const SIGNAL_GRACE: Duration = Duration::from_secs(2);
 const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
     | libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNET
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUTS;
+
+fn clone_flags(spec: &SandboxSpec) -> libc::c_int {
+    match spec.network {
+        NetworkMode::None => CLONE_FLAGS | libc::CLONE_NEWNET,
+        NetworkMode::Host => CLONE_FLAGS,
+    }
+}
 
 /// Runs one sandbox to completion.
 ///
@@ -75,6 +83,16 @@ pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcom
         return Err(JailError::MultiThreaded(threads));
     }
     let rootless = !nix::unistd::geteuid().is_root();
+    if rootless && matches!(spec.filesystem.root, RootSource::Layers(_)) {
+        return Err(JailError::Unsupported(
+            "images need brig to run as root (layer mounts are idmapped for each sandbox)".into(),
+        ));
+    }
+    if rootless && spec.identity.mapping == IdMapping::Build {
+        return Err(JailError::Unsupported(
+            "the build id mapping needs brig to run as root".into(),
+        ));
+    }
     let plan = fsplan::plan(spec, std::path::Path::new("/"))?;
     let seccomp = seccomp::build(&spec.seccomp)?;
     // RLIMIT_NPROC is planned as the fallback for the pids controller; the child
@@ -83,13 +101,14 @@ pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcom
     rlimits::check_grantable(&rlimit_plan)?;
     timeline.mark("plan");
 
-    let lease = if rootless {
+    let lease = if rootless || spec.identity.mapping == IdMapping::Build {
         None
     } else {
         Some(ids::lease(host.id_range)?)
     };
     let ids = match &lease {
         Some(lease) => (lease.id, lease.id),
+        None if !rootless => (0, 0),
         None => (
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
@@ -147,13 +166,15 @@ pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcom
         enabled: outcome.enforced.seccomp.enabled,
         filter: seccomp.as_ref().map(|p| p.summary.clone()),
     };
+    let layered = matches!(spec.filesystem.root, RootSource::Layers(_));
     outcome.enforced.filesystem = FilesystemReport {
         pivot_root: true,
         root: match spec.filesystem.root {
             RootSource::HostSystem => "host-system".into(),
             RootSource::Directory(_) => "directory".into(),
+            RootSource::Layers(ref layers) => format!("image ({} layers, overlay)", layers.len()),
         },
-        read_only_root: true,
+        read_only_root: !layered,
         writable: plan.writable.clone(),
         disk_bytes: plan.scratch_bytes,
     };
@@ -207,7 +228,7 @@ impl Limiter<'_> {
         } else {
             init::GO_WITHOUT_CGROUP
         };
-        init::send_go(sync, flag, &files)
+        init::send_msg(sync.as_raw_fd(), flag, &files)
     }
 }
 
@@ -308,7 +329,7 @@ fn run_sandbox(
 
     let started = Instant::now();
     // SAFETY: run() checked that this process has a single thread.
-    let child = match unsafe { sys::clone_process(CLONE_FLAGS) } {
+    let child = match unsafe { sys::clone_process(clone_flags(spec)) } {
         Ok(CloneResult::Child) => init::child_main(child_plan),
         Ok(CloneResult::Parent { child }) => Pid::from_raw(child),
         Err(e) => {
@@ -335,12 +356,20 @@ fn run_sandbox(
 
     timeline.mark("clone");
     steer_away(child);
-    let identity = match prepare_child(child, spec, rootless, host_uid, host_gid, &sync_parent)
-        .and_then(|identity| {
-            timeline.mark("id_maps");
-            limiter.prepare(child, &sync_parent)?;
-            Ok(identity)
-        }) {
+    let identity = match prepare_child(
+        child,
+        spec,
+        plan,
+        rootless,
+        host_uid,
+        host_gid,
+        &sync_parent,
+    )
+    .and_then(|identity| {
+        timeline.mark("id_maps");
+        limiter.prepare(child, &sync_parent)?;
+        Ok(identity)
+    }) {
         Ok(identity) => identity,
         Err(e) => {
             let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
@@ -352,6 +381,23 @@ fn run_sandbox(
     let mut watch = Watch::new(spec, started, child);
     watch.run(&report_r, capture.as_ref(), &signal_fd)?;
     timeline.mark("sandbox_gone");
+    // The sandbox sent its upper layer before it reported ready; the message stays
+    // queued after it is gone.
+    let writes = if spec.filesystem.capture_writes && watch.ready.is_some() {
+        match init::recv_msg(
+            sync_parent.as_raw_fd(),
+            nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        )? {
+            (Some(init::UPPER_LAYER), mut fds) if fds.len() == 1 => fds.pop().map(Arc::new),
+            _ => {
+                return Err(JailError::Setup(
+                    "the sandbox did not hand over its writes".into(),
+                ))
+            }
+        }
+    } else {
+        None
+    };
     drop(sync_parent);
     drop(restore_mask);
     let duration_ms = started.elapsed().as_millis() as u64;
@@ -392,6 +438,7 @@ fn run_sandbox(
         memory_peak_bytes: None,
         error: watch.exec_error,
         timings_us: std::mem::take(&mut timeline.marks),
+        writes,
         enforced: Enforced {
             namespaces: namespaces.differing_from(&host_namespaces),
             identity,
@@ -402,7 +449,10 @@ fn run_sandbox(
                 writable: vec![],
                 disk_bytes: 0,
             },
-            network: "loopback-only".into(),
+            network: match spec.network {
+                NetworkMode::None => "loopback-only".into(),
+                NetworkMode::Host => "host".into(),
+            },
             no_new_privs: caps.no_new_privs,
             capabilities: caps,
             seccomp: SeccompReport {
@@ -451,10 +501,12 @@ impl Drop for RestoreMask {
     }
 }
 
-/// Writes the id maps and lets the child start building its root.
+/// Writes the id maps, hands over the image's layer mounts and lets the child start
+/// building its root.
 fn prepare_child(
     child: Pid,
     spec: &SandboxSpec,
+    plan: &fsplan::FsPlan,
     rootless: bool,
     host_uid: u32,
     host_gid: u32,
@@ -468,16 +520,15 @@ fn prepare_child(
         std::fs::write(format!("{proc_dir}/setgroups"), "deny")
             .context(|| "deny setgroups".into())?;
     }
-    std::fs::write(
-        format!("{proc_dir}/uid_map"),
-        format!("{} {host_uid} 1\n", id.uid),
-    )
-    .context(|| "write uid_map".into())?;
-    std::fs::write(
-        format!("{proc_dir}/gid_map"),
-        format!("{} {host_gid} 1\n", id.gid),
-    )
-    .context(|| "write gid_map".into())?;
+    let (uid_map, gid_map) = match id.mapping {
+        IdMapping::Single => (
+            format!("{} {host_uid} 1\n", id.uid),
+            format!("{} {host_gid} 1\n", id.gid),
+        ),
+        IdMapping::Build => ("0 0 65536\n".to_string(), "0 0 65536\n".to_string()),
+    };
+    std::fs::write(format!("{proc_dir}/uid_map"), uid_map).context(|| "write uid_map".into())?;
+    std::fs::write(format!("{proc_dir}/gid_map"), gid_map).context(|| "write gid_map".into())?;
     let read_map = |name: &str| {
         std::fs::read_to_string(format!("{proc_dir}/{name}"))
             .map(|m| m.split_whitespace().collect::<Vec<_>>().join(" "))
@@ -492,6 +543,12 @@ fn prepare_child(
         gid_map: read_map("gid_map")?,
         rootless,
     };
+    if !plan.layers.is_empty() {
+        let layers = idmap::layer_mounts(&plan.layers, id.mapping, host_uid, host_gid)?;
+        for chunk in layers.chunks(init::MAX_FDS_PER_MESSAGE) {
+            init::send_msg(sync_w.as_raw_fd(), init::GO_LAYERS, chunk)?;
+        }
+    }
     sys::write_all_fd(sync_w.as_raw_fd(), &[init::GO_MAPS_WRITTEN])
         .context(|| "start the sandbox".into())?;
     Ok(identity)

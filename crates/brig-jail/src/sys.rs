@@ -15,6 +15,13 @@ pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub const MOUNT_ATTR_NODEV: u64 = 0x4;
 pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+const FSCONFIG_SET_FLAG: u32 = 0;
+const FSCONFIG_SET_STRING: u32 = 1;
+const FSCONFIG_CMD_CREATE: u32 = 6;
+const FSOPEN_CLOEXEC: u32 = 1;
+const FSMOUNT_CLOEXEC: u32 = 1;
 
 #[repr(C)]
 struct MountAttr {
@@ -80,6 +87,99 @@ pub fn mount_setattr_fd(tree: BorrowedFd<'_>, attr_set: u64) -> io::Result<()> {
         )
     })?;
     Ok(())
+}
+
+/// Makes the detached mount `tree` idmapped through the user namespace `userns`
+/// (file owner k shows as the host id that k maps to in `userns`), with `attr_set`
+/// flags. Only the host's root can do this for a filesystem it mounted.
+pub fn mount_setattr_idmap(
+    tree: BorrowedFd<'_>,
+    userns: BorrowedFd<'_>,
+    attr_set: u64,
+) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: attr_set | MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    let empty = c"";
+    // SAFETY: as in `mount_setattr_fd`; `userns` is a valid open descriptor.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// A filesystem context from fsopen(2), configured key by key and then mounted
+/// detached. Used for overlayfs, whose `lowerdir+` key takes one layer per call, so
+/// the number of layers is not bounded by the one-page limit of mount options.
+pub struct FsContext(OwnedFd);
+
+impl FsContext {
+    pub fn open(fstype: &str) -> io::Result<Self> {
+        let name =
+            CString::new(fstype).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: `name` is a valid C string that outlives the call.
+        let fd = check(unsafe { libc::syscall(libc::SYS_fsopen, name.as_ptr(), FSOPEN_CLOEXEC) })?;
+        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+        Ok(FsContext(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    }
+
+    fn config(&self, cmd: u32, key: Option<&str>, value: Option<&[u8]>) -> io::Result<()> {
+        let key = key
+            .map(CString::new)
+            .transpose()
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let value = value
+            .map(CString::new)
+            .transpose()
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: the context descriptor is valid; `key` and `value` are NULL or valid
+        // C strings that outlive the call, as fsconfig(2) expects for these commands.
+        check(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                self.0.as_raw_fd(),
+                cmd,
+                key.as_ref().map_or(std::ptr::null(), |k| k.as_ptr()),
+                value.as_ref().map_or(std::ptr::null(), |v| v.as_ptr()),
+                0 as libc::c_int,
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn set_string(&self, key: &str, value: &[u8]) -> io::Result<()> {
+        self.config(FSCONFIG_SET_STRING, Some(key), Some(value))
+    }
+
+    pub fn set_flag(&self, key: &str) -> io::Result<()> {
+        self.config(FSCONFIG_SET_FLAG, Some(key), None)
+    }
+
+    /// Creates the superblock and returns it as a detached mount with `attr` flags.
+    pub fn mount(self, attr: u64) -> io::Result<OwnedFd> {
+        self.config(FSCONFIG_CMD_CREATE, None, None)?;
+        // SAFETY: the context descriptor is valid; fsmount returns a new descriptor.
+        let fd = check(unsafe {
+            libc::syscall(
+                libc::SYS_fsmount,
+                self.0.as_raw_fd(),
+                FSMOUNT_CLOEXEC,
+                attr as libc::c_uint,
+            )
+        })?;
+        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
 }
 
 /// Same as [`mount_setattr_fd`] for the mount at `path` only (not its children).

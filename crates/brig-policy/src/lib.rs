@@ -72,6 +72,12 @@ pub enum PolicyError {
         value: u64,
         minimum: u64,
     },
+    #[error("a root needs 1 to {MAX_LAYERS} layers, not {0}")]
+    BadLayers(usize),
+    #[error("capturing writes needs an image root (layers)")]
+    CaptureNeedsLayers,
+    #[error("the build id mapping covers ids 0-65535 only, not {0}")]
+    BuildIdOutOfRange(u32),
     #[error("network mode '{0}' is not supported yet: the only mode is 'none' (loopback only)")]
     UnsupportedNetwork(String),
 }
@@ -166,6 +172,7 @@ pub struct Identity {
     pub uid: u32,
     pub gid: u32,
     pub hostname: String,
+    pub mapping: IdMapping,
 }
 
 impl Default for Identity {
@@ -174,8 +181,24 @@ impl Default for Identity {
             uid: defaults::UID,
             gid: defaults::GID,
             hostname: defaults::HOSTNAME.to_string(),
+            mapping: IdMapping::default(),
         }
     }
+}
+
+/// How ids inside the sandbox map to host ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum IdMapping {
+    /// The sandbox user is the only mapped id: one unprivileged host id leased per
+    /// sandbox (or the caller's own id when brig runs unprivileged).
+    #[default]
+    Single,
+    /// Ids 0-65535 inside are the same ids on the host, so files written keep real
+    /// ownership (dpkg chowns to system users). For trusted image builds only: root
+    /// inside is host uid 0 for permission checks on whatever the sandbox can see
+    /// (only its own image tree), though still without host capabilities.
+    Build,
 }
 
 impl Identity {
@@ -196,6 +219,9 @@ impl Identity {
         for id in [self.uid, self.gid] {
             if id == u32::MAX {
                 return Err(PolicyError::BadId(id));
+            }
+            if self.mapping == IdMapping::Build && id >= 65_536 {
+                return Err(PolicyError::BuildIdOutOfRange(id));
             }
         }
         let name = &self.hostname;
@@ -221,7 +247,14 @@ pub enum RootSource {
     HostSystem,
     /// A directory tree on the host used as `/`, read-only.
     Directory(PathBuf),
+    /// Read-only image layers stacked with overlayfs, bottom first: the host
+    /// directories where each layer is mounted. The sandbox may write anywhere its
+    /// user may; writes land in a private upper layer on the `--disk` tmpfs.
+    Layers(Vec<PathBuf>),
 }
+
+/// Most layers one root may stack (overlayfs allows 500).
+pub const MAX_LAYERS: usize = 500;
 
 /// A host path made visible inside the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -264,12 +297,27 @@ pub struct Filesystem {
     pub binds: Vec<BindMount>,
     /// A host directory bound read-write at /workspace instead of a private tmpfs.
     pub workspace: Option<PathBuf>,
+    /// Hand what the sandbox wrote (the overlay's upper layer) back to the caller
+    /// when it ends, for snapshots. Only with a layered root.
+    pub capture_writes: bool,
 }
 
 impl Filesystem {
     fn validate(&self) -> Result<(), PolicyError> {
-        if let RootSource::Directory(dir) = &self.root {
-            require_absolute(dir)?;
+        match &self.root {
+            RootSource::HostSystem => {}
+            RootSource::Directory(dir) => require_absolute(dir)?,
+            RootSource::Layers(layers) => {
+                if layers.is_empty() || layers.len() > MAX_LAYERS {
+                    return Err(PolicyError::BadLayers(layers.len()));
+                }
+                for layer in layers {
+                    require_absolute(layer)?;
+                }
+            }
+        }
+        if self.capture_writes && !matches!(self.root, RootSource::Layers(_)) {
+            return Err(PolicyError::CaptureNeedsLayers);
         }
         if let Some(dir) = &self.workspace {
             require_absolute(dir)?;
@@ -391,6 +439,9 @@ pub enum NetworkMode {
     /// A private network namespace with only the loopback interface.
     #[default]
     None,
+    /// The host's network namespace. Used by image builds to download packages;
+    /// not offered by `brig run`.
+    Host,
 }
 
 impl std::str::FromStr for NetworkMode {
