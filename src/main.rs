@@ -11,8 +11,11 @@ use brig_policy::{
 };
 use clap::{Args, Parser, Subcommand};
 
+mod build_cmd;
+mod image_cmd;
+
 /// Exit status for brig's own errors (bad flag, setup failure), as in `docker run`.
-const EXIT_BRIG_ERROR: u8 = 125;
+pub(crate) const EXIT_BRIG_ERROR: u8 = 125;
 /// Exit status when the timeout fired, as in timeout(1).
 const EXIT_TIMEOUT: u8 = 124;
 
@@ -30,7 +33,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a command in a brand-new sandbox and report its result.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
+    /// Manage images: read-only root filesystems made of stacked layers.
+    Image(image_cmd::ImageArgs),
 }
 
 #[derive(Args)]
@@ -67,6 +72,21 @@ struct RunArgs {
     #[arg(long, value_name = "SIZE")]
     file_size: Option<String>,
 
+    /// Run from this image (see `brig image`): its layers are the root, writable
+    /// through a private upper layer limited by --disk; its env, user, workdir and
+    /// command are the defaults.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["rootfs", "layer"])]
+    image: Option<String>,
+    /// When the command ends, store what it wrote (files, changes, deletions) as a
+    /// new layer on top of --image, giving image NAME.
+    #[arg(long, value_name = "NAME", requires = "image")]
+    snapshot_to: Option<String>,
+    /// Replace the --snapshot-to image if it exists.
+    #[arg(long, requires = "snapshot_to")]
+    replace: bool,
+    #[command(flatten)]
+    store: image_cmd::StoreArgs,
+
     /// Use this directory tree as / (read-only) instead of the host's system directories.
     #[arg(long, value_name = "DIR")]
     rootfs: Option<PathBuf>,
@@ -80,9 +100,9 @@ struct RunArgs {
     /// Bind this host directory read-write at /workspace instead of a private tmpfs.
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
-    /// Working directory inside the sandbox.
-    #[arg(long, value_name = "PATH", default_value = brig_policy::defaults::WORKSPACE)]
-    cwd: String,
+    /// Working directory inside the sandbox [default: the image's, else /workspace].
+    #[arg(long, value_name = "PATH")]
+    cwd: Option<String>,
 
     /// Set an environment variable (KEY=VALUE). Repeatable. The environment is otherwise
     /// cleared except PATH, HOME and LANG.
@@ -90,9 +110,10 @@ struct RunArgs {
     env: Vec<String>,
     #[arg(long, value_name = "NAME", default_value = brig_policy::defaults::HOSTNAME)]
     hostname: String,
-    /// uid[:gid] inside the sandbox; 0 is root of the sandbox's user namespace only.
-    #[arg(long, value_name = "UID[:GID]", default_value = "1000")]
-    user: String,
+    /// uid[:gid] inside the sandbox; 0 is root of the sandbox's user namespace only
+    /// [default: 1000; with --image the image's user, else 0].
+    #[arg(long, value_name = "UID[:GID]")]
+    user: Option<String>,
 
     /// Network mode: "none" is loopback only (the only mode so far).
     #[arg(long, value_name = "MODE", default_value = "none")]
@@ -114,8 +135,8 @@ struct RunArgs {
     #[arg(long, value_name = "PATH", env = "BRIG_CGROUP_PARENT")]
     cgroup_parent: Option<String>,
 
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments (with --image, the image's command by default).
+    #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -130,8 +151,21 @@ fn optional<T>(
 }
 
 impl RunArgs {
-    fn spec(&self) -> anyhow::Result<SandboxSpec> {
-        let mut spec = SandboxSpec::new(self.command.clone());
+    fn spec(&self, image: Option<&image_cmd::ImageInUse>) -> anyhow::Result<SandboxSpec> {
+        let config = image.map(|i| &i.record.config);
+        let command = match config {
+            Some(config) if self.command.is_empty() => config
+                .entrypoint
+                .iter()
+                .chain(&config.cmd)
+                .cloned()
+                .collect(),
+            _ => self.command.clone(),
+        };
+        if command.is_empty() {
+            anyhow::bail!(brig_policy::PolicyError::EmptyCommand);
+        }
+        let mut spec = SandboxSpec::new(command);
         let limits = &mut spec.limits;
         limits.timeout_ms = optional(&self.timeout, parse_duration_ms)?;
         limits.cpu_time_secs = self.cpu_time;
@@ -149,6 +183,10 @@ impl RunArgs {
         if let Some(dir) = &self.rootfs {
             spec.filesystem.root = RootSource::Directory(absolute(dir)?);
         }
+        if let Some(image) = image {
+            spec.filesystem.root = RootSource::Layers(image.layers.mounts.clone());
+            spec.filesystem.capture_writes = self.snapshot_to.is_some();
+        }
         if !self.layer.is_empty() {
             let layers = self
                 .layer
@@ -163,15 +201,29 @@ impl RunArgs {
             spec.filesystem.binds.push(bind);
         }
         spec.filesystem.workspace = self.workspace.as_deref().map(absolute).transpose()?;
-        spec.cwd = brig_policy::normalize_sandbox_path(&self.cwd)?;
+        let cwd = self
+            .cwd
+            .clone()
+            .or_else(|| config.and_then(|c| c.workdir.clone()))
+            .unwrap_or_else(|| brig_policy::defaults::WORKSPACE.to_string());
+        spec.cwd = brig_policy::normalize_sandbox_path(&cwd)?;
 
-        for entry in &self.env {
+        let image_env = config.map(|c| c.env.as_slice()).unwrap_or_default();
+        for entry in image_env.iter().chain(&self.env) {
             let (key, value) = entry
                 .split_once('=')
                 .ok_or_else(|| brig_policy::PolicyError::BadEnv(entry.clone()))?;
             spec.env.insert(key.to_string(), value.to_string());
         }
-        let (uid, gid) = Identity::parse_user(&self.user)?;
+        let user = match (&self.user, config) {
+            (Some(user), _) => user.clone(),
+            (None, Some(config)) => match &config.user {
+                Some(user) => image_cmd::resolve_user(user, image.expect("config from image"))?,
+                None => "0".to_string(),
+            },
+            (None, None) => brig_policy::defaults::UID.to_string(),
+        };
+        let (uid, gid) = Identity::parse_user(&user)?;
         spec.identity = Identity {
             uid,
             gid,
@@ -249,7 +301,17 @@ fn fail(json: bool, code: &str, message: &str) -> ExitCode {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    let spec = match args.spec() {
+    let image = match &args.image {
+        Some(name) => {
+            match image_cmd::use_image(&args.store, name, args.snapshot_to.as_deref(), args.replace)
+            {
+                Ok(image) => Some(image),
+                Err(e) => return fail(args.json, e.code(), &e.to_string()),
+            }
+        }
+        None => None,
+    };
+    let spec = match args.spec(image.as_ref()) {
         Ok(spec) => spec,
         Err(e) => return fail(args.json, "invalid_argument", &e.to_string()),
     };
@@ -263,6 +325,15 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(args.json, e.code(), &e.to_string()),
     };
     let (status, message) = exit_status(&outcome, &spec);
+    if let (Some(image), Some(new_name), Some(writes)) =
+        (&image, &args.snapshot_to, &outcome.writes)
+    {
+        if let Err(e) =
+            image_cmd::snapshot(&args.store, image, new_name, writes, &spec, args.replace)
+        {
+            return fail(args.json, e.code(), &format!("snapshot: {e}"));
+        }
+    }
     if args.json {
         match serde_json::to_string(&outcome) {
             Ok(text) => println!("{text}"),
@@ -307,6 +378,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
+        Command::Image(args) => image_cmd::main(args),
     }
 }

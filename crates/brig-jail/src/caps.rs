@@ -61,6 +61,45 @@ pub fn drop_all() -> Result<(), JailError> {
     Ok(())
 }
 
+/// Docker's default capability set: what package managers need as root (chown,
+/// setuid to a sandbox user, mknod, ...). Kept only by build sandboxes, and only
+/// within their own user namespace.
+const BUILD_SET: &[caps::Capability] = &[
+    caps::Capability::CAP_CHOWN,
+    caps::Capability::CAP_DAC_OVERRIDE,
+    caps::Capability::CAP_FOWNER,
+    caps::Capability::CAP_FSETID,
+    caps::Capability::CAP_KILL,
+    caps::Capability::CAP_SETGID,
+    caps::Capability::CAP_SETUID,
+    caps::Capability::CAP_SETPCAP,
+    caps::Capability::CAP_NET_BIND_SERVICE,
+    caps::Capability::CAP_SYS_CHROOT,
+    caps::Capability::CAP_MKNOD,
+    caps::Capability::CAP_AUDIT_WRITE,
+    caps::Capability::CAP_SETFCAP,
+];
+
+/// Limits every set to [`BUILD_SET`] (image builds: dpkg and apt run as root).
+pub fn keep_build_set() -> Result<(), JailError> {
+    // Undo keep_across_setuid's bit: root inside regains the set at execve.
+    prctl(libc::PR_SET_SECUREBITS, 0).context(|| "reset securebits".into())?;
+    let keep: caps::CapsHashSet = BUILD_SET.iter().copied().collect();
+    for cap in caps::all() {
+        if !keep.contains(&cap) {
+            caps::drop(None, CapSet::Bounding, cap)
+                .map_err(|e| JailError::Setup(format!("drop {cap} from the bounding set: {e}")))?;
+        }
+    }
+    caps::clear(None, CapSet::Ambient)
+        .map_err(|e| JailError::Setup(format!("clear ambient capabilities: {e}")))?;
+    for set in [CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
+        caps::set(None, set, &keep)
+            .map_err(|e| JailError::Setup(format!("limit {set:?} capabilities: {e}")))?;
+    }
+    Ok(())
+}
+
 /// What the kernel says about this process after the drop, read back rather than
 /// assumed: /proc/self/status's capability masks and NoNewPrivs.
 #[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq, Eq)]

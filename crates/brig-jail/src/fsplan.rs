@@ -448,6 +448,27 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
     })
 }
 
+impl FsPlan {
+    /// Paths brig creates in the sandbox's root or mounts something over. In an
+    /// image root, a missing one is created in the upper layer as an empty file or
+    /// directory; snapshots leave those placeholders out.
+    pub fn placeholders(&self) -> Vec<String> {
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                FsOp::Dir { path, .. }
+                | FsOp::Bind { path, .. }
+                | FsOp::Scratch { path, .. }
+                | FsOp::Tmpfs { path, .. }
+                | FsOp::Proc { path }
+                | FsOp::Devpts { path }
+                | FsOp::Generated { path, .. } => Some(path.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
 fn read_dir_names(dir: &Path) -> Result<Vec<String>, JailError> {
     let entries = std::fs::read_dir(dir).map_err(|e| JailError::HostPath {
         path: dir.display().to_string(),

@@ -220,7 +220,10 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
 
     // Stage 6.
     crate::rlimits::apply(&rlimits)?;
-    caps::drop_all()?;
+    match plan.spec.identity.mapping {
+        brig_policy::IdMapping::Single => caps::drop_all()?,
+        brig_policy::IdMapping::Build => caps::keep_build_set()?,
+    }
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).context(|| "set no_new_privs".into())?;
     let landlock = landlock::restrict(plan.spec.landlock, &plan.plan.writable, &plan.plan.devices)?;
     mark("child_landlock");

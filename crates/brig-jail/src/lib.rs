@@ -33,3 +33,9 @@ mod sys;
 pub use error::{Context, JailError};
 pub use report::{Enforced, Outcome};
 pub use supervisor::{run, HostConfig, Stdio};
+
+/// What a run of `spec` creates or mounts over in its root (see
+/// [`fsplan::FsPlan::placeholders`]).
+pub fn placeholders(spec: &brig_policy::SandboxSpec) -> Result<Vec<String>, JailError> {
+    Ok(fsplan::plan(spec, std::path::Path::new("/"))?.placeholders())
+}

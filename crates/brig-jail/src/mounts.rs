@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
@@ -144,13 +144,12 @@ pub fn build_root(
     let upper = if layered {
         mount_overlay(&staging, layers)?;
         if capture_writes {
-            let fd = nix::fcntl::open(
-                &staging.scratch("upper"),
-                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .context(|| "open the upper layer".into())?;
-            Some(unsafe_owned(fd))
+            // A detached clone (a mount of its own) rather than a plain descriptor:
+            // once this namespace is gone, only a mount tree can be attached by the
+            // parent at a path that tools like mkfs.erofs can read.
+            let tree = sys::open_tree_clone(&staging.scratch("upper"))
+                .context(|| "clone the upper layer".into())?;
+            Some(tree)
         } else {
             None
         }
@@ -226,6 +225,26 @@ fn mount_overlay(staging: &Staging, layers: Vec<OwnedFd>) -> Result<(), JailErro
         sys::move_mount_fd(layer.as_fd(), unsafe_owned(target).as_fd())
             .context(|| format!("attach layer {index}"))?;
         lower_paths.push(path);
+    }
+    // The merged root takes its owner, mode and times from the upper directory:
+    // start it as the image's top root, so an untouched root is unchanged.
+    if let Some(top) = lower_paths.last() {
+        let meta = std::fs::metadata(top).context(|| "stat the image's root".into())?;
+        let upper = staging.scratch("upper");
+        std::fs::set_permissions(
+            &upper,
+            std::fs::Permissions::from_mode(meta.mode() & 0o7777),
+        )
+        .context(|| "set the upper root's mode".into())?;
+        let mtime = nix::sys::time::TimeSpec::new(meta.mtime(), meta.mtime_nsec());
+        nix::sys::stat::utimensat(
+            None,
+            &upper,
+            &mtime,
+            &mtime,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .context(|| "set the upper root's times".into())?;
     }
     use std::os::unix::ffi::OsStrExt;
     let context = sys::FsContext::open("overlay").context(|| "open overlayfs".into())?;
@@ -385,7 +404,17 @@ fn run_op(
         FsOp::Generated { path, contents } => {
             tree.generated += 1;
             let file = staging.scratch(&format!("gen/{}", tree.generated));
-            std::fs::write(&file, contents).context(|| format!("write {path}"))?;
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                let mut out = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o644)
+                    .open(&file)
+                    .context(|| format!("write {path}"))?;
+                out.write_all(contents)
+                    .context(|| format!("write {path}"))?;
+            }
             let source =
                 sys::open_tree_clone(&file).context(|| format!("clone generated {path}"))?;
             sys::mount_setattr_fd(source.as_fd(), attrs(Access::ReadOnly))

@@ -197,7 +197,8 @@ pub enum IdMapping {
     /// Ids 0-65535 inside are the same ids on the host, so files written keep real
     /// ownership (dpkg chowns to system users). For trusted image builds only: root
     /// inside is host uid 0 for permission checks on whatever the sandbox can see
-    /// (only its own image tree), though still without host capabilities.
+    /// (only its own image tree), though still without host capabilities. The
+    /// command keeps Docker's default capability set inside its user namespace.
     Build,
 }
 

@@ -1,0 +1,247 @@
+//! The store's verbs: import, snapshot, diff. Each leaves the store as it was when
+//! it fails or is interrupted (its work directory goes with it; a layer committed
+//! before the failure is unreferenced and left to gc).
+
+use std::os::fd::BorrowedFd;
+use std::path::{Path, PathBuf};
+
+use crate::error::{ImageError, IoContext, Result};
+use crate::pack::PackOptions;
+use crate::progress::Progress;
+use crate::store::{now_unix, validate_name, ImageRecord, Store};
+use crate::{tree, unpack, ImageConfig};
+
+/// Imports `source` (a directory, a tar archive, an OCI layout or a docker save
+/// archive) as image `name`.
+pub fn import(
+    store: &Store,
+    name: &str,
+    source: &Path,
+    replace: bool,
+    progress: &dyn Progress,
+) -> Result<ImageRecord> {
+    validate_name(name)?;
+    if !replace && store.has_image(name) {
+        return Err(ImageError::ImageExists(name.to_string()));
+    }
+    let work = store.work_dir("import")?;
+    let staging = work.path().join("staging");
+    std::fs::create_dir(&staging).context(|| format!("create {}", staging.display()))?;
+    let unpacked = unpack::unpack(source, &staging, progress)?;
+    let _lock = store.shared()?;
+    let mut layers: Vec<String> = Vec::new();
+    let count = unpacked.layers.len();
+    for (index, layer) in unpacked.layers.iter().enumerate() {
+        if progress.cancelled() {
+            return Err(ImageError::Interrupted);
+        }
+        // docker save keeps a layer per ENV or WORKDIR line; empty ones add nothing.
+        if count > 1 && is_empty_dir(&layer.path) {
+            continue;
+        }
+        progress.phase(&format!("layer {}/{count}", index + 1), None);
+        let record =
+            store.commit_layer(&layer.path, &PackOptions::default(), work.path(), progress)?;
+        if !layer.borrowed {
+            // Frees the disk the unpacked tree took before the next layer unpacks.
+            let _ = crate::store::remove_tree(&layer.path);
+        }
+        layers.push(record.digest);
+    }
+    let record = ImageRecord {
+        name: name.to_string(),
+        layers,
+        config: unpacked.config,
+        created_unix: now_unix(),
+        origin: format!("import {}", source.display()),
+    };
+    store.commit_image(&record, replace, work.path())?;
+    Ok(record)
+}
+
+/// What to snapshot: a finished sandbox's writes on top of the image it ran from.
+pub struct Snapshot<'a> {
+    pub base: &'a ImageRecord,
+    /// The new image's name.
+    pub name: &'a str,
+    /// The sandbox's overlay upper directory, as a detached mount (brig-jail hands
+    /// it over when the spec asks to capture writes).
+    pub writes: BorrowedFd<'a>,
+    /// Paths brig itself created or mounted over (see brig-jail's placeholders):
+    /// left out when they are empty and the image did not have them.
+    pub placeholders: &'a [String],
+    /// Store every file as owned by this uid:gid: with one mapped id, everything the
+    /// sandbox wrote belongs to that id, which stood for the image's root.
+    pub force_owner: Option<(u32, u32)>,
+    pub replace: bool,
+}
+
+/// Stores what a sandbox wrote as a new layer on top of its image, giving a new
+/// image. A run that wrote nothing gives an image with the same layers.
+pub fn snapshot(
+    store: &Store,
+    request: &Snapshot<'_>,
+    progress: &dyn Progress,
+) -> Result<ImageRecord> {
+    let Snapshot {
+        base,
+        name,
+        writes,
+        placeholders,
+        force_owner,
+        replace,
+    } = *request;
+    validate_name(name)?;
+    if !replace && store.has_image(name) {
+        return Err(ImageError::ImageExists(name.to_string()));
+    }
+    let work = store.work_dir("snapshot")?;
+    // mkfs.erofs needs a path it can resolve: attach a clone of the directory in
+    // the work dir for as long as the snapshot takes.
+    let attached = Attached::new(writes, &work.path().join("upper"))?;
+    let writes = attached.path.as_path();
+    tree::clean_upper(writes)?;
+    let base_layers = store.use_layers(base)?;
+    prune_placeholders(writes, placeholders, &base_layers.mounts)?;
+    drop(base_layers);
+    let _lock = store.shared()?;
+    let mut layers = base.layers.clone();
+    if !is_empty_dir(writes) {
+        let options = PackOptions { force_owner };
+        let record = store.commit_layer(writes, &options, work.path(), progress)?;
+        layers.push(record.digest);
+    }
+    if layers.len() > brig_policy::MAX_LAYERS {
+        return Err(ImageError::Unsupported(format!(
+            "an image may have at most {} layers",
+            brig_policy::MAX_LAYERS
+        )));
+    }
+    let record = ImageRecord {
+        name: name.to_string(),
+        layers,
+        config: base.config.clone(),
+        created_unix: now_unix(),
+        origin: format!("snapshot of {}", base.name),
+    };
+    store.commit_image(&record, replace, work.path())?;
+    Ok(record)
+}
+
+/// What changed from image `a` to image `b`.
+pub fn diff(store: &Store, a: &str, b: &str) -> Result<tree::Diff> {
+    let a = store.image(a)?;
+    let b = store.image(b)?;
+    let a_layers = store.use_layers(&a)?;
+    let b_layers = store.use_layers(&b)?;
+    let a_paths: Vec<&Path> = a_layers.mounts.iter().map(|p| p.as_path()).collect();
+    let b_paths: Vec<&Path> = b_layers.mounts.iter().map(|p| p.as_path()).collect();
+    tree::diff(&a_paths, &b_paths)
+}
+
+/// A new image config from a base one: recipe or caller values win.
+pub fn merge_config(base: &ImageConfig, over: &ImageConfig) -> ImageConfig {
+    let mut env = base.env.clone();
+    for entry in &over.env {
+        let key = entry.split('=').next().unwrap_or_default();
+        env.retain(|e| e.split('=').next() != Some(key));
+        env.push(entry.clone());
+    }
+    ImageConfig {
+        env,
+        user: over.user.clone().or_else(|| base.user.clone()),
+        workdir: over.workdir.clone().or_else(|| base.workdir.clone()),
+        entrypoint: if over.entrypoint.is_empty() {
+            base.entrypoint.clone()
+        } else {
+            over.entrypoint.clone()
+        },
+        cmd: if over.cmd.is_empty() {
+            base.cmd.clone()
+        } else {
+            over.cmd.clone()
+        },
+    }
+}
+
+/// Removes the mount points brig created in the upper layer because the image
+/// lacked them (an empty file or directory the image does not have), and then the
+/// directories they alone made the upper layer copy (empty, not opaque, and in the
+/// image): they are brig's, not the sandbox's writes.
+fn prune_placeholders(upper: &Path, placeholders: &[String], base: &[PathBuf]) -> Result<()> {
+    let in_base = |rel: &str| {
+        base.iter()
+            .any(|layer| layer.join(rel).symlink_metadata().is_ok())
+    };
+    let mut parents = std::collections::BTreeSet::new();
+    for path in placeholders {
+        let rel = path.trim_start_matches('/');
+        if rel.is_empty() {
+            continue;
+        }
+        let candidate = upper.join(rel);
+        let Ok(meta) = candidate.symlink_metadata() else {
+            continue;
+        };
+        let placeholder =
+            (meta.is_file() && meta.len() == 0) || (meta.is_dir() && is_empty_dir(&candidate));
+        if placeholder && !in_base(rel) {
+            let removed = if meta.is_dir() {
+                std::fs::remove_dir(&candidate)
+            } else {
+                std::fs::remove_file(&candidate)
+            };
+            removed.context(|| format!("remove placeholder {path}"))?;
+            let mut parent = Path::new(rel).parent();
+            while let Some(dir) = parent.filter(|p| !p.as_os_str().is_empty()) {
+                parents.insert(dir.to_path_buf());
+                parent = dir.parent();
+            }
+        }
+    }
+    // Deepest first, so a parent is looked at after its children.
+    for dir in parents.iter().rev() {
+        let candidate = upper.join(dir);
+        let opaque = rustix::fs::lgetxattr(&candidate, tree::OPAQUE_XATTR, &mut [0u8; 4]).is_ok();
+        if !opaque && is_empty_dir(&candidate) && in_base(&dir.to_string_lossy()) {
+            std::fs::remove_dir(&candidate)
+                .context(|| format!("remove {}", candidate.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// A directory descriptor attached at a path (a bind mount), detached on drop.
+struct Attached {
+    path: PathBuf,
+}
+
+impl Attached {
+    /// `tree` is a detached mount (from open_tree with OPEN_TREE_CLONE).
+    fn new(tree: BorrowedFd<'_>, path: &Path) -> Result<Attached> {
+        use rustix::mount::{move_mount, MoveMountFlags};
+        std::fs::create_dir(path).context(|| format!("create {}", path.display()))?;
+        move_mount(
+            tree,
+            "",
+            rustix::fs::CWD,
+            path,
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .context(|| format!("attach the sandbox's writes at {}", path.display()))?;
+        Ok(Attached {
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
+fn is_empty_dir(path: &Path) -> bool {
+    std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none())
+}

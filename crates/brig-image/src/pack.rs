@@ -1,0 +1,90 @@
+//! A staged tree to one EROFS layer file, with mkfs.erofs from erofs-utils.
+//!
+//! No maintained Rust crate writes EROFS, and erofs-utils is the format's reference
+//! implementation, so brig runs it (Debian package `erofs-utils`). Why EROFS and
+//! not squashfs: bench/results/layer-format.md.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::error::{ImageError, Result};
+use crate::progress::Progress;
+
+pub const MKFS: &str = "mkfs.erofs";
+
+#[derive(Debug, Clone, Default)]
+pub struct PackOptions {
+    /// Store every file as owned by this uid:gid (a snapshot of a sandbox whose one
+    /// mapped id stood for the image's root).
+    pub force_owner: Option<(u32, u32)>,
+}
+
+/// Packs `source` into the new file `dest`. Mtimes are kept exactly (Python checks
+/// .pyc files against them); ownership, modes, xattrs (overlay's opaque marker
+/// included) and whiteout devices are kept as they are.
+pub fn pack(
+    source: &Path,
+    dest: &Path,
+    options: &PackOptions,
+    progress: &dyn Progress,
+) -> Result<()> {
+    let mut command = Command::new(MKFS);
+    command
+        .arg("-zlz4hc")
+        .arg("--preserve-mtime")
+        .arg("--quiet");
+    if let Some((uid, gid)) = options.force_owner {
+        command
+            .arg(format!("--force-uid={uid}"))
+            .arg(format!("--force-gid={gid}"));
+    }
+    command
+        .arg(dest)
+        .arg(source)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            ImageError::Tool {
+                tool: MKFS.into(),
+                detail: "not found: install erofs-utils (apt-get install erofs-utils)".into(),
+            }
+        } else {
+            ImageError::io(format!("start {MKFS}"), e)
+        }
+    })?;
+    let status = loop {
+        if progress.cancelled() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ImageError::Interrupted);
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(ImageError::io(format!("wait for {MKFS}"), e)),
+        }
+    };
+    if status.success() {
+        return Ok(());
+    }
+    if progress.cancelled() {
+        return Err(ImageError::Interrupted);
+    }
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        use std::io::Read;
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    let detail = stderr
+        .lines()
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or("no message")
+        .to_string();
+    Err(ImageError::Tool {
+        tool: MKFS.into(),
+        detail: format!("{status}: {detail}"),
+    })
+}

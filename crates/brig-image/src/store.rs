@@ -1,0 +1,627 @@
+//! The on-disk image store (layout in docs/IMAGES.md).
+//!
+//! ```text
+//! <store>/
+//!   lock                 flock: shared by every writer and by runs resolving an image,
+//!                        exclusive by gc, so gc never sees a half-made commit
+//!   layers/<hex>.erofs   one read-only layer, named by its content digest
+//!   layers/<hex>.json    its record: digest, file sha256 and size, when it was made
+//!   images/<name>.json   an image: its layers (bottom first) and run config
+//!   mnt/<hex>/           where a layer is mounted, once per host
+//!   tmp/<work>/          work in progress; a directory nobody holds a lock on is
+//!                        debris of a crash and is removed when the store is opened
+//! ```
+//!
+//! Every file is written under tmp/ and renamed into place, so a reader sees the old
+//! state or the new one, never a part. A layer is committed before any image names
+//! it; an interrupted import leaves at most an unreferenced layer, which gc removes.
+//!
+//! A running sandbox holds a shared flock on each of its layer files; gc removes a
+//! layer only under an exclusive, non-blocking flock, so a layer in use stays.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rustix::fs::FlockOperation;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::error::{ImageError, IoContext, Result};
+use crate::pack;
+use crate::progress::Progress;
+use crate::{tree, ImageConfig};
+
+/// The default store, for brig running as root.
+pub const DEFAULT_STORE: &str = "/var/lib/brig";
+
+/// A layer's record, stored beside its file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerRecord {
+    /// `sha256:<hex>`: the canonical digest of the layer's tree (see `tree::digest`).
+    pub digest: String,
+    /// sha256 of the layer file's bytes, checked before the layer is first mounted.
+    pub file_sha256: String,
+    pub file_bytes: u64,
+    /// Always "erofs" so far.
+    pub format: String,
+    pub created_unix: u64,
+}
+
+/// An image: a stack of layers and how to run it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageRecord {
+    pub name: String,
+    /// Layer digests, bottom first.
+    pub layers: Vec<String>,
+    #[serde(default)]
+    pub config: ImageConfig,
+    pub created_unix: u64,
+    /// Where it came from: "import <source>", "build <recipe>", "snapshot of <image>".
+    #[serde(default)]
+    pub origin: String,
+}
+
+pub struct Store {
+    root: PathBuf,
+}
+
+/// Held while a sandbox runs from an image: shared locks on its layer files.
+pub struct LayersInUse {
+    _files: Vec<File>,
+    /// Where each layer is mounted, bottom first.
+    pub mounts: Vec<PathBuf>,
+}
+
+/// A private work directory under tmp/, removed when dropped.
+pub struct WorkDir {
+    path: PathBuf,
+    _lock: File,
+}
+
+impl WorkDir {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = remove_tree(&self.path);
+    }
+}
+
+/// What gc did.
+#[derive(Debug, Default, Serialize)]
+pub struct GcReport {
+    pub removed_layers: Vec<String>,
+    pub freed_bytes: u64,
+    pub unmounted: Vec<String>,
+    /// Unreferenced layers kept because a sandbox is using them.
+    pub in_use: Vec<String>,
+}
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Checks an image name: it becomes a file name (with '/' and ':' escaped).
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with(['.', '-'])
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ImageError::BadName(name.to_string()))
+    }
+}
+
+fn name_to_file(name: &str) -> String {
+    name.replace('%', "%25")
+        .replace('/', "%2F")
+        .replace(':', "%3A")
+}
+
+fn hex_of(digest: &str) -> Result<&str> {
+    let hex = digest
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| ImageError::CorruptLayer {
+            digest: digest.to_string(),
+            reason: "not a sha256 digest".into(),
+        })?;
+    Ok(hex)
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `root` and clears debris of crashed work.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Store> {
+        let root = root.into();
+        for dir in ["", "layers", "images", "mnt", "tmp"] {
+            let path = root.join(dir);
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&path)
+                .context(|| format!("create store directory {}", path.display()))?;
+        }
+        let store = Store { root };
+        store.clear_debris();
+        Ok(store)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn lock_file(&self) -> Result<File> {
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(self.root.join("lock"))
+            .context(|| format!("open {}", self.root.join("lock").display()))
+    }
+
+    /// A shared lock on the store: writers and resolvers hold it, gc excludes them.
+    pub fn shared(&self) -> Result<File> {
+        let file = self.lock_file()?;
+        rustix::fs::flock(&file, FlockOperation::LockShared).context(|| "lock the store".into())?;
+        Ok(file)
+    }
+
+    fn exclusive(&self) -> Result<File> {
+        let file = self.lock_file()?;
+        rustix::fs::flock(&file, FlockOperation::LockExclusive)
+            .context(|| "lock the store".into())?;
+        Ok(file)
+    }
+
+    /// Work directories whose owner died (no lock held) are removed.
+    fn clear_debris(&self) {
+        let Ok(entries) = fs::read_dir(self.root.join("tmp")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "lock") {
+                continue;
+            }
+            let lock = path.with_extension("lock");
+            let Ok(file) = File::open(&lock) else {
+                let _ = remove_tree(&path);
+                continue;
+            };
+            if rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok() {
+                let _ = remove_tree(&path);
+                let _ = fs::remove_file(&lock);
+            }
+        }
+    }
+
+    /// A fresh work directory under tmp/ (same filesystem as the store, so results
+    /// can be renamed into place).
+    pub fn work_dir(&self, purpose: &str) -> Result<WorkDir> {
+        let name = format!("{purpose}-{}-{:x}", std::process::id(), random());
+        let path = self.root.join("tmp").join(&name);
+        let lock_path = path.with_extension("lock");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .context(|| format!("create {}", lock_path.display()))?;
+        rustix::fs::flock(&lock, FlockOperation::LockExclusive)
+            .context(|| "lock work directory".into())?;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .context(|| format!("create {}", path.display()))?;
+        Ok(WorkDir { path, _lock: lock })
+    }
+
+    fn layer_file(&self, hex: &str) -> PathBuf {
+        self.root.join("layers").join(format!("{hex}.erofs"))
+    }
+
+    fn layer_record_path(&self, hex: &str) -> PathBuf {
+        self.root.join("layers").join(format!("{hex}.json"))
+    }
+
+    fn image_path(&self, name: &str) -> PathBuf {
+        self.root
+            .join("images")
+            .join(format!("{}.json", name_to_file(name)))
+    }
+
+    pub fn mount_point(&self, digest: &str) -> Result<PathBuf> {
+        Ok(self.root.join("mnt").join(hex_of(digest)?))
+    }
+
+    pub fn layer(&self, digest: &str) -> Result<LayerRecord> {
+        let hex = hex_of(digest)?;
+        let path = self.layer_record_path(hex);
+        let text = fs::read_to_string(&path).map_err(|e| ImageError::CorruptLayer {
+            digest: digest.to_string(),
+            reason: format!("no record at {}: {e}", path.display()),
+        })?;
+        serde_json::from_str(&text).map_err(|e| ImageError::CorruptLayer {
+            digest: digest.to_string(),
+            reason: format!("bad record: {e}"),
+        })
+    }
+
+    pub fn has_layer(&self, digest: &str) -> bool {
+        hex_of(digest)
+            .is_ok_and(|hex| self.layer_record_path(hex).exists() && self.layer_file(hex).exists())
+    }
+
+    /// Packs the tree at `source` into a layer and commits it (a no-op when a layer
+    /// with the same digest is already stored). The caller holds [`Store::shared`].
+    pub fn commit_layer(
+        &self,
+        source: &Path,
+        options: &pack::PackOptions,
+        work: &Path,
+        progress: &dyn Progress,
+    ) -> Result<LayerRecord> {
+        progress.phase("digest", None);
+        let digest = tree::digest(source, progress)?;
+        if self.has_layer(&digest) {
+            return self.layer(&digest);
+        }
+        let hex = hex_of(&digest)?.to_string();
+        let staged = work.join(format!("{hex}.erofs"));
+        progress.phase("pack", None);
+        pack::pack(source, &staged, options, progress)?;
+        progress.phase("checksum", None);
+        let (file_sha256, file_bytes) = file_sha256(&staged, progress)?;
+        let record = LayerRecord {
+            digest: digest.clone(),
+            file_sha256,
+            file_bytes,
+            format: "erofs".into(),
+            created_unix: now_unix(),
+        };
+        sync_file(&staged)?;
+        // The file first, then its record: a record always has its file.
+        fs::rename(&staged, self.layer_file(&hex)).context(|| format!("store layer {digest}"))?;
+        self.write_atomically(
+            &self.layer_record_path(&hex),
+            &serde_json::to_vec_pretty(&record).expect("records serialize"),
+            work,
+        )?;
+        Ok(record)
+    }
+
+    fn write_atomically(&self, path: &Path, contents: &[u8], work: &Path) -> Result<()> {
+        let staged = work.join(format!("write-{:x}", random()));
+        let mut file = File::create(&staged).context(|| format!("create {}", staged.display()))?;
+        file.write_all(contents)
+            .and_then(|_| file.sync_all())
+            .context(|| format!("write {}", staged.display()))?;
+        fs::rename(&staged, path).context(|| format!("write {}", path.display()))
+    }
+
+    pub fn image(&self, name: &str) -> Result<ImageRecord> {
+        validate_name(name)?;
+        let path = self.image_path(name);
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ImageError::NoSuchImage(name.to_string()))
+            }
+            Err(e) => return Err(ImageError::io(format!("read {}", path.display()), e)),
+        };
+        serde_json::from_str(&text).map_err(|e| {
+            ImageError::BadSource(format!("image record {} is damaged: {e}", path.display()))
+        })
+    }
+
+    pub fn has_image(&self, name: &str) -> bool {
+        self.image_path(name).exists()
+    }
+
+    /// Records an image. Every layer must already be committed. Fails if the name is
+    /// taken unless `replace`.
+    pub fn commit_image(&self, record: &ImageRecord, replace: bool, work: &Path) -> Result<()> {
+        validate_name(&record.name)?;
+        for digest in &record.layers {
+            if !self.has_layer(digest) {
+                return Err(ImageError::CorruptLayer {
+                    digest: digest.clone(),
+                    reason: "not in the store".into(),
+                });
+            }
+        }
+        let path = self.image_path(&record.name);
+        if !replace && path.exists() {
+            return Err(ImageError::ImageExists(record.name.clone()));
+        }
+        self.write_atomically(
+            &path,
+            &serde_json::to_vec_pretty(record).expect("records serialize"),
+            work,
+        )
+    }
+
+    pub fn images(&self) -> Result<Vec<ImageRecord>> {
+        let dir = self.root.join("images");
+        let mut images = Vec::new();
+        for entry in fs::read_dir(&dir).context(|| format!("list {}", dir.display()))? {
+            let entry = entry.context(|| format!("list {}", dir.display()))?;
+            if entry.path().extension().is_some_and(|e| e == "json") {
+                let text = fs::read_to_string(entry.path())
+                    .context(|| format!("read {}", entry.path().display()))?;
+                if let Ok(record) = serde_json::from_str::<ImageRecord>(&text) {
+                    images.push(record);
+                }
+            }
+        }
+        images.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(images)
+    }
+
+    pub fn remove_image(&self, name: &str) -> Result<()> {
+        self.image(name)?;
+        let _lock = self.shared()?;
+        fs::remove_file(self.image_path(name)).context(|| format!("remove image {name}"))
+    }
+
+    /// Locks the image's layers against gc, mounting (and first verifying) any that
+    /// are not mounted yet. Returns the mount points, bottom first.
+    pub fn use_layers(&self, image: &ImageRecord) -> Result<LayersInUse> {
+        let _store = self.shared()?;
+        let mut files = Vec::with_capacity(image.layers.len());
+        let mut mounts = Vec::with_capacity(image.layers.len());
+        for digest in &image.layers {
+            let hex = hex_of(digest)?;
+            let path = self.layer_file(hex);
+            let file = File::open(&path).map_err(|e| ImageError::CorruptLayer {
+                digest: digest.clone(),
+                reason: format!("cannot open {}: {e}", path.display()),
+            })?;
+            rustix::fs::flock(&file, FlockOperation::LockShared)
+                .context(|| format!("lock layer {digest}"))?;
+            let mount_point = self.mount_point(digest)?;
+            self.ensure_mounted(digest, &file, &path, &mount_point)?;
+            files.push(file);
+            mounts.push(mount_point);
+        }
+        Ok(LayersInUse {
+            _files: files,
+            mounts,
+        })
+    }
+
+    /// Mounts a layer once per host. The first mount checks the file against its
+    /// record, so a corrupt or truncated layer is refused with a clear error instead
+    /// of failing reads later inside a sandbox.
+    fn ensure_mounted(
+        &self,
+        digest: &str,
+        file: &File,
+        path: &Path,
+        mount_point: &Path,
+    ) -> Result<()> {
+        if is_mount_point(mount_point) {
+            return Ok(());
+        }
+        // Serializes concurrent first mounts of one layer.
+        let guard = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(self.root.join("mnt").join(".lock"))
+            .context(|| "open the mount lock".into())?;
+        rustix::fs::flock(&guard, FlockOperation::LockExclusive)
+            .context(|| "lock layer mounts".into())?;
+        if is_mount_point(mount_point) {
+            return Ok(());
+        }
+        let record = self.layer(digest)?;
+        let meta = file
+            .metadata()
+            .context(|| format!("stat {}", path.display()))?;
+        if meta.len() != record.file_bytes {
+            return Err(ImageError::CorruptLayer {
+                digest: digest.into(),
+                reason: format!(
+                    "file is {} bytes, its record says {}",
+                    meta.len(),
+                    record.file_bytes
+                ),
+            });
+        }
+        let (sha, _) = file_sha256(path, &crate::Silent)?;
+        if sha != record.file_sha256 {
+            return Err(ImageError::CorruptLayer {
+                digest: digest.into(),
+                reason: "file contents do not match its checksum".into(),
+            });
+        }
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(mount_point)
+            .or_else(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .context(|| format!("create {}", mount_point.display()))?;
+        crate::mount::mount_layer(file.as_fd(), path, mount_point).map_err(|e| {
+            let _ = fs::remove_dir(mount_point);
+            match e {
+                ImageError::Io { source, .. } => ImageError::CorruptLayer {
+                    digest: digest.into(),
+                    reason: format!("the kernel refused to mount it: {source}"),
+                },
+                other => other,
+            }
+        })
+    }
+
+    /// Removes layers no image references (unless a sandbox uses them) and, with
+    /// `unmount_idle`, also unmounts referenced layers no sandbox uses.
+    pub fn gc(&self, unmount_idle: bool) -> Result<GcReport> {
+        let _store = self.exclusive()?;
+        let mut referenced = std::collections::BTreeSet::new();
+        for image in self.images()? {
+            referenced.extend(image.layers);
+        }
+        let mut report = GcReport::default();
+        let dir = self.root.join("layers");
+        let mut digests = Vec::new();
+        for entry in fs::read_dir(&dir).context(|| format!("list {}", dir.display()))? {
+            let entry = entry.context(|| format!("list {}", dir.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(hex) = name
+                .strip_suffix(".erofs")
+                .or_else(|| name.strip_suffix(".json"))
+            {
+                let digest = format!("sha256:{hex}");
+                if !digests.contains(&digest) {
+                    digests.push(digest);
+                }
+            }
+        }
+        // Mount points whose layer file is gone (an earlier crash).
+        let mnt = self.root.join("mnt");
+        for entry in fs::read_dir(&mnt).context(|| format!("list {}", mnt.display()))? {
+            let entry = entry.context(|| format!("list {}", mnt.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.len() == 64 {
+                let digest = format!("sha256:{name}");
+                if !digests.contains(&digest) {
+                    digests.push(digest);
+                }
+            }
+        }
+        digests.sort();
+        for digest in digests {
+            let Ok(hex) = hex_of(&digest) else { continue };
+            let keep = referenced.contains(&digest);
+            if keep && !unmount_idle {
+                continue;
+            }
+            let path = self.layer_file(hex);
+            let file = File::open(&path).ok();
+            if let Some(file) = &file {
+                if rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive).is_err() {
+                    if !keep {
+                        report.in_use.push(digest);
+                    }
+                    continue;
+                }
+            }
+            let mount_point = self.mount_point(&digest)?;
+            if is_mount_point(&mount_point) {
+                crate::mount::unmount_layer(&mount_point)?;
+                report.unmounted.push(digest.clone());
+            }
+            let _ = fs::remove_dir(&mount_point);
+            if keep {
+                continue;
+            }
+            let bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            let _ = fs::remove_file(self.layer_record_path(hex));
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ImageError::io(format!("remove {}", path.display()), e)),
+            }
+            report.freed_bytes += bytes;
+            report.removed_layers.push(digest);
+        }
+        Ok(report)
+    }
+
+    /// Total bytes of an image's layer files.
+    pub fn image_bytes(&self, image: &ImageRecord) -> u64 {
+        image
+            .layers
+            .iter()
+            .filter_map(|d| self.layer(d).ok())
+            .map(|l| l.file_bytes)
+            .sum()
+    }
+}
+
+/// Whether `path` is a mount point: its device differs from its parent's (the
+/// layer's EROFS superblock versus the store's filesystem).
+pub fn is_mount_point(path: &Path) -> bool {
+    let (Ok(meta), Some(parent)) = (fs::symlink_metadata(path), path.parent()) else {
+        return false;
+    };
+    fs::metadata(parent).is_ok_and(|p| p.dev() != meta.dev())
+}
+
+fn file_sha256(path: &Path, progress: &dyn Progress) -> Result<(String, u64)> {
+    let mut file = File::open(path).context(|| format!("open {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = file
+            .read(&mut buf)
+            .context(|| format!("read {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        total += n as u64;
+        progress.advance(n as u64);
+    }
+    Ok((hex::encode(hasher.finalize()), total))
+}
+
+fn sync_file(path: &Path) -> Result<()> {
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .context(|| format!("sync {}", path.display()))
+}
+
+/// Removes a tree without following symlinks; unpacked layers may hold anything.
+pub fn remove_tree(path: &Path) -> std::io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => {
+            // Layers may contain read-only directories; root ignores modes anyway.
+            fs::remove_dir_all(path)
+        }
+        Ok(_) => fs::remove_file(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn random() -> u64 {
+    let mut bytes = [0u8; 8];
+    if File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_err()
+    {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        return nanos ^ u64::from(std::process::id());
+    }
+    u64::from_ne_bytes(bytes)
+}
