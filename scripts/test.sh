@@ -10,12 +10,16 @@ cd "$(dirname "$0")/.."
 #   procps         ps, used by isolation tests
 #   util-linux     setpriv (rootless test), unshare, ipcmk/ipcs, setsid
 #   passwd         useradd/userdel for the rootless test's own user
+#   erofs-utils    mkfs.erofs: brig packs image layers with it
+#   debootstrap    the `python` image recipe's Debian base
 need=()
 command -v /usr/bin/python3 >/dev/null 2>&1 || need+=(python3)
 command -v ps >/dev/null 2>&1 || need+=(procps)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v ipcmk >/dev/null 2>&1 || need+=(util-linux)
 command -v useradd >/dev/null 2>&1 || need+=(passwd)
+command -v mkfs.erofs >/dev/null 2>&1 || need+=(erofs-utils)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq
@@ -33,6 +37,11 @@ leftovers() {
   { find /sys/fs/cgroup -name 'brig-*' -type d 2>/dev/null
     ps -eo pid=,comm= | awk '$2 ~ /^brig/ {print "process", $0}'
     { grep brig /proc/self/mountinfo || true; } | sed 's/^/mount /'
+    # Layer mounts and loop devices of the tests' temporary image stores.
+    { grep -E '/(\.tmp|brig)[^ ]*/mnt/[0-9a-f]{64} ' /proc/self/mountinfo || true; } | sed 's/^/layer mount /'
+    for f in /sys/block/loop*/loop/backing_file; do
+      [ -r "$f" ] && grep -H -E '/layers/[0-9a-f]{64}\.erofs' "$f" | sed 's/^/loop device /'
+    done 2>/dev/null || true
   } | sort
 }
 before=$(leftovers)
@@ -48,4 +57,4 @@ if [ -n "$new" ]; then
   echo "$new" >&2
   exit 1
 fi
-echo "no leftovers: no brig cgroup, process or mount remains after the suite"
+echo "no leftovers: no brig cgroup, process, mount or loop device remains after the suite"
