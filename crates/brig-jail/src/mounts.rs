@@ -250,15 +250,40 @@ fn mount_overlay(staging: &Staging, layers: Vec<OwnedFd>) -> Result<(), JailErro
     let context = sys::FsContext::open("overlay").context(|| "open overlayfs".into())?;
     let overlay = (|| {
         // One layer per key: the option string of mount(2) is limited to a page.
-        for path in lower_paths.iter().rev() {
-            context.set_string("lowerdir+", path.as_os_str().as_bytes())?;
+        // Kernels before 6.8 lack `lowerdir+`; they get the classic colon-separated
+        // list, which the short mount-point names here keep under a page for
+        // about 250 layers.
+        let top_first: Vec<&[u8]> = lower_paths
+            .iter()
+            .rev()
+            .map(|p| p.as_os_str().as_bytes())
+            .collect();
+        match context.set_string("lowerdir+", top_first[0]) {
+            Ok(()) => {
+                for path in &top_first[1..] {
+                    context.set_string("lowerdir+", path)?;
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                context.set_string("lowerdir", &top_first.join(&b':'))?;
+            }
+            Err(e) => return Err(e),
         }
         context.set_string("upperdir", staging.scratch("upper").as_os_str().as_bytes())?;
         context.set_string("workdir", staging.scratch("work").as_os_str().as_bytes())?;
         context.set_flag("userxattr")?;
         context.mount(sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV)
     })()
-    .context(|| "mount the image's overlay root".into())?;
+    .map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            JailError::Setup(
+                "cannot stack the layers: one layer contains another (layers must not overlap)"
+                    .into(),
+            )
+        } else {
+            JailError::sys("mount the image's overlay root", e)
+        }
+    })?;
     std::fs::DirBuilder::new()
         .mode(0o755)
         .create(staging.root)
