@@ -93,6 +93,8 @@ impl WorkDir {
 impl Drop for WorkDir {
     fn drop(&mut self) {
         let _ = remove_tree(&self.path);
+        // Still holding the lock, so no one mistakes the pair for debris meanwhile.
+        let _ = fs::remove_file(self.path.with_extension("lock"));
     }
 }
 
@@ -124,7 +126,7 @@ pub fn validate_name(name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(ImageError::BadName(name.to_string()))
+        Err(ImageError::BadName(format!("{name:?}")))
     }
 }
 
@@ -190,25 +192,31 @@ impl Store {
         Ok(file)
     }
 
-    /// Work directories whose owner died (no lock held) are removed.
+    /// Work directories whose owner died (no lock held) are removed, after
+    /// detaching anything still mounted in them (a snapshot's attached upper layer
+    /// when brig was killed while packing it).
     fn clear_debris(&self) {
         let Ok(entries) = fs::read_dir(self.root.join("tmp")) else {
             return;
         };
         for entry in entries.flatten() {
             let path = entry.path();
-            if path.extension().is_some_and(|e| e == "lock") {
-                continue;
-            }
-            let lock = path.with_extension("lock");
-            let Ok(file) = File::open(&lock) else {
-                let _ = remove_tree(&path);
-                continue;
+            let (dir, lock) = if path.extension().is_some_and(|e| e == "lock") {
+                (path.with_extension(""), path.clone())
+            } else {
+                (path.clone(), path.with_extension("lock"))
             };
-            if rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok() {
-                let _ = remove_tree(&path);
-                let _ = fs::remove_file(&lock);
+            let owner_alive = File::open(&lock).is_ok_and(|file| {
+                rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).is_err()
+            });
+            if owner_alive {
+                continue;
             }
+            for mount_point in mounts_below(&dir) {
+                let _ = rustix::mount::unmount(&mount_point, rustix::mount::UnmountFlags::DETACH);
+            }
+            let _ = remove_tree(&dir);
+            let _ = fs::remove_file(&lock);
         }
     }
 
@@ -466,7 +474,10 @@ impl Store {
                 }
             })
             .context(|| format!("create {}", mount_point.display()))?;
-        crate::mount::mount_layer(file.as_fd(), path, mount_point).map_err(|e| {
+        // A loop device keeps the descriptor it is given open while attached; it must
+        // not be the one holding this run's lock, or gc could never take the layer.
+        let device_file = File::open(path).context(|| format!("open {}", path.display()))?;
+        crate::mount::mount_layer(device_file.as_fd(), path, mount_point).map_err(|e| {
             let _ = fs::remove_dir(mount_point);
             match e {
                 ImageError::Io { source, .. } => ImageError::CorruptLayer {
@@ -562,6 +573,42 @@ impl Store {
             .map(|l| l.file_bytes)
             .sum()
     }
+}
+
+/// Mount points at or below `dir`, deepest first, from /proc/self/mountinfo.
+fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(unescape_mountinfo)
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found
+}
+
+/// mountinfo writes space, tab, newline and backslash as octal escapes.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() {
+            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
+            if let Ok(value) = u8::from_str_radix(digits, 8) {
+                out.push(value);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether `path` is a mount point: its device differs from its parent's (the
