@@ -25,8 +25,18 @@
 //! writes something becomes one layer. Every field is checked when the recipe is
 //! loaded, before anything is built, so a bad recipe changes nothing.
 //!
-//! Package names never pass through a shell: they are arguments of apt-get and pip
-//! (the apt step's fixed script reads them as `"$@"`).
+//! - A Debian base gets its suite's `-updates` and `-security` sources too when it
+//!   comes from the default mirror (see [`debian_sources`]).
+//! - Steps run as root in `/` with `HOME=/root`, the base image's environment (not
+//!   `[config]`'s, which is for the finished image) and the host's network; they
+//!   trust the host's CA bundle. Writes under `/tmp` are scratch, not kept.
+//! - Copies keep modes and mtimes and belong to root, as with a Dockerfile's COPY;
+//!   a directory is merged into one the image has. They run `sh`, `mkdir`,
+//!   `dirname` and GNU `cp` of the image, so it needs coreutils.
+//! - Package names never pass through a shell: they are arguments of apt-get and
+//!   pip (the apt step's fixed script reads them as `"$@"`). apt names may carry
+//!   `:arch`, `=version` or `/release`; pip names extras and version specifiers,
+//!   not URLs or environment markers.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -351,10 +361,10 @@ fn copy_item(copy: &CopyFile, root: &Path) -> std::result::Result<CopyItem, Stri
         ));
     }
     // Canonical, so a `..` or a symlink that leads out of the directory is caught.
-    let resolved = root
-        .join(src)
-        .canonicalize()
-        .map_err(|e| format!("src '{}': {e}", copy.src))?;
+    let resolved = root.join(src).canonicalize().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("src '{}' does not exist", copy.src),
+        _ => format!("src '{}': {e}", copy.src),
+    })?;
     if !resolved.starts_with(root) {
         return Err(format!(
             "src '{}' is outside the recipe's directory {}",
@@ -518,19 +528,17 @@ impl Step {
 
     /// Environment the step needs on top of the base image's.
     pub fn env(&self) -> Vec<(String, String)> {
-        let pairs: &[(&str, &str)] = match self {
-            Step::Apt(_) => &[("DEBIAN_FRONTEND", "noninteractive")],
-            // Options as variables, which older pips ignore instead of refusing:
+        let mut env = vec![("DEBIAN_FRONTEND", "noninteractive")];
+        if let Step::Pip(_) = self {
+            // Options as variables, which older pips ignore instead of refusing.
             // PEP 668 (Debian 12) refuses system-wide installs without the first.
-            Step::Pip(_) => &[
+            env.extend([
                 ("PIP_BREAK_SYSTEM_PACKAGES", "1"),
                 ("PIP_ROOT_USER_ACTION", "ignore"),
                 ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
-            ],
-            _ => &[("DEBIAN_FRONTEND", "noninteractive")],
-        };
-        pairs
-            .iter()
+            ]);
+        }
+        env.into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
     }
@@ -574,6 +582,21 @@ pub fn debootstrap_command(suite: &str, mirror: &str, target: &Path) -> Vec<Stri
         target.to_string_lossy().into_owned(),
         mirror.into(),
     ]
+}
+
+/// The apt sources of a fresh Debian from the default mirror: the suite with its
+/// stable updates and security updates (debootstrap writes only the suite). `None`
+/// for suites without them (unstable) and for other mirrors, whose matching
+/// security mirror brig cannot know: debootstrap's own line stays.
+pub fn debian_sources(suite: &str, mirror: &str) -> Option<String> {
+    if mirror != DEFAULT_MIRROR || matches!(suite, "sid" | "unstable" | "experimental") {
+        return None;
+    }
+    Some(format!(
+        "deb {mirror} {suite} main\n\
+         deb {mirror} {suite}-updates main\n\
+         deb http://deb.debian.org/debian-security {suite}-security main\n"
+    ))
 }
 
 #[cfg(test)]
@@ -716,7 +739,7 @@ mod tests {
         assert!(reason(copy("../secret", "/x")).contains("outside"));
         assert!(reason(copy("link", "/x")).contains("outside"));
         assert!(reason(copy("/etc/passwd", "/x")).contains("relative"));
-        assert!(reason(copy("missing", "/x")).contains("missing"));
+        assert!(reason(copy("missing", "/x")).contains("'missing' does not exist"));
         assert!(reason(copy("ok", "etc/ok")).contains("absolute"));
         assert!(reason(copy("ok", "/etc/../x")).contains("absolute"));
         assert!(reason(copy("ok", "/")).contains("'/'"));
@@ -738,6 +761,24 @@ mod tests {
         let recipe = with("user = \"1000:100\"\nworkdir = \"/srv//w/\"").unwrap();
         assert_eq!(recipe.config.workdir.as_deref(), Some("/srv/w"));
         assert_eq!(recipe.steps, [Step::Workdir("/srv/w".into())]);
+    }
+
+    #[test]
+    fn debian_sources_add_updates_for_released_suites() {
+        let sources = debian_sources("bookworm", DEFAULT_MIRROR).unwrap();
+        assert_eq!(
+            sources.lines().collect::<Vec<_>>(),
+            [
+                "deb http://deb.debian.org/debian bookworm main",
+                "deb http://deb.debian.org/debian bookworm-updates main",
+                "deb http://deb.debian.org/debian-security bookworm-security main",
+            ]
+        );
+        assert_eq!(debian_sources("sid", DEFAULT_MIRROR), None);
+        assert_eq!(
+            debian_sources("bookworm", "http://mirror.local/debian"),
+            None
+        );
     }
 
     #[test]
