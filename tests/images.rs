@@ -1367,13 +1367,14 @@ fn mkfs_of(fx: &Fixture) -> Vec<u32> {
 fn root_interrupted_import_leaves_no_image_no_work_and_no_mkfs() {
     require_root!();
     let fx = Fixture::new();
-    // Incompressible data: packing it takes mkfs.erofs many seconds.
+    // Incompressible data: mkfs.erofs -zlz4 packs it at ~70 MiB/s here, so 384 MiB
+    // keeps it busy for seconds, long enough to be caught in the act.
     let src = fx.path("big");
     fs::create_dir(&src).unwrap();
     let mut random = fs::File::open("/dev/urandom").unwrap();
-    for i in 0..3 {
+    for i in 0..6 {
         let mut file = fs::File::create(src.join(format!("blob-{i}"))).unwrap();
-        std::io::copy(&mut (&mut random).take(24 << 20), &mut file).unwrap();
+        std::io::copy(&mut (&mut random).take(64 << 20), &mut file).unwrap();
     }
     let tar_path = fx.path("big.tar");
     {
