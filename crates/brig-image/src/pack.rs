@@ -20,10 +20,10 @@ pub struct PackOptions {
     pub force_owner: Option<(u32, u32)>,
 }
 
-/// Packs `source` into the new file `dest`. lz4 rather than lz4hc: erofs-utils 1.5's
-/// lz4hc packs large incompressible files at ~2 MiB/s, which made snapshots take tens
-/// of seconds for layers a few percent smaller (bench/results/images.md). Mtimes are kept exactly (Python checks
-/// .pyc files against them); ownership, modes, xattrs (overlay's opaque marker
+/// Packs `source` into the new file `dest`. lz4 rather than lz4hc: erofs-utils
+/// 1.5's lz4hc packs large incompressible files at ~2 MiB/s, which made snapshots
+/// take tens of seconds for layers a few percent smaller (bench/results/images.md).
+/// Mtimes are kept exactly (Python checks .pyc files against them); ownership, modes, xattrs (overlay's opaque marker
 /// included) and whiteout devices are kept as they are.
 pub fn pack(
     source: &Path,
