@@ -373,19 +373,8 @@ fn bootstrap_debian(
             tool: label.into(),
             detail: format!("cannot start unshare: {e}"),
         })?;
-    let status = loop {
-        if progress.cancelled() {
-            // --kill-child: unshare's death kills debootstrap's whole pid namespace.
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(ImageError::Interrupted);
-        }
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
-            Err(e) => return Err(ImageError::io("wait for debootstrap", e)),
-        }
-    };
+    // Killing unshare (--kill-child) kills debootstrap's whole pid namespace.
+    let status = brig_image::pack::wait_cancellable(&mut child, "debootstrap", progress)?;
     if !status.success() {
         let output = std::fs::read_to_string(&log_path).unwrap_or_default();
         // debootstrap's own log holds the failing command's output.
@@ -479,37 +468,11 @@ fn check_user(
     let Some(user) = &config.user else {
         return Ok(());
     };
-    for (name, db) in user.split(':').zip(["etc/passwd", "etc/group"]) {
-        if name.parse::<u32>().is_ok() {
-            continue;
-        }
-        let text = read_layered(&layers.mounts, db).unwrap_or_default();
-        if !text
-            .lines()
-            .any(|line| line.split(':').next() == Some(name))
-        {
-            return Err(ImageError::BadRecipe {
-                path: recipe.path.clone(),
-                reason: format!(
-                    "config.user names '{name}', which the built image's /{db} does not have"
-                ),
-            });
-        }
-    }
+    brig_image::resolve_user(user, &layers.mounts).map_err(|e| ImageError::BadRecipe {
+        path: recipe.path.clone(),
+        reason: format!("config.user names a {e} of the built image"),
+    })?;
     Ok(())
-}
-
-/// A small file as the stacked layers show it: the topmost layer that has the
-/// name decides (a whiteout or a non-file there means there is none).
-fn read_layered(mounts: &[PathBuf], path: &str) -> Option<String> {
-    for layer in mounts.iter().rev() {
-        match std::fs::symlink_metadata(layer.join(path)) {
-            Ok(meta) if meta.is_file() => return std::fs::read_to_string(layer.join(path)).ok(),
-            Ok(_) => return None,
-            Err(_) => continue,
-        }
-    }
-    None
 }
 
 /// The host tools a Debian base needs, found before any work starts.

@@ -110,42 +110,11 @@ pub fn use_image(
     })
 }
 
-/// The image's `User` as `UID[:GID]`: numbers pass, names are looked up in the
-/// image's own /etc/passwd and /etc/group.
+/// The image's `User` as `UID:GID` (names resolved in the image's own databases).
 pub fn resolve_user(user: &str, image: &ImageInUse) -> anyhow::Result<String> {
-    let (user_part, group_part) = match user.split_once(':') {
-        Some((u, g)) => (u, Some(g)),
-        None => (user, None),
-    };
-    let lookup = |db: &str, name: &str, field: usize| -> anyhow::Result<String> {
-        if name.parse::<u32>().is_ok() {
-            return Ok(name.to_string());
-        }
-        let text = read_image_file(&image.layers.mounts, db).unwrap_or_default();
-        text.lines()
-            .map(|line| line.split(':').collect::<Vec<_>>())
-            .find(|fields| fields.first() == Some(&name))
-            .and_then(|fields| fields.get(field).map(|s| s.to_string()))
-            .ok_or_else(|| anyhow::anyhow!("image user '{name}' is not in the image's {db}"))
-    };
-    let uid = lookup("etc/passwd", user_part, 2)?;
-    let gid = match group_part {
-        Some(group) => lookup("etc/group", group, 2)?,
-        None if user_part.parse::<u32>().is_ok() => uid.clone(),
-        None => lookup("etc/passwd", user_part, 3)?,
-    };
+    let (uid, gid) = brig_image::resolve_user(user, &image.layers.mounts)
+        .map_err(|e| anyhow::anyhow!("image {e}"))?;
     Ok(format!("{uid}:{gid}"))
-}
-
-fn read_image_file(mounts: &[PathBuf], path: &str) -> Option<String> {
-    for layer in mounts.iter().rev() {
-        match std::fs::symlink_metadata(layer.join(path)) {
-            Ok(meta) if meta.is_file() => return std::fs::read_to_string(layer.join(path)).ok(),
-            Ok(_) => return None,
-            Err(_) => continue,
-        }
-    }
-    None
 }
 
 /// Commits a finished run's writes as image `name`.

@@ -20,6 +20,26 @@ pub struct PackOptions {
     pub force_owner: Option<(u32, u32)>,
 }
 
+/// Waits for a tool brig started, killing it when `progress` is cancelled (Ctrl-C).
+pub fn wait_cancellable(
+    child: &mut std::process::Child,
+    tool: &str,
+    progress: &dyn Progress,
+) -> Result<std::process::ExitStatus> {
+    loop {
+        if progress.cancelled() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ImageError::Interrupted);
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(status),
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(ImageError::io(format!("wait for {tool}"), e)),
+        }
+    }
+}
+
 /// Packs `source` into the new file `dest`. lz4 rather than lz4hc: erofs-utils
 /// 1.5's lz4hc packs large incompressible files at ~2 MiB/s, which made snapshots
 /// take tens of seconds for layers a few percent smaller (bench/results/images.md).
@@ -55,18 +75,7 @@ pub fn pack(
             ImageError::io(format!("start {MKFS}"), e)
         }
     })?;
-    let status = loop {
-        if progress.cancelled() {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(ImageError::Interrupted);
-        }
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(ImageError::io(format!("wait for {MKFS}"), e)),
-        }
-    };
+    let status = wait_cancellable(&mut child, MKFS, progress)?;
     if status.success() {
         return Ok(());
     }

@@ -683,7 +683,8 @@ fn plan_image_etc(
 
 /// A file as the stacked layers show it (top layer wins; a whiteout or a non-file
 /// there hides lower ones). Only used for small text databases like /etc/passwd.
-fn read_layered(layers: &[PathBuf], path: &str) -> Option<String> {
+/// `layers` are bottom first.
+pub fn read_layered(layers: &[PathBuf], path: &str) -> Option<String> {
     for layer in layers.iter().rev() {
         let candidate = layer.join(path);
         match std::fs::symlink_metadata(&candidate) {
