@@ -12,6 +12,7 @@ use brig_policy::{
 use clap::{Args, Parser, Subcommand};
 
 mod build_cmd;
+mod client_cmd;
 mod image_cmd;
 
 /// Exit status for brig's own errors (bad flag, setup failure), as in `docker run`.
@@ -36,6 +37,16 @@ enum Command {
     Run(Box<RunArgs>),
     /// Manage images: read-only root filesystems made of stacked layers.
     Image(image_cmd::ImageArgs),
+    /// Run the daemon: an HTTP API for sessions, exec, files, snapshots (docs/API.md).
+    Serve(Box<brig_server::ServeArgs>),
+    /// Manage sessions on a brig daemon (`brig serve`): sandboxes that live between requests.
+    Session(client_cmd::SessionArgs),
+    /// Run a command in a session, streaming its output; exits with its status.
+    Exec(client_cmd::ExecArgs),
+    /// Copy files and directories between here and a session (SESSION:/path).
+    Cp(client_cmd::CpArgs),
+    /// Manage the daemon's API keys.
+    Key(client_cmd::KeyArgs),
 }
 
 #[derive(Args)]
@@ -347,6 +358,17 @@ fn run(args: RunArgs) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // The daemon's launch helper: decided before anything else runs, so the process
+    // stays single-threaded (it clones the sandbox).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "__session-start")
+    {
+        return brig_server::sessions::launch::helper_main();
+    }
+    if let Some(Ok(args)) = serve_args() {
+        return serve(args);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BRIG_LOG")
@@ -380,5 +402,41 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(*args),
         Command::Image(args) => image_cmd::main(args),
+        Command::Session(args) => client_cmd::session(args),
+        Command::Exec(args) => client_cmd::exec(args),
+        Command::Cp(args) => client_cmd::cp(args),
+        Command::Key(args) => client_cmd::key(args),
+        Command::Serve(_) => unreachable!("handled before logging is set up"),
+    }
+}
+
+/// `brig serve` sets up its own logging (text or JSON), so it is recognised first.
+fn serve_args() -> Option<Result<brig_server::ServeArgs, clap::Error>> {
+    if std::env::args_os().nth(1).is_none_or(|a| a != "serve") {
+        return None;
+    }
+    Some(Cli::try_parse().map(|cli| match cli.command {
+        Command::Serve(args) => *args,
+        _ => unreachable!("the first argument is serve"),
+    }))
+}
+
+fn serve(args: brig_server::ServeArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("brig: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_BRIG_ERROR);
+        }
+    };
+    match runtime.block_on(brig_server::server::serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("brig: {e:#}");
+            ExitCode::from(EXIT_BRIG_ERROR)
+        }
     }
 }

@@ -78,6 +78,14 @@ pub struct LayersInUse {
     pub mounts: Vec<PathBuf>,
 }
 
+impl LayersInUse {
+    /// The open layer files whose shared locks keep gc away, for a process that
+    /// must hold them longer than this value lives (a session's init).
+    pub fn into_locks(self) -> Vec<File> {
+        self._files
+    }
+}
+
 /// A private work directory under tmp/, removed when dropped.
 pub struct WorkDir {
     path: PathBuf,

@@ -42,6 +42,13 @@ pub(crate) const GO_WITHOUT_CGROUP: u8 = b'n';
 pub(crate) const REPORT_FD: RawFd = 4;
 /// From the sandbox: its overlay's upper layer, for snapshots.
 pub(crate) const UPPER_LAYER: u8 = b'u';
+/// Session mode: the parent has what it needs and is about to exit; init stops
+/// dying with it and answers with `DETACHED`.
+pub(crate) const GO_DETACH: u8 = b'd';
+pub(crate) const DETACHED: u8 = b'D';
+/// Session mode: the agent's listening socket, then the descriptors init holds for
+/// the session's lifetime (id lease, image layer locks).
+pub(crate) const LISTENER_FD: RawFd = 5;
 /// Descriptors one sync message may carry (SCM_MAX_FD is 253).
 pub(crate) const MAX_FDS_PER_MESSAGE: usize = 253;
 
@@ -77,6 +84,15 @@ pub(crate) struct ChildPlan<'a> {
     pub started: std::time::Instant,
     /// The CPU set to restore before the command starts (see `steer_away`).
     pub cpus: Option<nix::sched::CpuSet>,
+    /// Session mode: serve exec requests instead of running `argv`.
+    pub session: Option<SessionFds>,
+}
+
+/// What a session's init keeps: the agent's listening socket, and descriptors whose
+/// only job is to stay open as long as the sandbox lives.
+pub(crate) struct SessionFds {
+    pub listener: RawFd,
+    pub holds: Vec<RawFd>,
 }
 
 fn send(msg: &ChildMessage) {
@@ -99,7 +115,7 @@ pub(crate) fn child_main(plan: ChildPlan<'_>) -> ! {
         );
         sys::exit_now(125);
     }
-    let command = match setup(&plan) {
+    let (command, upper) = match setup(&plan) {
         Ok(command) => command,
         Err(e) => {
             send(&ChildMessage::Failed {
@@ -109,28 +125,92 @@ pub(crate) fn child_main(plan: ChildPlan<'_>) -> ! {
             sys::exit_now(125);
         }
     };
+    if plan.session.is_some() {
+        detach_and_serve(upper)
+    }
     let code = supervise(command);
     sys::exit_now(code)
 }
 
+/// Session mode: once the parent says it is done, stop dying with it (it exits
+/// now; the daemon re-parents init) and become the exec agent.
+fn detach_and_serve(upper: Option<std::os::fd::OwnedFd>) -> ! {
+    match recv_fds() {
+        Ok((Some(GO_DETACH), _)) => {}
+        _ => sys::exit_now(125),
+    }
+    if sys::prctl(libc::PR_SET_PDEATHSIG, 0).is_err() || send_fds(DETACHED, &[]).is_err() {
+        sys::exit_now(125);
+    }
+    let _ = nix::unistd::close(SYNC_FD);
+    let _ = nix::unistd::close(REPORT_FD);
+    // SAFETY: arrange_fds placed the listening socket at LISTENER_FD and nothing
+    // else owns it.
+    let listener =
+        unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(LISTENER_FD) };
+    crate::agent::serve(crate::agent::Agent { listener, upper })
+}
+
 fn arrange_fds(plan: &ChildPlan<'_>) -> Result<(), JailError> {
     use nix::fcntl::{fcntl, FcntlArg};
+    if plan.session.is_some() {
+        // A session outlives whoever started it: hold none of its pipes open.
+        let null = nix::fcntl::open(
+            "/dev/null",
+            nix::fcntl::OFlag::O_RDWR,
+            nix::sys::stat::Mode::empty(),
+        )
+        .context(|| "open /dev/null".into())?;
+        for fd in 0..3 {
+            nix::unistd::dup2(null, fd).context(|| "redirect stdio to /dev/null".into())?;
+        }
+        if null > 2 {
+            let _ = nix::unistd::close(null);
+        }
+    }
     if let Some(fd) = plan.stdout_fd {
         nix::unistd::dup2(fd, 1).context(|| "redirect stdout".into())?;
     }
     if let Some(fd) = plan.stderr_fd {
         nix::unistd::dup2(fd, 2).context(|| "redirect stderr".into())?;
     }
-    // Move both pipes above any slot they could collide with, then into place.
-    let sync =
-        fcntl(plan.sync_fd, FcntlArg::F_DUPFD_CLOEXEC(10)).context(|| "dup sync pipe".into())?;
-    let report = fcntl(plan.report_fd, FcntlArg::F_DUPFD_CLOEXEC(10))
-        .context(|| "dup report pipe".into())?;
+    // Every descriptor to keep moves above every source and every target slot
+    // first, then into place: no placement can overwrite one still to be moved
+    // (the session's listener is often at 3, where the sync channel goes).
+    let session_sources: Vec<RawFd> = plan
+        .session
+        .iter()
+        .flat_map(|s| std::iter::once(s.listener).chain(s.holds.iter().copied()))
+        .collect();
+    let floor = session_sources
+        .iter()
+        .chain([&plan.sync_fd, &plan.report_fd])
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(LISTENER_FD + session_sources.len() as RawFd)
+        .max(10)
+        + 1;
+    let high = |fd: RawFd, what: &str| {
+        fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(floor)).context(|| format!("dup {what}"))
+    };
+    let sync = high(plan.sync_fd, "sync channel")?;
+    let report = high(plan.report_fd, "report pipe")?;
+    let moved = session_sources
+        .iter()
+        .map(|&fd| high(fd, "session descriptor"))
+        .collect::<Result<Vec<_>, _>>()?;
     nix::unistd::dup3(sync, SYNC_FD, nix::fcntl::OFlag::O_CLOEXEC)
         .context(|| "place sync pipe".into())?;
     nix::unistd::dup3(report, REPORT_FD, nix::fcntl::OFlag::O_CLOEXEC)
         .context(|| "place report pipe".into())?;
-    sys::close_fds_from(REPORT_FD + 1).context(|| "close inherited descriptors".into())?;
+    let mut keep_below = REPORT_FD + 1;
+    for (i, fd) in moved.into_iter().enumerate() {
+        nix::unistd::dup3(fd, LISTENER_FD + i as RawFd, nix::fcntl::OFlag::O_CLOEXEC)
+            .context(|| "place session descriptor".into())?;
+        keep_below = LISTENER_FD + i as RawFd + 1;
+    }
+    sys::close_fds_from(keep_below).context(|| "close inherited descriptors".into())?;
     Ok(())
 }
 
@@ -141,7 +221,7 @@ struct Command {
     candidates: Vec<CString>,
 }
 
-fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
+fn setup(plan: &ChildPlan<'_>) -> Result<(Command, Option<std::os::fd::OwnedFd>), JailError> {
     let mut timings = Vec::with_capacity(8);
     let mut mark = |stage: &str| {
         timings.push(crate::report::Timing {
@@ -199,9 +279,11 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
     mark("child_namespaces");
     // Stage 5.
     nix::sys::stat::umask(nix::sys::stat::Mode::empty());
-    let writes = mounts::build_root(plan.plan, layers, plan.spec.filesystem.capture_writes)?;
-    if let Some(writes) = writes {
-        send_fds(UPPER_LAYER, &[writes])?;
+    let mut writes = mounts::build_root(plan.plan, layers, plan.spec.filesystem.capture_writes)?;
+    if plan.session.is_none() {
+        if let Some(writes) = writes.take() {
+            send_fds(UPPER_LAYER, &[writes])?;
+        }
     }
     enter_cwd(&plan.spec.cwd)?;
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
@@ -247,11 +329,14 @@ fn setup(plan: &ChildPlan<'_>) -> Result<Command, JailError> {
         namespaces,
         timings_us: timings,
     });
-    Ok(Command {
-        argv: plan.argv.clone(),
-        envp: plan.envp.clone(),
-        candidates: plan.exec_candidates.clone(),
-    })
+    Ok((
+        Command {
+            argv: plan.argv.clone(),
+            envp: plan.envp.clone(),
+            candidates: plan.exec_candidates.clone(),
+        },
+        writes,
+    ))
 }
 
 /// Sends one sync message: `flag` and descriptors (cgroup `tasks` files, layer

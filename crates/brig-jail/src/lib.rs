@@ -7,11 +7,14 @@
 //! |---|---|
 //! | `supervisor` | the parent side: clone, id maps, cgroup, timeout, signals, cleanup |
 //! | `init` | the sandbox side: setup stages, then PID 1 (reaper, signal forwarding) |
+//! | `agent` | a session's init serving exec requests, and the daemon's client for it |
+//! | `session` | a session's sandbox from the host: re-attach, pause, destroy |
 //! | `ids` | host uid/gid leases for concurrent sandboxes |
 //! | `fsplan` / `mounts` | the root filesystem as data / executing it and pivot_root |
 //! | `cgroup` | cgroup v1, v2 and hybrid hosts |
 //! | `caps`, `rlimits`, `landlock`, `seccomp`, `net` | one kernel mechanism each |
 
+pub mod agent;
 pub mod caps;
 pub mod cgroup;
 mod error;
@@ -27,12 +30,13 @@ mod proto;
 pub mod report;
 pub mod rlimits;
 pub mod seccomp;
+pub mod session;
 mod supervisor;
 mod sys;
 
 pub use error::{Context, JailError};
 pub use report::{Enforced, Outcome};
-pub use supervisor::{run, HostConfig, Stdio};
+pub use supervisor::{run, start_session, HostConfig, SessionControl, Stdio};
 
 /// Makes a child process started with `command` die with its parent (SIGKILL at
 /// the parent's death), so a tool brig runs (mkfs.erofs packing a layer) never

@@ -76,6 +76,56 @@ fn clone_flags(spec: &SandboxSpec) -> libc::c_int {
 /// Must be called from a single-threaded process (brig's CLI, or the self-exec
 /// helper a daemon starts): the sandbox is created with a fork-like clone.
 pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcome, JailError> {
+    match launch(spec, host, stdio, None)? {
+        Launched::Finished(outcome) => Ok(*outcome),
+        Launched::Session(_) => Err(JailError::Setup("a run became a session".into())),
+    }
+}
+
+/// What a session's sandbox serves on and holds; see [`start_session`].
+pub struct SessionControl {
+    /// A bound, listening SOCK_SEQPACKET socket (see [`crate::session::bind_listener`]):
+    /// init serves exec requests on it for the sandbox's whole life.
+    pub listener: OwnedFd,
+    /// Descriptors init keeps open as long as the sandbox lives and never passes on
+    /// (e.g. the shared locks that keep the image's layers from gc).
+    pub holds: Vec<OwnedFd>,
+}
+
+/// Starts a session: a sandbox whose init serves exec requests on `control.listener`
+/// (see [`crate::agent`]) instead of running `spec.command`, and which outlives this
+/// process. Returns once the sandbox is ready and no longer tied to this process; its
+/// cgroup stays until [`crate::session::SessionHandle::destroy`].
+///
+/// Call it from a single-threaded helper process whose parent (the daemon) is a
+/// child subreaper: when the helper exits, the daemon becomes init's parent.
+pub fn start_session(
+    spec: &SandboxSpec,
+    host: &HostConfig,
+    control: SessionControl,
+) -> Result<crate::session::SessionStarted, JailError> {
+    let mut spec = spec.clone();
+    if spec.command.is_empty() {
+        // Validation wants a command; a session runs none of its own.
+        spec.command = vec!["/bin/true".into()];
+    }
+    match launch(&spec, host, Stdio::Inherit, Some(&control))? {
+        Launched::Session(started) => Ok(*started),
+        Launched::Finished(_) => Err(JailError::Setup("a session ended during start".into())),
+    }
+}
+
+enum Launched {
+    Finished(Box<Outcome>),
+    Session(Box<crate::session::SessionStarted>),
+}
+
+fn launch(
+    spec: &SandboxSpec,
+    host: &HostConfig,
+    stdio: Stdio,
+    session: Option<&SessionControl>,
+) -> Result<Launched, JailError> {
     let mut timeline = Timeline::new();
     spec.validate()?;
     let threads = sys::thread_count().context(|| "count threads".into())?;
@@ -133,11 +183,13 @@ pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcom
         &rlimit_plan,
         &mut limits,
         stdio,
+        session,
         rootless,
         ids,
     );
     let cgroup = limits.cgroup.take();
-    if let Some(cgroup) = &cgroup {
+    let keep_cgroup = session.is_some() && result.is_ok();
+    if let Some(cgroup) = cgroup.as_ref().filter(|_| !keep_cgroup) {
         // Remove the cgroup before letting the watchdog go: until then it must stay
         // ready to clean up if this process dies.
         if let Err(e) = cgroup.remove() {
@@ -147,27 +199,24 @@ pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcom
     if let Some(watchdog) = limits.watchdog.take() {
         watchdog.release();
     }
+    // A session's init holds its own copy of the lease.
     drop(lease);
-    let (mut outcome, stats) = result?;
-    outcome.enforced.cgroup = CgroupReport {
+    let (mut enforced, stats, finished) = match result? {
+        Sandbox::Finished(outcome, stats) => (outcome.enforced.clone(), stats, Some(*outcome)),
+        Sandbox::Ready(enforced) => (*enforced, None, None),
+    };
+    enforced.cgroup = CgroupReport {
         applied: cgroup.is_some(),
         reason: limits.reason.take(),
         details: cgroup.as_ref().map(|c| c.enforced()),
     };
-    outcome.enforced.rlimits = rlimits::planned(&spec.limits, cgroup.is_some());
-    if let Some(stats) = stats {
-        outcome.oom_killed = stats.oom_kills > 0;
-        outcome.memory_peak_bytes = stats.memory_peak_bytes;
-        if let Some(ns) = stats.cpu_time_ns {
-            outcome.cpu_time_ms = Some(ns / 1_000_000);
-        }
-    }
-    outcome.enforced.seccomp = SeccompReport {
-        enabled: outcome.enforced.seccomp.enabled,
+    enforced.rlimits = rlimits::planned(&spec.limits, cgroup.is_some());
+    enforced.seccomp = SeccompReport {
+        enabled: enforced.seccomp.enabled,
         filter: seccomp.as_ref().map(|p| p.summary.clone()),
     };
     let layered = matches!(spec.filesystem.root, RootSource::Layers(_));
-    outcome.enforced.filesystem = FilesystemReport {
+    enforced.filesystem = FilesystemReport {
         pivot_root: true,
         root: match spec.filesystem.root {
             RootSource::HostSystem => "host-system".into(),
@@ -178,7 +227,29 @@ pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcom
         writable: plan.writable.clone(),
         disk_bytes: plan.scratch_bytes,
     };
-    Ok(outcome)
+    let Some(mut outcome) = finished else {
+        let started = crate::session::SessionStarted {
+            handle: crate::session::SessionHandle::new(timeline.child.unwrap_or(0), cgroup, ids)?,
+            enforced,
+            timings_us: std::mem::take(&mut timeline.marks),
+        };
+        return Ok(Launched::Session(Box::new(started)));
+    };
+    outcome.enforced = enforced;
+    if let Some(stats) = stats {
+        outcome.oom_killed = stats.oom_kills > 0;
+        outcome.memory_peak_bytes = stats.memory_peak_bytes;
+        if let Some(ns) = stats.cpu_time_ns {
+            outcome.cpu_time_ms = Some(ns / 1_000_000);
+        }
+    }
+    Ok(Launched::Finished(Box::new(outcome)))
+}
+
+/// How `run_sandbox` ended: the command ran to its end, or a session is ready.
+enum Sandbox {
+    Finished(Box<Outcome>, Option<crate::cgroup::CgroupStats>),
+    Ready(Box<Enforced>),
 }
 
 /// The sandbox's cgroup and its watchdog, made while the child builds its root.
@@ -233,7 +304,7 @@ impl Limiter<'_> {
 }
 
 /// Candidate paths for argv[0]: itself if it has a slash, else each PATH entry.
-fn exec_candidates(argv0: &str, path: &str) -> Vec<CString> {
+pub(crate) fn exec_candidates(argv0: &str, path: &str) -> Vec<CString> {
     if argv0.contains('/') {
         return CString::new(argv0).into_iter().collect();
     }
@@ -256,9 +327,10 @@ fn run_sandbox(
     rlimit_plan: &rlimits::RlimitsReport,
     limiter: &mut Limiter<'_>,
     stdio: Stdio,
+    session: Option<&SessionControl>,
     rootless: bool,
     (host_uid, host_gid): (u32, u32),
-) -> Result<(Outcome, Option<crate::cgroup::CgroupStats>), JailError> {
+) -> Result<Sandbox, JailError> {
     let env = spec.effective_env();
     let to_c = |s: &[u8]| {
         CString::new(s).map_err(|_| JailError::Policy(brig_policy::PolicyError::NulInCommand))
@@ -325,6 +397,15 @@ fn run_sandbox(
         drop_groups: !rootless,
         cpus: nix::sched::sched_getaffinity(Pid::from_raw(0)).ok(),
         started: timeline.started,
+        session: session.map(|control| init::SessionFds {
+            listener: control.listener.as_raw_fd(),
+            holds: control
+                .holds
+                .iter()
+                .map(|fd| fd.as_raw_fd())
+                .chain(limiter.lease_fd)
+                .collect(),
+        }),
     };
 
     let started = Instant::now();
@@ -355,6 +436,7 @@ fn run_sandbox(
     });
 
     timeline.mark("clone");
+    timeline.child = Some(child.as_raw());
     steer_away(child);
     let identity = match prepare_child(
         child,
@@ -378,6 +460,29 @@ fn run_sandbox(
         }
     };
     timeline.mark("cgroup");
+    if session.is_some() {
+        return match detach(child, &report_r, &sync_parent) {
+            Ok(ready) => {
+                let (caps, landlock, seccomp_installed, namespaces, child_timings) = ready;
+                timeline.marks.extend(child_timings);
+                timeline.marks.sort_by_key(|t| t.at_us);
+                Ok(Sandbox::Ready(Box::new(enforced_report(
+                    spec,
+                    identity,
+                    caps,
+                    landlock,
+                    seccomp_installed,
+                    namespaces.differing_from(&host_namespaces),
+                    rlimit_plan,
+                ))))
+            }
+            Err(e) => {
+                let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                Err(e)
+            }
+        };
+    }
     let mut watch = Watch::new(spec, started, child);
     watch.run(&report_r, capture.as_ref(), &signal_fd)?;
     timeline.mark("sandbox_gone");
@@ -439,36 +544,121 @@ fn run_sandbox(
         error: watch.exec_error,
         timings_us: std::mem::take(&mut timeline.marks),
         writes,
-        enforced: Enforced {
-            namespaces: namespaces.differing_from(&host_namespaces),
+        enforced: enforced_report(
+            spec,
             identity,
-            filesystem: FilesystemReport {
-                pivot_root: true,
-                root: String::new(),
-                read_only_root: true,
-                writable: vec![],
-                disk_bytes: 0,
-            },
-            network: match spec.network {
-                NetworkMode::None => "loopback-only".into(),
-                NetworkMode::Host => "host".into(),
-            },
-            no_new_privs: caps.no_new_privs,
-            capabilities: caps,
-            seccomp: SeccompReport {
-                enabled: seccomp_installed,
-                filter: None,
-            },
+            caps,
             landlock,
-            cgroup: CgroupReport {
-                applied: false,
-                reason: None,
-                details: None,
-            },
-            rlimits: rlimit_plan.clone(),
-        },
+            seccomp_installed,
+            namespaces.differing_from(&host_namespaces),
+            rlimit_plan,
+        ),
     };
-    Ok((outcome, stats))
+    Ok(Sandbox::Finished(Box::new(outcome), stats))
+}
+
+/// What the child reported as applied; the caller adds what the parent knows
+/// (cgroup, seccomp filter summary, filesystem).
+fn enforced_report(
+    spec: &SandboxSpec,
+    identity: IdentityReport,
+    caps: crate::caps::CapsReport,
+    landlock: crate::landlock::LandlockReport,
+    seccomp_installed: bool,
+    namespaces: Vec<String>,
+    rlimit_plan: &rlimits::RlimitsReport,
+) -> Enforced {
+    Enforced {
+        namespaces,
+        identity,
+        filesystem: FilesystemReport {
+            pivot_root: true,
+            root: String::new(),
+            read_only_root: true,
+            writable: vec![],
+            disk_bytes: 0,
+        },
+        network: match spec.network {
+            NetworkMode::None => "loopback-only".into(),
+            NetworkMode::Host => "host".into(),
+        },
+        no_new_privs: caps.no_new_privs,
+        capabilities: caps,
+        seccomp: SeccompReport {
+            enabled: seccomp_installed,
+            filter: None,
+        },
+        landlock,
+        cgroup: CgroupReport {
+            applied: false,
+            reason: None,
+            details: None,
+        },
+        rlimits: rlimit_plan.clone(),
+    }
+}
+
+/// How long a session's sandbox may take to become ready.
+const SESSION_SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Session mode: waits for the child's "ready", then lets it go (it stops dying with
+/// this process) and waits for its acknowledgement, so this process may exit.
+fn detach(child: Pid, report: &OwnedFd, sync: &OwnedFd) -> Result<Ready, JailError> {
+    let deadline = Instant::now() + SESSION_SETUP_TIMEOUT;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut pending = Vec::new();
+    let ready = 'wait: loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(JailError::Setup(format!(
+                "the session's sandbox was not ready after {} s",
+                SESSION_SETUP_TIMEOUT.as_secs()
+            )));
+        }
+        let mut fds = [PollFd::new(report.as_fd(), PollFlags::POLLIN)];
+        let timeout = PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
+            .unwrap_or(PollTimeout::MAX);
+        match nix::poll::poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(JailError::sys("poll", e.into())),
+        }
+        match nix::unistd::read(report.as_raw_fd(), &mut buf) {
+            Ok(0) => {
+                return Err(JailError::Setup(
+                    "the session's sandbox exited during setup".into(),
+                ))
+            }
+            Ok(n) => {
+                pending.extend_from_slice(&buf[..n]);
+                for message in drain_messages(&mut pending) {
+                    match message {
+                        ChildMessage::Ready {
+                            caps,
+                            landlock,
+                            seccomp_installed,
+                            namespaces,
+                            timings_us,
+                        } => {
+                            break 'wait (caps, landlock, seccomp_installed, namespaces, timings_us)
+                        }
+                        ChildMessage::Failed { code, message } => {
+                            return Err(JailError::InSandbox { code, message })
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::EAGAIN) => {}
+            Err(e) => return Err(JailError::sys("read the sandbox's report", e.into())),
+        }
+    };
+    init::send_msg(sync.as_raw_fd(), init::GO_DETACH, &[])?;
+    match init::recv_msg(sync.as_raw_fd(), nix::sys::socket::MsgFlags::empty())? {
+        (Some(init::DETACHED), _) => Ok(ready),
+        _ => Err(JailError::Setup(format!(
+            "the session's init (pid {child}) did not detach"
+        ))),
+    }
 }
 
 /// Keeps the child off this process's CPU while both work on setup: the wakeups on
@@ -899,6 +1089,8 @@ fn watchdog_main(done: OwnedFd, lease: Option<RawFd>, cgroup: &Cgroup) -> ! {
 struct Timeline {
     started: Instant,
     marks: Vec<Timing>,
+    /// The sandbox's init, once cloned.
+    child: Option<i32>,
 }
 
 impl Timeline {
@@ -906,6 +1098,7 @@ impl Timeline {
         Timeline {
             started: Instant::now(),
             marks: Vec::with_capacity(16),
+            child: None,
         }
     }
 

@@ -1,0 +1,401 @@
+//! The audit log: who did what, when, with which outcome.
+//!
+//! Handlers call [`record`] for every state change (session lifecycle, exec, file
+//! operation, key and quota changes). Requests refused with 401/403/404/413/422/429
+//! are recorded by the [`refusals`] middleware as action `refused`; a 401 has no
+//! tenant yet and is recorded under tenant `""`, which only an admin sees.
+//!
+//! Outcomes are `ok`, `error` (the action was attempted and failed) and `refused`.
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::{Caller, CallerSlot};
+use crate::db::{now_rfc3339, parse_rfc3339, AuditFilter, AuditRow, Db, NewAuditEvent};
+use crate::error::{ApiError, ApiJson, ApiQuery, ErrorCode};
+use crate::state::{AppState, Shared};
+
+/// Longest string kept in an event's detail (commands, code, paths).
+pub const MAX_DETAIL_STRING: usize = 1024;
+/// Most items kept of an array or object in an event's detail.
+pub const MAX_DETAIL_ITEMS: usize = 100;
+/// Statuses that the refusal middleware records.
+pub const REFUSAL_STATUSES: &[u16] = &[401, 403, 404, 413, 422, 429];
+
+const DEFAULT_LIMIT: u32 = 100;
+const MAX_LIMIT: u32 = 1000;
+/// Rows read per database round trip while streaming JSON lines.
+const STREAM_PAGE: u32 = 500;
+
+/// Appends an event. Never fails the request: a database error is logged.
+/// Strings in `detail` are cut to 1 KiB, arrays and objects to 100 items.
+pub async fn record(
+    state: &Shared,
+    caller: &Caller,
+    session_id: Option<&str>,
+    action: &str,
+    detail: Value,
+    outcome: &str,
+) {
+    record_in(&state.db, caller, session_id, action, detail, outcome).await;
+}
+
+/// [`record`] for what the daemon does on its own (expiry, a sandbox that exited):
+/// the event belongs to `tenant`, with no key.
+pub async fn record_system(
+    state: &Shared,
+    tenant: &str,
+    session_id: Option<&str>,
+    action: &str,
+    detail: Value,
+    outcome: &str,
+) {
+    let owner = Caller {
+        tenant: tenant.to_string(),
+        key_id: None,
+        admin: false,
+    };
+    record_in(&state.db, &owner, session_id, action, detail, outcome).await;
+}
+
+/// [`record`] with only a database (for background tasks holding no state).
+pub async fn record_in(
+    db: &Db,
+    caller: &Caller,
+    session_id: Option<&str>,
+    action: &str,
+    detail: Value,
+    outcome: &str,
+) {
+    let event = NewAuditEvent {
+        time: now_rfc3339(),
+        tenant: caller.tenant.clone(),
+        key_id: caller.key_id.clone(),
+        session_id: session_id.map(|s| truncate_str(s).into_owned()),
+        action: truncate_str(action).into_owned(),
+        detail: truncate_detail(detail),
+        outcome: truncate_str(outcome).into_owned(),
+    };
+    if let Err(e) = db.insert_audit(event).await {
+        tracing::error!(action, tenant = %caller.tenant, error = %e, "cannot write an audit event");
+    }
+}
+
+fn truncate_str(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= MAX_DETAIL_STRING {
+        return text.into();
+    }
+    const MARK: &str = "…";
+    let mut end = MAX_DETAIL_STRING - MARK.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &text[..end]).into()
+}
+
+/// Bounds a detail value: every string at most 1 KiB (cut at a character boundary,
+/// ending with `…`), every array and object at most 100 items (an array gets a last
+/// string item `… N more`, an object a `"…"` key with the count left out).
+pub fn truncate_detail(value: Value) -> Value {
+    match value {
+        Value::String(s) => match truncate_str(&s) {
+            std::borrow::Cow::Borrowed(_) => Value::String(s),
+            std::borrow::Cow::Owned(cut) => Value::String(cut),
+        },
+        Value::Array(items) => {
+            let total = items.len();
+            let mut kept: Vec<Value> = items
+                .into_iter()
+                .take(MAX_DETAIL_ITEMS)
+                .map(truncate_detail)
+                .collect();
+            if total > MAX_DETAIL_ITEMS {
+                kept.push(Value::String(format!(
+                    "… {} more",
+                    total - MAX_DETAIL_ITEMS
+                )));
+            }
+            Value::Array(kept)
+        }
+        Value::Object(map) => {
+            let total = map.len();
+            let mut kept: serde_json::Map<String, Value> = map
+                .into_iter()
+                .take(MAX_DETAIL_ITEMS)
+                .map(|(k, v)| (truncate_str(&k).into_owned(), truncate_detail(v)))
+                .collect();
+            if total > MAX_DETAIL_ITEMS {
+                kept.insert("…".to_string(), Value::from(total - MAX_DETAIL_ITEMS));
+            }
+            Value::Object(kept)
+        }
+        other => other,
+    }
+}
+
+/// Middleware (outside the routes): makes every error response JSON, counts it in
+/// `brig_failures_total{code}`, and audits refusals under the caller's tenant.
+pub async fn refusals(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let slot = CallerSlot::default();
+    request.extensions_mut().insert(slot.clone());
+    let method = request.method().as_str().to_string();
+    let path = request.uri().path().to_string();
+    let response = next.run(request).await;
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let response = ensure_json_error(response).await;
+    let code = response
+        .extensions()
+        .get::<ErrorCode>()
+        .map(|c| c.0)
+        .unwrap_or_else(|| ApiError::code_for_status(status));
+    crate::metrics::failure(code);
+    if REFUSAL_STATUSES.contains(&status.as_u16()) {
+        let caller = slot.0.get().cloned().unwrap_or(Caller {
+            tenant: String::new(),
+            key_id: None,
+            admin: false,
+        });
+        let detail = serde_json::json!({
+            "method": method,
+            "path": path,
+            "status": status.as_u16(),
+            "code": code,
+        });
+        record(&state, &caller, None, "refused", detail, "refused").await;
+    }
+    response
+}
+
+/// Rewrites an error response that did not come from `ApiError` (an axum rejection
+/// in a handler that used a plain extractor) into the API's JSON error shape.
+async fn ensure_json_error(response: Response) -> Response {
+    if response.extensions().get::<ErrorCode>().is_some() {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let status = parts.status;
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .ok()
+        .and_then(|b| String::from_utf8(b.to_vec()).ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
+    let mut rewritten =
+        ApiError::new(status, ApiError::code_for_status(status), text).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            rewritten.headers_mut().append(name, value.clone());
+        }
+    }
+    rewritten
+}
+
+// ---------------------------------------------------------------------------------
+// GET /v1/audit
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditFormat {
+    #[default]
+    Json,
+    Jsonl,
+}
+
+/// Filters of `GET /v1/audit`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AuditQuery {
+    /// Admin only: events of this tenant (empty for requests refused without a key).
+    pub tenant: Option<String>,
+    pub session_id: Option<String>,
+    /// e.g. `refused`, `key.create`, `file.upload`.
+    pub action: Option<String>,
+    /// `ok`, `error` or `refused`.
+    pub outcome: Option<String>,
+    /// RFC 3339; events at or after this time.
+    pub since: Option<String>,
+    /// RFC 3339; events before this time.
+    pub until: Option<String>,
+    /// At most this many events (json: default 100, at most 1000; jsonl: default all).
+    pub limit: Option<u32>,
+    /// Events after this id (for paging: pass the last id seen).
+    pub after_id: Option<i64>,
+    /// `json` (default) or `jsonl` (one event per line, streamed).
+    pub format: Option<AuditFormat>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AuditList {
+    pub events: Vec<AuditRow>,
+}
+
+/// Read the audit log (tenant: its own events; admin: all, `tenant=` to filter).
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "audit",
+    params(AuditQuery),
+    responses(
+        (status = 200, content(
+            (AuditList = "application/json"),
+            (AuditRow = "application/x-ndjson"),
+        )),
+        (status = 400, body = crate::error::ErrorBody),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 422, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn list_audit(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<AuditQuery>,
+) -> Result<Response, ApiError> {
+    let tenant = match (caller.admin, query.tenant) {
+        (true, tenant) => tenant,
+        (false, Some(t)) if t != caller.tenant => {
+            return Err(ApiError::forbidden(
+                "only an admin may read other tenants' events",
+            ));
+        }
+        (false, _) => Some(caller.tenant.clone()),
+    };
+    let time = |field: &str, value: Option<String>| match value {
+        None => Ok(None),
+        Some(text) => parse_rfc3339(&text).map(Some).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "{field} must be an RFC 3339 time such as 2025-01-31T12:00:00Z"
+            ))
+        }),
+    };
+    let format = query.format.unwrap_or_default();
+    let limit = match (format, query.limit) {
+        (_, Some(0)) => return Err(ApiError::invalid("limit must be at least 1")),
+        (AuditFormat::Json, Some(n)) if n > MAX_LIMIT => {
+            return Err(ApiError::invalid(format!(
+                "limit must be at most {MAX_LIMIT} (use format=jsonl for more)"
+            )));
+        }
+        (AuditFormat::Json, n) => n.unwrap_or(DEFAULT_LIMIT),
+        (AuditFormat::Jsonl, n) => n.unwrap_or(u32::MAX),
+    };
+    let filter = AuditFilter {
+        tenant,
+        session_id: query.session_id,
+        action: query.action,
+        outcome: query.outcome,
+        since: time("since", query.since)?,
+        until: time("until", query.until)?,
+        after_id: query.after_id,
+        max_id: None,
+        limit,
+    };
+    match format {
+        AuditFormat::Json => {
+            let events = state.db.audit_events(filter).await?;
+            Ok(ApiJson(AuditList { events }).into_response())
+        }
+        AuditFormat::Jsonl => Ok(jsonl_response(state.db.clone(), filter).await?),
+    }
+}
+
+/// Streams the events as JSON lines, a page at a time. Events appended while the
+/// stream runs are left out (the stream stops at the newest id when it started), so
+/// it always ends.
+async fn jsonl_response(db: Db, mut filter: AuditFilter) -> Result<Response, ApiError> {
+    filter.max_id = Some(
+        db.call(|c| c.query_row("SELECT COALESCE(MAX(id), 0) FROM audit", [], |r| r.get(0)))
+            .await?,
+    );
+    let remaining = filter.limit;
+    let stream = futures_util::stream::unfold(
+        (db, filter, remaining, false),
+        |(db, mut filter, remaining, done)| async move {
+            if done || remaining == 0 {
+                return None;
+            }
+            filter.limit = remaining.min(STREAM_PAGE);
+            match db.audit_events(filter.clone()).await {
+                Ok(rows) => {
+                    let last_page = (rows.len() as u32) < filter.limit;
+                    let last = rows.last()?;
+                    filter.after_id = Some(last.id);
+                    let mut out = Vec::with_capacity(rows.len() * 200);
+                    for row in &rows {
+                        // Serializing plain data into a Vec cannot fail.
+                        if serde_json::to_writer(&mut out, row).is_ok() {
+                            out.push(b'\n');
+                        }
+                    }
+                    let remaining = remaining - rows.len() as u32;
+                    Some((Ok(Bytes::from(out)), (db, filter, remaining, last_page)))
+                }
+                Err(e) => Some((
+                    Err(std::io::Error::other(e.message)),
+                    (db, filter, remaining, true),
+                )),
+            }
+        },
+    );
+    let mut response = Body::from_stream(stream).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    *response.status_mut() = StatusCode::OK;
+    Ok(response)
+}
+
+/// `GET /v1/audit`.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_audit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detail_is_bounded() {
+        let long = "é".repeat(2000);
+        let v = truncate_detail(serde_json::json!({
+            "cmd": long,
+            "argv": (0..150).map(|i| i.to_string()).collect::<Vec<_>>(),
+            "n": 3,
+            "nested": {"x": "y".repeat(5000)},
+        }));
+        let cmd = v["cmd"].as_str().unwrap();
+        assert!(
+            cmd.len() <= MAX_DETAIL_STRING && cmd.ends_with('…'),
+            "{}",
+            cmd.len()
+        );
+        let argv = v["argv"].as_array().unwrap();
+        assert_eq!(argv.len(), MAX_DETAIL_ITEMS + 1);
+        assert_eq!(argv[MAX_DETAIL_ITEMS], "… 50 more");
+        assert_eq!(v["n"], 3);
+        assert!(v["nested"]["x"].as_str().unwrap().len() <= MAX_DETAIL_STRING);
+        let short = truncate_detail(serde_json::json!("abc"));
+        assert_eq!(short, "abc");
+        let map: serde_json::Map<String, Value> = (0..120)
+            .map(|i| (format!("k{i:03}"), Value::from(i)))
+            .collect();
+        let v = truncate_detail(Value::Object(map));
+        assert_eq!(v.as_object().unwrap().len(), MAX_DETAIL_ITEMS + 1);
+        assert_eq!(v["…"], 20);
+    }
+}

@@ -1,0 +1,971 @@
+//! API keys, tenants, the caller extractor and quotas.
+//!
+//! A key is `brig_` followed by 24 random url-safe characters (144 bits from the
+//! thread CSPRNG, seeded by the OS). Only its SHA-256 is stored: a slow password hash
+//! protects guessable secrets, but a 144-bit random key cannot be guessed, so a fast
+//! hash loses nothing and keeps the per-request check cheap. Verified keys are cached
+//! in memory (hash -> caller); revoking a key removes it from the cache at once.
+//!
+//! Tenant `admin` is the administrator: its keys may manage keys and tenants and read
+//! every tenant's audit. On first start (no live admin key) the daemon creates tenant
+//! `admin` and a key, and writes the key to `<data-dir>/admin.key` (mode 0600).
+//!
+//! With `--no-auth` (loopback only), a request without a key is tenant `default`
+//! (not an admin); a request with a key is still checked and answered 401 if the key
+//! is wrong, so a misconfigured client never silently lands in another tenant.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use anyhow::Context;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::audit;
+use crate::config::{ByteSize, ServeArgs};
+use crate::db::{now_rfc3339, Db, KeyRow, QuotaUpdate, TenantRow};
+use crate::error::{ApiError, ApiJson, ApiPath};
+use crate::state::AppState;
+
+/// The administrators' tenant.
+pub const ADMIN_TENANT: &str = "admin";
+/// The tenant of requests without a key under `--no-auth`.
+pub const DEFAULT_TENANT: &str = "default";
+
+const KEY_PREFIX: &str = "brig_";
+const KEY_RANDOM_CHARS: usize = 24;
+/// 64 symbols, so a random byte masked to 6 bits picks one uniformly.
+const KEY_ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+const MAX_KEY_NAME: usize = 128;
+
+/// Who is calling: the tenant of the key (or `default` under `--no-auth`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Caller {
+    pub tenant: String,
+    /// `None` for keyless requests under `--no-auth` (and refused requests).
+    pub key_id: Option<String>,
+    /// Keys of tenant `admin`.
+    pub admin: bool,
+}
+
+impl Caller {
+    /// 403 `forbidden` unless the caller is an administrator.
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        if self.admin {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden("this endpoint needs an admin key"))
+        }
+    }
+}
+
+/// Shared with the refusal-audit middleware: the caller extractor fills it, so a
+/// refused request is audited under the tenant that made it.
+#[derive(Clone, Default, Debug)]
+pub struct CallerSlot(pub Arc<std::sync::OnceLock<Caller>>);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, ApiError> {
+        if let Some(caller) = parts.extensions.get::<Caller>() {
+            return Ok(caller.clone());
+        }
+        let caller = state.auth.authenticate(&parts.headers).await?;
+        if let Some(slot) = parts.extensions.get::<CallerSlot>() {
+            let _ = slot.0.set(caller.clone());
+        }
+        parts.extensions.insert(caller.clone());
+        Ok(caller)
+    }
+}
+
+/// A caller that must be an administrator (401 without a key, 403 with a tenant
+/// key), checked before the body is read.
+#[derive(Clone, Debug)]
+pub struct Admin(pub Caller);
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Admin, ApiError> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        caller.require_admin()?;
+        Ok(Admin(caller))
+    }
+}
+
+/// Effective quotas of a tenant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Quotas {
+    pub max_sessions: u64,
+    pub max_concurrent_execs: u64,
+    /// Counts the disk limit of each live session plus stored files.
+    pub max_disk_bytes: u64,
+}
+
+/// Keys, tenants' quotas and the concurrent-exec limiter.
+pub struct Auth {
+    db: Db,
+    no_auth: bool,
+    defaults: Quotas,
+    keys: RwLock<KeyCache>,
+    /// Tenants' quota overrides, mirrored from the tenants table so that quota
+    /// checks (`exec_permit`) need no database round trip.
+    overrides: RwLock<HashMap<String, TenantRow>>,
+    execs: Arc<ExecLimiter>,
+}
+
+#[derive(Default)]
+struct KeyCache {
+    /// Bumped by every revocation: a lookup that started before a revocation must
+    /// not put its (possibly revoked) result into the cache.
+    generation: u64,
+    by_hash: HashMap<String, Caller>,
+}
+
+struct ExecLimiter {
+    global_max: u64,
+    counts: Mutex<ExecCounts>,
+}
+
+#[derive(Default)]
+struct ExecCounts {
+    global: u64,
+    per_tenant: HashMap<String, u64>,
+}
+
+/// One running exec, counted against its tenant's and the global cap until dropped.
+#[must_use = "the exec is counted only while the permit is alive"]
+pub struct ExecPermit {
+    limiter: Arc<ExecLimiter>,
+    tenant: String,
+}
+
+impl Drop for ExecPermit {
+    fn drop(&mut self) {
+        let mut counts = self
+            .limiter
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        counts.global = counts.global.saturating_sub(1);
+        if let Some(n) = counts.per_tenant.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.per_tenant.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// SHA-256 of a key, lowercase hex (what the keys table stores).
+pub fn hash_key(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// A fresh API key.
+pub fn generate_key() -> String {
+    let mut bytes = [0u8; KEY_RANDOM_CHARS];
+    rand::fill(&mut bytes[..]);
+    let mut key = String::with_capacity(KEY_PREFIX.len() + KEY_RANDOM_CHARS);
+    key.push_str(KEY_PREFIX);
+    key.extend(
+        bytes
+            .iter()
+            .map(|b| char::from(KEY_ALPHABET[usize::from(b & 63)])),
+    );
+    key
+}
+
+fn generate_key_id() -> String {
+    format!("key_{}", random_hex(4))
+}
+
+/// `bytes` random bytes from the thread CSPRNG, as lowercase hex (2 chars per byte):
+/// for ids and unguessable names.
+pub fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    rand::fill(&mut buf[..]);
+    hex::encode(buf)
+}
+
+/// Whether `text` has the shape of a key (checked before hashing or a lookup).
+fn looks_like_key(text: &str) -> bool {
+    text.strip_prefix(KEY_PREFIX).is_some_and(|rest| {
+        rest.len() == KEY_RANDOM_CHARS && rest.bytes().all(|b| KEY_ALPHABET.contains(&b))
+    })
+}
+
+/// Tenant names become directory names and log fields: 1-64 of `[A-Za-z0-9_-]`,
+/// starting with a letter or digit.
+pub fn validate_tenant_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            "invalid tenant name: use 1-64 letters, digits, '_' or '-', starting with a letter or digit",
+        ))
+    }
+}
+
+/// The key from `Authorization: Bearer <key>` or `X-API-Key: <key>`.
+fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
+        let text = value
+            .to_str()
+            .map_err(|_| ApiError::unauthorized("unreadable Authorization header"))?;
+        let (scheme, token) = text.trim().split_once(' ').unwrap_or((text, ""));
+        if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+            return Err(ApiError::unauthorized(
+                "use Authorization: Bearer <key> or X-API-Key: <key>",
+            ));
+        }
+        return Ok(Some(token.trim()));
+    }
+    if let Some(value) = headers.get("x-api-key") {
+        let text = value
+            .to_str()
+            .map_err(|_| ApiError::unauthorized("unreadable X-API-Key header"))?;
+        return Ok(Some(text.trim()));
+    }
+    Ok(None)
+}
+
+impl Auth {
+    /// Loads the tenants' quota overrides.
+    pub async fn new(db: Db, args: &ServeArgs) -> anyhow::Result<Auth> {
+        let tenants = db
+            .tenants()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot read tenants: {}", e.message))?;
+        Ok(Auth {
+            db,
+            no_auth: args.no_auth,
+            defaults: Quotas {
+                max_sessions: args.tenant_max_sessions,
+                max_concurrent_execs: args.tenant_max_concurrent_execs,
+                max_disk_bytes: args.tenant_max_disk_bytes,
+            },
+            keys: RwLock::new(KeyCache::default()),
+            overrides: RwLock::new(tenants.into_iter().map(|t| (t.name.clone(), t)).collect()),
+            execs: Arc::new(ExecLimiter {
+                global_max: args.max_concurrent_execs as u64,
+                counts: Mutex::new(ExecCounts::default()),
+            }),
+        })
+    }
+
+    /// The caller of a request, from its headers: 401 `unauthorized` if the key is
+    /// missing (unless `--no-auth`), malformed, unknown or revoked.
+    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        match presented_key(headers)? {
+            Some(key) => self.verify(key).await,
+            None if self.no_auth => Ok(Caller {
+                tenant: DEFAULT_TENANT.to_string(),
+                key_id: None,
+                admin: false,
+            }),
+            None => Err(ApiError::unauthorized(
+                "missing API key: send Authorization: Bearer <key> or X-API-Key: <key>",
+            )),
+        }
+    }
+
+    /// The caller a key stands for; 401 if unknown or revoked.
+    pub async fn verify(&self, key: &str) -> Result<Caller, ApiError> {
+        let unknown = || ApiError::unauthorized("unknown or revoked API key");
+        if !looks_like_key(key) {
+            return Err(unknown());
+        }
+        let hash = hash_key(key);
+        let generation = {
+            let cache = read_lock(&self.keys);
+            if let Some(caller) = cache.by_hash.get(&hash) {
+                return Ok(caller.clone());
+            }
+            cache.generation
+        };
+        let row = self.db.key_by_hash(&hash).await?.ok_or_else(unknown)?;
+        let caller = Caller {
+            admin: row.tenant == ADMIN_TENANT,
+            tenant: row.tenant,
+            key_id: Some(row.id),
+        };
+        let mut cache = write_lock(&self.keys);
+        if cache.generation == generation {
+            cache.by_hash.insert(hash, caller.clone());
+        }
+        Ok(caller)
+    }
+
+    /// Creates a key for `tenant` (and the tenant if new). Returns the key itself,
+    /// which is never stored, and its row.
+    pub async fn create_key(
+        &self,
+        tenant: &str,
+        name: Option<String>,
+    ) -> Result<(String, KeyRow), ApiError> {
+        validate_tenant_name(tenant)?;
+        // Key ids are 32 random bits: collisions are rare but possible once there are
+        // tens of thousands of keys, so retry with a fresh id.
+        for _ in 0..8 {
+            let key = generate_key();
+            let row = KeyRow {
+                id: generate_key_id(),
+                tenant: tenant.to_string(),
+                name: name.clone(),
+                created_at: now_rfc3339(),
+                revoked_at: None,
+            };
+            if self.db.insert_key(row.clone(), hash_key(&key)).await? {
+                return Ok((key, row));
+            }
+        }
+        Err(ApiError::internal(
+            "could not find a free key id in 8 tries",
+        ))
+    }
+
+    /// Revokes a key; the key as it now is, `None` if unknown. Takes effect at once:
+    /// the key is dropped from the cache.
+    pub async fn revoke(&self, key_id: &str) -> Result<Option<KeyRow>, ApiError> {
+        let row = self.db.revoke_key(key_id).await?;
+        let mut cache = write_lock(&self.keys);
+        cache.generation += 1;
+        cache
+            .by_hash
+            .retain(|_, caller| caller.key_id.as_deref() != Some(key_id));
+        Ok(row)
+    }
+
+    /// On first start (no live admin key): creates tenant `admin` and a key, writes
+    /// the key to `<data_dir>/admin.key` (mode 0600) and returns that path.
+    pub async fn bootstrap_admin(&self, data_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+        let has_key = self
+            .db
+            .has_live_key(ADMIN_TENANT)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot read keys: {}", e.message))?;
+        if has_key {
+            return Ok(None);
+        }
+        let key = generate_key();
+        let path = data_dir.join("admin.key");
+        // The file is written before the key is stored: if the daemon dies in
+        // between, the next start finds no admin key and writes a new file, so the
+        // file never lags behind the database.
+        write_secret_file(&path, &format!("{key}\n"))?;
+        let row = KeyRow {
+            id: generate_key_id(),
+            tenant: ADMIN_TENANT.to_string(),
+            name: Some("bootstrap".to_string()),
+            created_at: now_rfc3339(),
+            revoked_at: None,
+        };
+        let inserted = self
+            .db
+            .insert_key(row, hash_key(&key))
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot store the admin key: {}", e.message))?;
+        if !inserted {
+            anyhow::bail!("cannot store the admin key: key id collision, start again");
+        }
+        tracing::info!(path = %path.display(), "created the admin key (tenant \"admin\")");
+        Ok(Some(path))
+    }
+
+    /// Effective quotas of a tenant: its overrides, else the `brig serve` defaults.
+    /// (Served from memory today; a `Result` so that callers need not change if that
+    /// ever needs the database.)
+    pub async fn quotas(&self, tenant: &str) -> Result<Quotas, ApiError> {
+        Ok(self.quotas_now(tenant))
+    }
+
+    fn quotas_now(&self, tenant: &str) -> Quotas {
+        let overrides = read_lock(&self.overrides);
+        let row = overrides.get(tenant);
+        Quotas {
+            max_sessions: row
+                .and_then(|r| r.max_sessions)
+                .unwrap_or(self.defaults.max_sessions),
+            max_concurrent_execs: row
+                .and_then(|r| r.max_concurrent_execs)
+                .unwrap_or(self.defaults.max_concurrent_execs),
+            max_disk_bytes: row
+                .and_then(|r| r.max_disk_bytes)
+                .unwrap_or(self.defaults.max_disk_bytes),
+        }
+    }
+
+    /// Changes a tenant's quotas; `None` if there is no such tenant.
+    pub async fn set_quotas(
+        &self,
+        tenant: &str,
+        update: QuotaUpdate,
+    ) -> Result<Option<TenantRow>, ApiError> {
+        let row = self.db.update_tenant_quotas(tenant, update).await?;
+        if let Some(row) = &row {
+            write_lock(&self.overrides).insert(row.name.clone(), row.clone());
+        }
+        Ok(row)
+    }
+
+    /// Counts one exec against the tenant's and the global cap, without waiting:
+    /// 429 `quota_exceeded` at the tenant's cap, 503 `unavailable` at the global one.
+    pub fn exec_permit(&self, tenant: &str) -> Result<ExecPermit, ApiError> {
+        let tenant_max = self.quotas_now(tenant).max_concurrent_execs;
+        let mut counts = self
+            .execs
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mine = counts.per_tenant.get(tenant).copied().unwrap_or(0);
+        if mine >= tenant_max {
+            return Err(ApiError::quota(format!(
+                "tenant has {mine} execs running, its limit is {tenant_max}"
+            )));
+        }
+        if counts.global >= self.execs.global_max {
+            return Err(ApiError::unavailable(format!(
+                "the daemon runs its maximum of {} concurrent execs; retry later",
+                self.execs.global_max
+            )));
+        }
+        counts.global += 1;
+        *counts.per_tenant.entry(tenant.to_string()).or_insert(0) += 1;
+        Ok(ExecPermit {
+            limiter: self.execs.clone(),
+            tenant: tenant.to_string(),
+        })
+    }
+
+    /// Execs running now for a tenant.
+    pub fn running_execs(&self, tenant: &str) -> u64 {
+        self.execs
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .per_tenant
+            .get(tenant)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Writes a secret to `path` with mode 0600: a temporary file is created with that
+/// mode (never widened, never chmod-ed afterwards), synced, then renamed into place.
+fn write_secret_file(path: &Path, content: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut suffix = [0u8; 6];
+    rand::fill(&mut suffix[..]);
+    let tmp = dir.join(format!(".admin.key.{}", hex::encode(suffix)));
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(content.as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("cannot write {}", path.display()))
+}
+
+// ---------------------------------------------------------------------------------
+// HTTP
+
+/// `POST /v1/keys`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateKeyRequest {
+    /// The tenant the key belongs to; created if new.
+    pub tenant: String,
+    /// A label for humans.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// A new key: `key` is shown this once.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CreatedKey {
+    pub key_id: String,
+    pub key: String,
+    pub tenant: String,
+    pub name: Option<String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct KeyInfo {
+    pub key_id: String,
+    pub tenant: String,
+    pub name: Option<String>,
+    pub created_at: String,
+    pub revoked_at: Option<String>,
+}
+
+impl From<KeyRow> for KeyInfo {
+    fn from(row: KeyRow) -> KeyInfo {
+        KeyInfo {
+            key_id: row.id,
+            tenant: row.tenant,
+            name: row.name,
+            created_at: row.created_at,
+            revoked_at: row.revoked_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct KeyList {
+    pub keys: Vec<KeyInfo>,
+}
+
+/// What a tenant uses now.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Usage {
+    /// Live sessions.
+    pub sessions: u64,
+    /// Execs running now.
+    pub concurrent_execs: u64,
+    /// Bytes of stored files (`/v1/files`).
+    pub file_bytes: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantInfo {
+    pub tenant: String,
+    pub created_at: String,
+    pub quotas: Quotas,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantList {
+    pub tenants: Vec<TenantInfo>,
+}
+
+/// `PUT /v1/tenants/{tenant}/quotas`: an absent field is left alone, `null` resets
+/// the quota to the daemon's default, a value sets it.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaRequest {
+    #[serde(default, deserialize_with = "some")]
+    #[schema(value_type = Option<u64>)]
+    pub max_sessions: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "some")]
+    #[schema(value_type = Option<u64>)]
+    pub max_concurrent_execs: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "some")]
+    #[schema(value_type = Option<ByteSize>)]
+    pub max_disk_bytes: Option<Option<ByteSize>>,
+}
+
+/// A present field (even `null`) is `Some`; with `#[serde(default)]` an absent one is `None`.
+fn some<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
+}
+
+async fn tenant_info(state: &AppState, row: TenantRow) -> Result<TenantInfo, ApiError> {
+    let usage = Usage {
+        sessions: state.db.live_session_count(&row.name).await?,
+        concurrent_execs: state.auth.running_execs(&row.name),
+        file_bytes: state.db.file_bytes(&row.name).await?,
+    };
+    Ok(TenantInfo {
+        quotas: state.auth.quotas(&row.name).await?,
+        tenant: row.name,
+        created_at: row.created_at,
+        usage,
+    })
+}
+
+/// Create an API key (admin).
+#[utoipa::path(
+    post,
+    path = "/v1/keys",
+    tag = "tenants",
+    request_body = CreateKeyRequest,
+    responses(
+        (status = 201, description = "The key (shown once)", body = CreatedKey),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 422, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn create_key(
+    State(state): State<AppState>,
+    Admin(caller): Admin,
+    ApiJson(request): ApiJson<CreateKeyRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    let name = match request.name {
+        Some(name) if name.chars().count() > MAX_KEY_NAME || name.chars().any(char::is_control) => {
+            return Err(ApiError::invalid(format!(
+                "invalid key name: at most {MAX_KEY_NAME} characters, no control characters"
+            )));
+        }
+        name => name,
+    };
+    let (key, row) = state.auth.create_key(&request.tenant, name).await?;
+    audit::record(
+        &state,
+        &caller,
+        None,
+        "key.create",
+        serde_json::json!({"key_id": row.id, "tenant": row.tenant, "name": row.name}),
+        "ok",
+    )
+    .await;
+    Ok((
+        StatusCode::CREATED,
+        ApiJson(CreatedKey {
+            key_id: row.id,
+            key,
+            tenant: row.tenant,
+            name: row.name,
+            created_at: row.created_at,
+        }),
+    ))
+}
+
+/// List keys (admin: all tenants; tenant: its own). Keys themselves are never shown.
+#[utoipa::path(
+    get,
+    path = "/v1/keys",
+    tag = "tenants",
+    responses(
+        (status = 200, body = KeyList),
+        (status = 401, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn list_keys(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<ApiJson<KeyList>, ApiError> {
+    let scope = (!caller.admin).then_some(caller.tenant.as_str());
+    let keys = state.db.keys(scope).await?;
+    Ok(ApiJson(KeyList {
+        keys: keys.into_iter().map(KeyInfo::from).collect(),
+    }))
+}
+
+/// Revoke a key (admin). Takes effect at once.
+#[utoipa::path(
+    delete,
+    path = "/v1/keys/{key_id}",
+    tag = "tenants",
+    params(("key_id" = String, Path, description = "e.g. key_0a1b2c3d")),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn delete_key(
+    State(state): State<AppState>,
+    Admin(caller): Admin,
+    ApiPath(key_id): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    let Some(row) = state.auth.revoke(&key_id).await? else {
+        return Err(ApiError::not_found(format!("no key {key_id}")));
+    };
+    audit::record(
+        &state,
+        &caller,
+        None,
+        "key.revoke",
+        serde_json::json!({"key_id": row.id, "tenant": row.tenant}),
+        "ok",
+    )
+    .await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// List tenants with their quotas and usage (admin).
+#[utoipa::path(
+    get,
+    path = "/v1/tenants",
+    tag = "tenants",
+    responses(
+        (status = 200, body = TenantList),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn list_tenants(
+    State(state): State<AppState>,
+    Admin(_caller): Admin,
+) -> Result<ApiJson<TenantList>, ApiError> {
+    let mut tenants = Vec::new();
+    for row in state.db.tenants().await? {
+        tenants.push(tenant_info(&state, row).await?);
+    }
+    Ok(ApiJson(TenantList { tenants }))
+}
+
+/// Set a tenant's quotas (admin).
+#[utoipa::path(
+    put,
+    path = "/v1/tenants/{tenant}/quotas",
+    tag = "tenants",
+    params(("tenant" = String, Path)),
+    request_body = QuotaRequest,
+    responses(
+        (status = 200, body = TenantInfo),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 403, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+        (status = 422, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn put_quotas(
+    State(state): State<AppState>,
+    Admin(caller): Admin,
+    ApiPath(tenant): ApiPath<String>,
+    ApiJson(request): ApiJson<QuotaRequest>,
+) -> Result<ApiJson<TenantInfo>, ApiError> {
+    // SQLite stores signed 64-bit integers.
+    let check = |field: &str, v: Option<Option<u64>>| match v {
+        Some(Some(n)) if i64::try_from(n).is_err() => Err(ApiError::invalid(format!(
+            "{field} is too large: at most {}",
+            i64::MAX
+        ))),
+        other => Ok(other),
+    };
+    let update = QuotaUpdate {
+        max_sessions: check("max_sessions", request.max_sessions)?,
+        max_concurrent_execs: check("max_concurrent_execs", request.max_concurrent_execs)?,
+        max_disk_bytes: check(
+            "max_disk_bytes",
+            request.max_disk_bytes.map(|v| v.map(|s| s.0)),
+        )?,
+    };
+    let detail = serde_json::json!({
+        "tenant": tenant,
+        "max_sessions": update.max_sessions,
+        "max_concurrent_execs": update.max_concurrent_execs,
+        "max_disk_bytes": update.max_disk_bytes,
+    });
+    let Some(row) = state.auth.set_quotas(&tenant, update).await? else {
+        return Err(ApiError::not_found(format!("no tenant {tenant}")));
+    };
+    audit::record(&state, &caller, None, "tenant.quotas", detail, "ok").await;
+    Ok(ApiJson(tenant_info(&state, row).await?))
+}
+
+/// `/v1/keys` and `/v1/tenants`.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_key, list_keys))
+        .routes(routes!(delete_key))
+        .routes(routes!(list_tenants))
+        .routes(routes!(put_quotas))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_shape() {
+        let key = generate_key();
+        assert!(looks_like_key(&key), "{key}");
+        assert_eq!(key.len(), 5 + 24);
+        assert_ne!(key, generate_key());
+        assert_eq!(hash_key(&key).len(), 64);
+        for bad in ["", "brig_", "brig_short", "nope_aaaaaaaaaaaaaaaaaaaaaaaa"] {
+            assert!(!looks_like_key(bad), "{bad}");
+        }
+        assert!(!looks_like_key(&format!("{key}x")));
+        assert!(!looks_like_key("brig_aaaaaaaaaaaaaaaaaaaaaaa!"));
+        let id = generate_key_id();
+        assert!(id.starts_with("key_") && id.len() == 12, "{id}");
+    }
+
+    #[test]
+    fn tenant_names() {
+        for good in ["a", "acme", "team-1", "A_b", &"x".repeat(64)] {
+            validate_tenant_name(good).unwrap();
+        }
+        for bad in ["", "-a", "_a", "a b", "a/b", "..", "é", &"x".repeat(65)] {
+            assert!(validate_tenant_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn headers() {
+        let mut h = HeaderMap::new();
+        assert_eq!(presented_key(&h).unwrap(), None);
+        h.insert("x-api-key", "k1".parse().unwrap());
+        assert_eq!(presented_key(&h).unwrap(), Some("k1"));
+        h.insert("authorization", "bearer  k2 ".parse().unwrap());
+        assert_eq!(presented_key(&h).unwrap(), Some("k2"));
+        h.insert("authorization", "Basic abc".parse().unwrap());
+        assert_eq!(presented_key(&h).unwrap_err().code, "unauthorized");
+        h.insert("authorization", "Bearer".parse().unwrap());
+        assert_eq!(presented_key(&h).unwrap_err().code, "unauthorized");
+    }
+
+    async fn auth_with(extra: &[&str]) -> (tempfile::TempDir, Auth) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("brig.db")).unwrap();
+        let mut argv = vec!["brig-serve"];
+        argv.extend_from_slice(extra);
+        let args = ServeArgs::try_parse_from(argv).unwrap();
+        let auth = Auth::new(db, &args).await.unwrap();
+        (dir, auth)
+    }
+
+    #[tokio::test]
+    async fn verify_cache_and_revoke() {
+        let (_dir, auth) = auth_with(&[]).await;
+        let (key, row) = auth.create_key("acme", Some("ci".into())).await.unwrap();
+        let caller = auth.verify(&key).await.unwrap();
+        assert_eq!(
+            caller,
+            Caller {
+                tenant: "acme".into(),
+                key_id: Some(row.id.clone()),
+                admin: false
+            }
+        );
+        // Cached now; revocation must still take effect at once.
+        auth.verify(&key).await.unwrap();
+        auth.revoke(&row.id).await.unwrap().unwrap();
+        assert_eq!(auth.verify(&key).await.unwrap_err().code, "unauthorized");
+        assert_eq!(
+            auth.verify(&generate_key()).await.unwrap_err().code,
+            "unauthorized"
+        );
+        assert!(auth.create_key("bad name", None).await.is_err());
+        let (admin_key, _) = auth.create_key(ADMIN_TENANT, None).await.unwrap();
+        assert!(auth.verify(&admin_key).await.unwrap().admin);
+    }
+
+    #[tokio::test]
+    async fn bootstrap_writes_a_private_key_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, auth) = auth_with(&[]).await;
+        let path = auth.bootstrap_admin(dir.path()).await.unwrap().unwrap();
+        assert_eq!(path, dir.path().join("admin.key"));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let key = std::fs::read_to_string(&path).unwrap();
+        let caller = auth.verify(key.trim()).await.unwrap();
+        assert!(caller.admin);
+        assert_eq!(auth.bootstrap_admin(dir.path()).await.unwrap(), None);
+        // Once every admin key is revoked, the next start makes a new one.
+        auth.revoke(caller.key_id.as_deref().unwrap())
+            .await
+            .unwrap();
+        assert!(auth.bootstrap_admin(dir.path()).await.unwrap().is_some());
+        let key2 = std::fs::read_to_string(&path).unwrap();
+        assert_ne!(key, key2);
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".admin.key"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[tokio::test]
+    async fn no_auth_default_tenant() {
+        let (_dir, auth) = auth_with(&["--no-auth"]).await;
+        let caller = auth.authenticate(&HeaderMap::new()).await.unwrap();
+        assert_eq!(caller.tenant, DEFAULT_TENANT);
+        assert!(!caller.admin);
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", "brig_wrong".parse().unwrap());
+        assert_eq!(
+            auth.authenticate(&h).await.unwrap_err().code,
+            "unauthorized"
+        );
+        let (_dir, auth) = auth_with(&[]).await;
+        assert_eq!(
+            auth.authenticate(&HeaderMap::new()).await.unwrap_err().code,
+            "unauthorized"
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_permits() {
+        let (_dir, auth) = auth_with(&[
+            "--max-concurrent-execs",
+            "3",
+            "--tenant-max-concurrent-execs",
+            "2",
+        ])
+        .await;
+        let a1 = auth.exec_permit("a").unwrap();
+        let a2 = auth.exec_permit("a").unwrap();
+        let err = auth.exec_permit("a").err().unwrap();
+        assert_eq!((err.status.as_u16(), err.code), (429, "quota_exceeded"));
+        let b1 = auth.exec_permit("b").unwrap();
+        let err = auth.exec_permit("b").err().unwrap();
+        assert_eq!((err.status.as_u16(), err.code), (503, "unavailable"));
+        assert_eq!(auth.running_execs("a"), 2);
+        drop(a1);
+        assert_eq!(auth.running_execs("a"), 1);
+        let b2 = auth.exec_permit("b").unwrap();
+        drop((a2, b1, b2));
+        assert_eq!(auth.running_execs("a"), 0);
+        assert_eq!(auth.running_execs("b"), 0);
+
+        // A tenant override takes effect at once, and a 0 quota disables execs.
+        auth.create_key("c", None).await.unwrap();
+        auth.set_quotas(
+            "c",
+            QuotaUpdate {
+                max_concurrent_execs: Some(Some(0)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(auth.exec_permit("c").err().unwrap().code, "quota_exceeded");
+        assert_eq!(auth.quotas("c").await.unwrap().max_concurrent_execs, 0);
+        assert_eq!(auth.quotas("c").await.unwrap().max_sessions, 100);
+        assert_eq!(auth.quotas("zzz").await.unwrap().max_disk_bytes, 10 << 30);
+    }
+}

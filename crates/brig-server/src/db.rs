@@ -1,0 +1,1089 @@
+//! The daemon's state in SQLite: tenants, keys, files, sessions, snapshots,
+//! processes and the audit log, in `<data-dir>/brig.db`.
+//!
+//! SQLite runs in WAL mode so readers never block the writer, with
+//! `synchronous=NORMAL` (durable across a daemon crash; a power loss may lose the last
+//! transactions, never corrupt the file). rusqlite is blocking, so every query runs on
+//! tokio's blocking pool through [`Db::call`], on one of a few pooled connections.
+//!
+//! Times are stored as RFC 3339 UTC strings of fixed width (millisecond precision,
+//! `Z`), so comparing the strings compares the times.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context;
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use time::{OffsetDateTime, UtcOffset};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::ApiError;
+
+/// Connections in the pool. WAL allows concurrent readers next to one writer; writers
+/// queue on SQLite's lock (up to `BUSY_TIMEOUT`).
+const POOL_SIZE: usize = 4;
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The schema, one entry per version (`PRAGMA user_version` counts the entries
+/// applied). Never edit an entry once released: append a new one.
+const MIGRATIONS: &[&str] = &[
+    // 1: the initial schema.
+    r#"
+    CREATE TABLE tenants (
+        name TEXT PRIMARY KEY,
+        created_at TEXT,
+        max_sessions INTEGER NULL,
+        max_concurrent_execs INTEGER NULL,
+        max_disk_bytes INTEGER NULL
+    );
+    CREATE TABLE keys (
+        id TEXT PRIMARY KEY,
+        tenant TEXT REFERENCES tenants(name),
+        name TEXT,
+        hash TEXT UNIQUE,
+        created_at TEXT,
+        revoked_at TEXT NULL
+    );
+    CREATE INDEX keys_tenant ON keys(tenant);
+    CREATE TABLE files (
+        id TEXT PRIMARY KEY,
+        tenant TEXT,
+        filename TEXT,
+        size_bytes INTEGER,
+        sha256 TEXT,
+        created_at TEXT,
+        expires_at TEXT
+    );
+    CREATE INDEX files_tenant ON files(tenant);
+    CREATE INDEX files_expires_at ON files(expires_at);
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        tenant TEXT,
+        state TEXT,
+        image TEXT NULL,
+        snapshot TEXT NULL,
+        request TEXT,
+        runtime TEXT NULL,
+        created_at TEXT,
+        expires_at TEXT NULL,
+        idle_timeout_s INTEGER NULL,
+        last_active_at TEXT,
+        deleted_at TEXT NULL
+    );
+    CREATE INDEX sessions_tenant ON sessions(tenant);
+    CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,
+        tenant TEXT,
+        name TEXT NULL,
+        session_id TEXT,
+        image TEXT,
+        created_at TEXT,
+        size_bytes INTEGER
+    );
+    CREATE INDEX snapshots_tenant ON snapshots(tenant);
+    CREATE TABLE processes (
+        session_id TEXT,
+        id TEXT,
+        tenant TEXT,
+        argv TEXT,
+        started_at TEXT,
+        ended_at TEXT NULL,
+        exit_code INTEGER NULL,
+        signal INTEGER NULL,
+        PRIMARY KEY(session_id, id)
+    );
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time TEXT,
+        tenant TEXT,
+        key_id TEXT NULL,
+        session_id TEXT NULL,
+        action TEXT,
+        detail TEXT,
+        outcome TEXT
+    );
+    CREATE INDEX audit_tenant ON audit(tenant, id);
+    CREATE INDEX audit_session ON audit(session_id);
+    CREATE INDEX audit_action ON audit(action);
+    "#,
+    // 2: where a background process's output files are (inside its sandbox).
+    r#"
+    ALTER TABLE processes ADD COLUMN output TEXT NULL;
+    "#,
+];
+
+// ---------------------------------------------------------------------------------
+// Time
+
+/// Formats a time as RFC 3339 in UTC with exactly three fractional digits
+/// (`2025-01-02T03:04:05.678Z`): fixed width, so string order is time order.
+pub fn rfc3339(t: OffsetDateTime) -> String {
+    let t = t.to_offset(UtcOffset::UTC);
+    // Years outside 0..=9999 would break the fixed width; they cannot occur from a
+    // clock or a validated input, but clamp rather than misorder.
+    let year = t.year().clamp(0, 9999);
+    format!(
+        "{year:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
+
+/// Now, as stored in the database.
+pub fn now_rfc3339() -> String {
+    rfc3339(OffsetDateTime::now_utc())
+}
+
+/// Now plus `after`, as stored in the database (saturating far in the future).
+pub fn rfc3339_after(after: Duration) -> String {
+    let now = OffsetDateTime::now_utc().unix_timestamp_nanos();
+    let then = now.saturating_add(i128::try_from(after.as_nanos()).unwrap_or(i128::MAX));
+    match OffsetDateTime::from_unix_timestamp_nanos(then) {
+        Ok(t) if t.year() <= 9999 => rfc3339(t),
+        _ => "9999-12-31T23:59:59.999Z".to_string(),
+    }
+}
+
+/// Parses any RFC 3339 time (any offset, any precision) and normalizes it to the
+/// stored form; `None` if it is not RFC 3339.
+pub fn parse_rfc3339(text: &str) -> Option<String> {
+    let t =
+        OffsetDateTime::parse(text.trim(), &time::format_description::well_known::Rfc3339).ok()?;
+    let year = t.to_offset(UtcOffset::UTC).year();
+    (0..=9999).contains(&year).then(|| rfc3339(t))
+}
+
+// ---------------------------------------------------------------------------------
+// The pool
+
+/// A handle to the database; cheap to clone.
+#[derive(Clone)]
+pub struct Db {
+    pool: Arc<Pool>,
+}
+
+struct Pool {
+    idle: Mutex<Vec<Connection>>,
+    /// One permit per connection: a holder of a permit always finds an idle one.
+    permits: Arc<Semaphore>,
+    path: PathBuf,
+}
+
+/// A connection taken from the pool; goes back on drop, even if the closure using it
+/// panicked (rusqlite rolls back an unfinished transaction when it is dropped).
+struct Lease {
+    pool: Arc<Pool>,
+    conn: Option<Connection>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(conn);
+        }
+    }
+}
+
+fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
+    let mut conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    // A DEFERRED transaction that reads and then writes fails at once with
+    // SQLITE_BUSY if another connection wrote in between (the busy timeout does not
+    // apply to that case); IMMEDIATE takes the write lock up front and waits instead.
+    conn.set_transaction_behavior(TransactionBehavior::Immediate);
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    let known = MIGRATIONS.len() as i64;
+    if version < 0 {
+        anyhow::bail!("the database has an invalid schema version {version}");
+    }
+    if version > known {
+        anyhow::bail!(
+            "the database schema is version {version}, newer than this brig knows ({known}); \
+             use a newer brig"
+        );
+    }
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)
+            .with_context(|| format!("database migration {}", index + 1))?;
+        tx.pragma_update(None, "user_version", (index + 1) as i64)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+impl Db {
+    /// Opens (creating if needed) the database at `path` and brings its schema up to
+    /// date. Blocking; called once at startup.
+    pub fn open(path: &Path) -> anyhow::Result<Db> {
+        let mut first = open_connection(path)
+            .with_context(|| format!("cannot open the database {}", path.display()))?;
+        migrate(&mut first)
+            .with_context(|| format!("cannot migrate the database {}", path.display()))?;
+        let mut idle = vec![first];
+        for _ in 1..POOL_SIZE {
+            idle.push(
+                open_connection(path)
+                    .with_context(|| format!("cannot open the database {}", path.display()))?,
+            );
+        }
+        Ok(Db {
+            pool: Arc::new(Pool {
+                idle: Mutex::new(idle),
+                permits: Arc::new(Semaphore::new(POOL_SIZE)),
+                path: path.to_path_buf(),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.pool.path
+    }
+
+    /// Runs `f` with a connection on the blocking pool. A database error becomes a
+    /// logged 500 `internal`. Use `conn.transaction()` for several statements that must
+    /// apply together (transactions are IMMEDIATE: they wait for the write lock).
+    pub async fn call<R, F>(&self, f: F) -> Result<R, ApiError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> rusqlite::Result<R> + Send + 'static,
+    {
+        self.try_call(move |conn| f(conn).map_err(ApiError::from))
+            .await
+    }
+
+    /// Like [`Db::call`], for closures that decide on an API error themselves (e.g. 409
+    /// or 429 inside a transaction); `?` on a rusqlite error still gives a 500.
+    pub async fn try_call<R, F>(&self, f: F) -> Result<R, ApiError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, ApiError> + Send + 'static,
+    {
+        let permit = self
+            .pool
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::unavailable("the database is closed"))?;
+        let conn = self
+            .pool
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let Some(conn) = conn else {
+            return Err(ApiError::internal(
+                "database pool: a permit without a connection",
+            ));
+        };
+        let mut lease = Lease {
+            pool: self.pool.clone(),
+            conn: Some(conn),
+            _permit: permit,
+        };
+        tokio::task::spawn_blocking(move || match lease.conn.as_mut() {
+            Some(conn) => f(conn),
+            None => Err(ApiError::internal(
+                "database pool: lease without a connection",
+            )),
+        })
+        .await
+        .map_err(|e| ApiError::internal(format_args!("database task failed: {e}")))?
+    }
+
+    // -----------------------------------------------------------------------------
+    // Tenants
+
+    /// Creates the tenant if it does not exist; true if it was created.
+    pub async fn ensure_tenant(&self, name: &str) -> Result<bool, ApiError> {
+        let name = name.to_string();
+        self.call(move |conn| {
+            let n = conn.execute(
+                "INSERT OR IGNORE INTO tenants (name, created_at) VALUES (?1, ?2)",
+                params![name, now_rfc3339()],
+            )?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    pub async fn tenant(&self, name: &str) -> Result<Option<TenantRow>, ApiError> {
+        let name = name.to_string();
+        self.call(move |conn| {
+            conn.query_row(
+                &format!("SELECT {TENANT_COLUMNS} FROM tenants WHERE name = ?1"),
+                [name],
+                TenantRow::from_row,
+            )
+            .optional()
+        })
+        .await
+    }
+
+    pub async fn tenants(&self) -> Result<Vec<TenantRow>, ApiError> {
+        self.call(|conn| {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {TENANT_COLUMNS} FROM tenants ORDER BY name"
+            ))?;
+            let rows = stmt.query_map([], TenantRow::from_row)?;
+            rows.collect()
+        })
+        .await
+    }
+
+    /// Applies a quota update to an existing tenant; `None` if there is no such tenant.
+    pub async fn update_tenant_quotas(
+        &self,
+        name: &str,
+        update: QuotaUpdate,
+    ) -> Result<Option<TenantRow>, ApiError> {
+        let name = name.to_string();
+        self.call(move |conn| {
+            let tx = conn.transaction()?;
+            let Some(mut row) = tx
+                .query_row(
+                    &format!("SELECT {TENANT_COLUMNS} FROM tenants WHERE name = ?1"),
+                    [&name],
+                    TenantRow::from_row,
+                )
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            if let Some(v) = update.max_sessions {
+                row.max_sessions = v;
+            }
+            if let Some(v) = update.max_concurrent_execs {
+                row.max_concurrent_execs = v;
+            }
+            if let Some(v) = update.max_disk_bytes {
+                row.max_disk_bytes = v;
+            }
+            tx.execute(
+                "UPDATE tenants SET max_sessions = ?2, max_concurrent_execs = ?3, \
+                 max_disk_bytes = ?4 WHERE name = ?1",
+                params![
+                    name,
+                    row.max_sessions.map(to_sql_int),
+                    row.max_concurrent_execs.map(to_sql_int),
+                    row.max_disk_bytes.map(to_sql_int)
+                ],
+            )?;
+            tx.commit()?;
+            Ok(Some(row))
+        })
+        .await
+    }
+
+    /// Live sessions of a tenant (rows of the sessions table not deleted).
+    pub async fn live_session_count(&self, tenant: &str) -> Result<u64, ApiError> {
+        let tenant = tenant.to_string();
+        self.call(move |conn| {
+            conn.query_row(
+                "SELECT COUNT(*) FROM sessions WHERE tenant = ?1 AND deleted_at IS NULL",
+                [tenant],
+                |row| row.get::<_, i64>(0),
+            )
+        })
+        .await
+        .map(from_sql_int)
+    }
+
+    // -----------------------------------------------------------------------------
+    // Keys
+
+    /// Stores a new key (by hash), creating its tenant if new; false (and nothing
+    /// stored) if the key id is taken.
+    pub async fn insert_key(&self, key: KeyRow, hash: String) -> Result<bool, ApiError> {
+        self.call(move |conn| {
+            let tx = conn.transaction()?;
+            let taken: bool = tx.query_row(
+                "SELECT EXISTS (SELECT 1 FROM keys WHERE id = ?1)",
+                [&key.id],
+                |row| row.get(0),
+            )?;
+            if taken {
+                return Ok(false);
+            }
+            tx.execute(
+                "INSERT OR IGNORE INTO tenants (name, created_at) VALUES (?1, ?2)",
+                params![key.tenant, key.created_at],
+            )?;
+            tx.execute(
+                "INSERT INTO keys (id, tenant, name, hash, created_at, revoked_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    key.id,
+                    key.tenant,
+                    key.name,
+                    hash,
+                    key.created_at,
+                    key.revoked_at
+                ],
+            )?;
+            tx.commit()?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// The live (not revoked) key with this hash.
+    pub async fn key_by_hash(&self, hash: &str) -> Result<Option<KeyRow>, ApiError> {
+        let hash = hash.to_string();
+        self.call(move |conn| {
+            conn.query_row(
+                &format!("SELECT {KEY_COLUMNS} FROM keys WHERE hash = ?1 AND revoked_at IS NULL"),
+                [hash],
+                KeyRow::from_row,
+            )
+            .optional()
+        })
+        .await
+    }
+
+    pub async fn key(&self, id: &str) -> Result<Option<KeyRow>, ApiError> {
+        let id = id.to_string();
+        self.call(move |conn| {
+            conn.query_row(
+                &format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = ?1"),
+                [id],
+                KeyRow::from_row,
+            )
+            .optional()
+        })
+        .await
+    }
+
+    /// Keys of one tenant, or of all tenants with `None`, in creation order.
+    pub async fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRow>, ApiError> {
+        let tenant = tenant.map(str::to_string);
+        self.call(move |conn| {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {KEY_COLUMNS} FROM keys WHERE ?1 IS NULL OR tenant = ?1 \
+                 ORDER BY rowid"
+            ))?;
+            let rows = stmt.query_map([tenant], KeyRow::from_row)?;
+            rows.collect()
+        })
+        .await
+    }
+
+    /// Marks a key revoked (keeping the first revocation time); the key as it now is,
+    /// `None` if unknown.
+    pub async fn revoke_key(&self, id: &str) -> Result<Option<KeyRow>, ApiError> {
+        let id = id.to_string();
+        self.call(move |conn| {
+            let tx = conn.transaction()?;
+            tx.execute(
+                "UPDATE keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+                params![id, now_rfc3339()],
+            )?;
+            let row = tx
+                .query_row(
+                    &format!("SELECT {KEY_COLUMNS} FROM keys WHERE id = ?1"),
+                    [&id],
+                    KeyRow::from_row,
+                )
+                .optional()?;
+            tx.commit()?;
+            Ok(row)
+        })
+        .await
+    }
+
+    /// Whether the tenant has at least one key that is not revoked.
+    pub async fn has_live_key(&self, tenant: &str) -> Result<bool, ApiError> {
+        let tenant = tenant.to_string();
+        self.call(move |conn| {
+            conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM keys WHERE tenant = ?1 AND revoked_at IS NULL)",
+                [tenant],
+                |row| row.get(0),
+            )
+        })
+        .await
+    }
+
+    // -----------------------------------------------------------------------------
+    // Files
+
+    /// Records a stored file if the tenant's stored files plus `reserved` other bytes
+    /// stay within `max_disk_bytes` (checked and inserted in one transaction, so two
+    /// concurrent uploads cannot both slip under the quota): 429 otherwise.
+    pub async fn insert_file_within(
+        &self,
+        file: FileRow,
+        reserved: u64,
+        max_disk_bytes: u64,
+    ) -> Result<(), ApiError> {
+        self.try_call(move |conn| {
+            let tx = conn.transaction()?;
+            let used: i64 = tx.query_row(
+                "SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE tenant = ?1",
+                [&file.tenant],
+                |row| row.get(0),
+            )?;
+            let total = from_sql_int(used)
+                .saturating_add(reserved)
+                .saturating_add(file.size_bytes);
+            if total > max_disk_bytes {
+                return Err(ApiError::quota(format!(
+                    "tenant disk quota exceeded: {total} bytes needed, {max_disk_bytes} allowed"
+                )));
+            }
+            tx.execute(
+                "INSERT INTO files (id, tenant, filename, size_bytes, sha256, created_at, \
+                 expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    file.id,
+                    file.tenant,
+                    file.filename,
+                    to_sql_int(file.size_bytes),
+                    file.sha256,
+                    file.created_at,
+                    file.expires_at
+                ],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// A tenant's file that has not expired.
+    pub async fn file(&self, tenant: &str, id: &str) -> Result<Option<FileRow>, ApiError> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.call(move |conn| {
+            conn.query_row(
+                &format!(
+                    "SELECT {FILE_COLUMNS} FROM files \
+                     WHERE tenant = ?1 AND id = ?2 AND expires_at > ?3"
+                ),
+                params![tenant, id, now_rfc3339()],
+                FileRow::from_row,
+            )
+            .optional()
+        })
+        .await
+    }
+
+    /// A tenant's files that have not expired, in upload order.
+    pub async fn files(&self, tenant: &str) -> Result<Vec<FileRow>, ApiError> {
+        let tenant = tenant.to_string();
+        self.call(move |conn| {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {FILE_COLUMNS} FROM files WHERE tenant = ?1 AND expires_at > ?2 \
+                 ORDER BY rowid"
+            ))?;
+            let rows = stmt.query_map(params![tenant, now_rfc3339()], FileRow::from_row)?;
+            rows.collect()
+        })
+        .await
+    }
+
+    /// Deletes a tenant's file row; the row as it was, `None` if unknown.
+    pub async fn delete_file(&self, tenant: &str, id: &str) -> Result<Option<FileRow>, ApiError> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.call(move |conn| {
+            let tx = conn.transaction()?;
+            let row = tx
+                .query_row(
+                    &format!("SELECT {FILE_COLUMNS} FROM files WHERE tenant = ?1 AND id = ?2"),
+                    params![tenant, id],
+                    FileRow::from_row,
+                )
+                .optional()?;
+            if row.is_some() {
+                tx.execute(
+                    "DELETE FROM files WHERE tenant = ?1 AND id = ?2",
+                    params![tenant, id],
+                )?;
+            }
+            tx.commit()?;
+            Ok(row)
+        })
+        .await
+    }
+
+    /// Deletes the rows of files expired at `now` and returns them (for their blobs).
+    pub async fn take_expired_files(&self, now: String) -> Result<Vec<FileRow>, ApiError> {
+        self.call(move |conn| {
+            let tx = conn.transaction()?;
+            let rows = {
+                let mut stmt = tx.prepare(&format!(
+                    "SELECT {FILE_COLUMNS} FROM files WHERE expires_at <= ?1"
+                ))?;
+                let rows = stmt.query_map([&now], FileRow::from_row)?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()?
+            };
+            tx.execute("DELETE FROM files WHERE expires_at <= ?1", [&now])?;
+            tx.commit()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    /// Bytes of the tenant's stored files (expired ones until they are swept).
+    pub async fn file_bytes(&self, tenant: &str) -> Result<u64, ApiError> {
+        let tenant = tenant.to_string();
+        self.call(move |conn| {
+            conn.query_row(
+                "SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE tenant = ?1",
+                [tenant],
+                |row| row.get::<_, i64>(0),
+            )
+        })
+        .await
+        .map(from_sql_int)
+    }
+
+    /// Every file id known (for the startup sweep of orphaned blobs).
+    pub async fn file_ids(&self) -> Result<HashSet<String>, ApiError> {
+        self.call(|conn| {
+            let mut stmt = conn.prepare("SELECT id FROM files")?;
+            let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
+            rows.collect()
+        })
+        .await
+    }
+
+    // -----------------------------------------------------------------------------
+    // Audit
+
+    /// Appends an event; returns its id.
+    pub async fn insert_audit(&self, event: NewAuditEvent) -> Result<i64, ApiError> {
+        self.call(move |conn| {
+            conn.execute(
+                "INSERT INTO audit (time, tenant, key_id, session_id, action, detail, outcome) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    event.time,
+                    event.tenant,
+                    event.key_id,
+                    event.session_id,
+                    event.action,
+                    event.detail.to_string(),
+                    event.outcome
+                ],
+            )?;
+            Ok(conn.last_insert_rowid())
+        })
+        .await
+    }
+
+    /// Events matching the filter, in id order.
+    pub async fn audit_events(&self, filter: AuditFilter) -> Result<Vec<AuditRow>, ApiError> {
+        self.call(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT id, time, tenant, key_id, session_id, action, detail, outcome \
+                 FROM audit WHERE id > ?1 \
+                 AND (?2 IS NULL OR tenant = ?2) \
+                 AND (?3 IS NULL OR session_id = ?3) \
+                 AND (?4 IS NULL OR action = ?4) \
+                 AND (?5 IS NULL OR outcome = ?5) \
+                 AND (?6 IS NULL OR time >= ?6) \
+                 AND (?7 IS NULL OR time < ?7) \
+                 AND (?8 IS NULL OR id <= ?8) \
+                 ORDER BY id LIMIT ?9",
+            )?;
+            let rows = stmt.query_map(
+                params![
+                    filter.after_id.unwrap_or(0),
+                    filter.tenant,
+                    filter.session_id,
+                    filter.action,
+                    filter.outcome,
+                    filter.since,
+                    filter.until,
+                    filter.max_id,
+                    i64::from(filter.limit)
+                ],
+                AuditRow::from_row,
+            )?;
+            rows.collect()
+        })
+        .await
+    }
+}
+
+/// SQLite integers are i64; quotas and sizes are u64 below 2^63 in practice, and
+/// saturate rather than wrap if ever larger.
+pub fn to_sql_int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Negative values (never written by brig) read as 0.
+pub fn from_sql_int(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------
+// Rows
+
+const TENANT_COLUMNS: &str = "name, created_at, max_sessions, max_concurrent_execs, max_disk_bytes";
+
+/// A tenant; `None` quotas fall back to the `brig serve` defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantRow {
+    pub name: String,
+    pub created_at: String,
+    pub max_sessions: Option<u64>,
+    pub max_concurrent_execs: Option<u64>,
+    pub max_disk_bytes: Option<u64>,
+}
+
+impl TenantRow {
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<TenantRow> {
+        Ok(TenantRow {
+            name: row.get(0)?,
+            created_at: row.get::<_, Option<String>>(1)?.unwrap_or_default(),
+            max_sessions: row.get::<_, Option<i64>>(2)?.map(from_sql_int),
+            max_concurrent_execs: row.get::<_, Option<i64>>(3)?.map(from_sql_int),
+            max_disk_bytes: row.get::<_, Option<i64>>(4)?.map(from_sql_int),
+        })
+    }
+}
+
+/// A change to a tenant's quotas: outer `None` leaves a quota alone, `Some(None)`
+/// resets it to the daemon's default, `Some(Some(n))` sets it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QuotaUpdate {
+    pub max_sessions: Option<Option<u64>>,
+    pub max_concurrent_execs: Option<Option<u64>>,
+    pub max_disk_bytes: Option<Option<u64>>,
+}
+
+const KEY_COLUMNS: &str = "id, tenant, name, created_at, revoked_at";
+
+/// An API key, without its hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRow {
+    pub id: String,
+    pub tenant: String,
+    pub name: Option<String>,
+    pub created_at: String,
+    pub revoked_at: Option<String>,
+}
+
+impl KeyRow {
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRow> {
+        Ok(KeyRow {
+            id: row.get(0)?,
+            tenant: row.get::<_, Option<String>>(1)?.unwrap_or_default(),
+            name: row.get(2)?,
+            created_at: row.get::<_, Option<String>>(3)?.unwrap_or_default(),
+            revoked_at: row.get(4)?,
+        })
+    }
+}
+
+const FILE_COLUMNS: &str = "id, tenant, filename, size_bytes, sha256, created_at, expires_at";
+
+/// An uploaded (or daemon-stored) file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRow {
+    pub id: String,
+    pub tenant: String,
+    pub filename: String,
+    pub size_bytes: u64,
+    pub sha256: String,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+impl FileRow {
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<FileRow> {
+        Ok(FileRow {
+            id: row.get(0)?,
+            tenant: row.get::<_, Option<String>>(1)?.unwrap_or_default(),
+            filename: row.get::<_, Option<String>>(2)?.unwrap_or_default(),
+            size_bytes: from_sql_int(row.get::<_, Option<i64>>(3)?.unwrap_or(0)),
+            sha256: row.get::<_, Option<String>>(4)?.unwrap_or_default(),
+            created_at: row.get::<_, Option<String>>(5)?.unwrap_or_default(),
+            expires_at: row.get::<_, Option<String>>(6)?.unwrap_or_default(),
+        })
+    }
+}
+
+/// An audit event to append.
+#[derive(Debug, Clone)]
+pub struct NewAuditEvent {
+    pub time: String,
+    pub tenant: String,
+    pub key_id: Option<String>,
+    pub session_id: Option<String>,
+    pub action: String,
+    pub detail: serde_json::Value,
+    pub outcome: String,
+}
+
+/// A stored audit event.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct AuditRow {
+    pub id: i64,
+    /// RFC 3339, UTC.
+    pub time: String,
+    /// Empty for requests refused before a tenant was known (401).
+    pub tenant: String,
+    pub key_id: Option<String>,
+    pub session_id: Option<String>,
+    pub action: String,
+    #[schema(value_type = Object)]
+    pub detail: serde_json::Value,
+    /// `ok`, `error` or `refused`.
+    pub outcome: String,
+}
+
+impl AuditRow {
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<AuditRow> {
+        let detail: Option<String> = row.get(6)?;
+        Ok(AuditRow {
+            id: row.get(0)?,
+            time: row.get::<_, Option<String>>(1)?.unwrap_or_default(),
+            tenant: row.get::<_, Option<String>>(2)?.unwrap_or_default(),
+            key_id: row.get(3)?,
+            session_id: row.get(4)?,
+            action: row.get::<_, Option<String>>(5)?.unwrap_or_default(),
+            detail: detail
+                .and_then(|d| serde_json::from_str(&d).ok())
+                .unwrap_or(serde_json::Value::Null),
+            outcome: row.get::<_, Option<String>>(7)?.unwrap_or_default(),
+        })
+    }
+}
+
+/// Which audit events to read; `None` fields do not filter. `since`/`until` are in
+/// the stored time form (see [`parse_rfc3339`]): `since` inclusive, `until` exclusive;
+/// `after_id` exclusive.
+#[derive(Debug, Clone, Default)]
+pub struct AuditFilter {
+    pub tenant: Option<String>,
+    pub session_id: Option<String>,
+    pub action: Option<String>,
+    pub outcome: Option<String>,
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub after_id: Option<i64>,
+    /// Events up to this id (inclusive).
+    pub max_id: Option<i64>,
+    pub limit: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_db() -> (tempfile::TempDir, Db) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("brig.db")).unwrap();
+        (dir, db)
+    }
+
+    #[test]
+    fn times_have_fixed_width_and_sort() {
+        let t = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        assert_eq!(rfc3339(t), "2023-11-14T22:13:20.000Z");
+        let later = OffsetDateTime::from_unix_timestamp_nanos(1_700_000_000_500_000_000).unwrap();
+        assert_eq!(rfc3339(later), "2023-11-14T22:13:20.500Z");
+        assert!(rfc3339(t) < rfc3339(later));
+        assert_eq!(now_rfc3339().len(), 24);
+        assert_eq!(
+            parse_rfc3339("2023-11-15T00:13:20.5+02:00").as_deref(),
+            Some("2023-11-14T22:13:20.500Z")
+        );
+        assert_eq!(parse_rfc3339("yesterday"), None);
+        assert_eq!(parse_rfc3339("2023-11-15"), None);
+        assert!(rfc3339_after(Duration::from_secs(60)) > now_rfc3339());
+        assert_eq!(rfc3339_after(Duration::MAX), "9999-12-31T23:59:59.999Z");
+    }
+
+    #[tokio::test]
+    async fn wal_mode_and_pragmas() {
+        let (_dir, db) = temp_db();
+        for _ in 0..POOL_SIZE * 2 {
+            let (mode, fk, sync): (String, i64, i64) = db
+                .call(|conn| {
+                    Ok((
+                        conn.pragma_query_value(None, "journal_mode", |r| r.get(0))?,
+                        conn.pragma_query_value(None, "foreign_keys", |r| r.get(0))?,
+                        conn.pragma_query_value(None, "synchronous", |r| r.get(0))?,
+                    ))
+                })
+                .await
+                .unwrap();
+            assert_eq!(mode, "wal");
+            assert_eq!(fk, 1);
+            assert_eq!(sync, 1, "NORMAL");
+        }
+    }
+
+    #[tokio::test]
+    async fn migrations_are_versioned_and_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("brig.db");
+        drop(Db::open(&path).unwrap());
+        let db = Db::open(&path).unwrap();
+        let version: i64 = db
+            .call(|c| c.pragma_query_value(None, "user_version", |r| r.get(0)))
+            .await
+            .unwrap();
+        assert_eq!(version, MIGRATIONS.len() as i64);
+        let tables: Vec<String> = db
+            .call(|c| {
+                let mut s = c.prepare(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' \
+                     AND name NOT LIKE 'sqlite_%' ORDER BY name",
+                )?;
+                let rows = s.query_map([], |r| r.get(0))?;
+                rows.collect()
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            tables,
+            [
+                "audit",
+                "files",
+                "keys",
+                "processes",
+                "sessions",
+                "snapshots",
+                "tenants"
+            ]
+        );
+        // A database from a newer brig is refused with a clear message.
+        db.call(|c| c.pragma_update(None, "user_version", 99))
+            .await
+            .unwrap();
+        drop(db);
+        let err = format!("{:#}", Db::open(&path).err().unwrap());
+        assert!(err.contains("newer"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_closure_returns_its_connection() {
+        let (_dir, db) = temp_db();
+        for _ in 0..POOL_SIZE + 1 {
+            let err = db
+                .call(|_conn| -> rusqlite::Result<()> { panic!("boom") })
+                .await
+                .unwrap_err();
+            assert_eq!(err.code, "internal");
+        }
+        assert_eq!(db.call(|_| Ok(7)).await.unwrap(), 7);
+    }
+
+    #[tokio::test]
+    async fn keys_and_tenants() {
+        let (_dir, db) = temp_db();
+        let key = KeyRow {
+            id: "key_00000001".into(),
+            tenant: "acme".into(),
+            name: Some("ci".into()),
+            created_at: now_rfc3339(),
+            revoked_at: None,
+        };
+        assert!(db.insert_key(key.clone(), "h1".into()).await.unwrap());
+        assert!(
+            !db.insert_key(key.clone(), "h2".into()).await.unwrap(),
+            "id taken"
+        );
+        assert!(
+            !db.ensure_tenant("acme").await.unwrap(),
+            "created with the key"
+        );
+        assert_eq!(db.key_by_hash("h1").await.unwrap(), Some(key.clone()));
+        assert!(db.has_live_key("acme").await.unwrap());
+        let revoked = db.revoke_key("key_00000001").await.unwrap().unwrap();
+        assert!(revoked.revoked_at.is_some());
+        assert_eq!(db.key_by_hash("h1").await.unwrap(), None);
+        assert!(!db.has_live_key("acme").await.unwrap());
+        // Revoking again keeps the first time.
+        let again = db.revoke_key("key_00000001").await.unwrap().unwrap();
+        assert_eq!(again.revoked_at, revoked.revoked_at);
+        assert_eq!(db.revoke_key("key_nope").await.unwrap(), None);
+
+        let row = db
+            .update_tenant_quotas(
+                "acme",
+                QuotaUpdate {
+                    max_sessions: Some(Some(3)),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.max_sessions, Some(3));
+        assert_eq!(row.max_disk_bytes, None);
+        let row = db
+            .update_tenant_quotas(
+                "acme",
+                QuotaUpdate {
+                    max_sessions: Some(None),
+                    max_disk_bytes: Some(Some(5)),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((row.max_sessions, row.max_disk_bytes), (None, Some(5)));
+        assert_eq!(db.tenant("acme").await.unwrap(), Some(row));
+        assert_eq!(
+            db.update_tenant_quotas("nobody", QuotaUpdate::default())
+                .await
+                .unwrap(),
+            None
+        );
+    }
+
+    #[tokio::test]
+    async fn file_quota_is_checked_with_the_insert() {
+        let (_dir, db) = temp_db();
+        let file = |id: &str, size| FileRow {
+            id: id.into(),
+            tenant: "t".into(),
+            filename: "f".into(),
+            size_bytes: size,
+            sha256: String::new(),
+            created_at: now_rfc3339(),
+            expires_at: rfc3339_after(Duration::from_secs(60)),
+        };
+        db.insert_file_within(file("a", 60), 0, 100).await.unwrap();
+        let err = db
+            .insert_file_within(file("b", 50), 0, 100)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "quota_exceeded");
+        let err = db
+            .insert_file_within(file("b", 30), 20, 100)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "quota_exceeded");
+        db.insert_file_within(file("b", 40), 0, 100).await.unwrap();
+        assert_eq!(db.file_bytes("t").await.unwrap(), 100);
+        assert!(db.file("other", "a").await.unwrap().is_none());
+        assert_eq!(db.files("t").await.unwrap().len(), 2);
+    }
+}

@@ -1,0 +1,406 @@
+//! One-shot code execution, compatible with onyx python-sandbox's API:
+//! `POST /v1/execute` and `POST /v1/execute/stream`.
+//!
+//! Each request runs in a fresh session (from the warm pool when one is ready) in
+//! the image named by `--default-image`, which is deleted afterwards. The code runs
+//! through `execute_driver.py` (notebook-style display of the last expression); the
+//! files it creates or changes in its working directory are stored in the file
+//! store, so they can be downloaded with `GET /v1/files/{id}`.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::audit;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiJson};
+use crate::rootfs::{EntryKind, SandboxRoot};
+use crate::sessions::exec::{self, Command, ExecResult, Stream};
+use crate::sessions::files::{root_of, rootfs_error, write_file};
+use crate::sessions::{self, CreateSession, FileRef, Session};
+use crate::state::AppState;
+
+/// The driver, written into each sandbox next to the code (outside the working dir).
+const DRIVER: &str = include_str!("execute_driver.py");
+const DRIVER_PATH: &str = "/tmp/.brig/execute/driver.py";
+const CODE_PATH: &str = "/tmp/.brig/execute/code.py";
+/// onyx's default.
+const DEFAULT_TIMEOUT_MS: u64 = 2000;
+/// Entries of the working directory compared before and after the run.
+const MAX_SCANNED: usize = 10_000;
+
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(execute))
+        .routes(routes!(execute_stream))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteRequest {
+    pub code: String,
+    pub stdin: Option<String>,
+    /// Default 2000; above the daemon's --max-execute-timeout: 422.
+    pub timeout_ms: Option<u64>,
+    /// Print the value of a final expression, as in a notebook (default true).
+    pub last_line_interactive: Option<bool>,
+    /// Uploaded files to place in the working directory first.
+    pub files: Option<Vec<FileRef>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OutputFile {
+    /// Relative to the working directory.
+    pub path: String,
+    /// "file" or "directory".
+    pub kind: String,
+    /// For files: download with GET /v1/files/{file_id}. Directories have none.
+    pub file_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecuteResponse {
+    pub stdout: String,
+    pub stderr: String,
+    /// `null` when the code was killed (timeout, memory).
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub files: Vec<OutputFile>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecuteResult {
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub files: Vec<OutputFile>,
+}
+
+/// Checks a request before anything is started.
+fn validate(state: &AppState, request: &ExecuteRequest) -> Result<u64, ApiError> {
+    let max = state.args.max_execute_timeout_ms;
+    let timeout_ms = request.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+    if timeout_ms == 0 || timeout_ms > max {
+        return Err(ApiError::invalid(format!(
+            "timeout_ms must be between 1 and {max} (the daemon's --max-execute-timeout)"
+        )));
+    }
+    for file in request.files.iter().flatten() {
+        sessions::workspace_path(&file.path, "/workspace")?;
+    }
+    Ok(timeout_ms)
+}
+
+/// What the working directory held: path -> (is dir, size, mtime).
+type Listing = BTreeMap<String, (bool, u64, i64)>;
+
+fn scan(root: &SandboxRoot, cwd: &str) -> Listing {
+    let mut listing = Listing::new();
+    let mut pending = vec![String::new()];
+    while let Some(relative) = pending.pop() {
+        let dir = if relative.is_empty() {
+            cwd.to_string()
+        } else {
+            format!("{cwd}/{relative}")
+        };
+        let Ok(entries) = root.list_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            if listing.len() >= MAX_SCANNED {
+                return listing;
+            }
+            let path = if relative.is_empty() {
+                entry.name.clone()
+            } else {
+                format!("{relative}/{}", entry.name)
+            };
+            match entry.kind {
+                EntryKind::Directory => {
+                    listing.insert(path.clone(), (true, 0, entry.modified));
+                    pending.push(path);
+                }
+                EntryKind::File => {
+                    listing.insert(path, (false, entry.size_bytes, entry.modified));
+                }
+                _ => {}
+            }
+        }
+    }
+    listing
+}
+
+async fn run(
+    state: &AppState,
+    caller: &Caller,
+    request: &ExecuteRequest,
+    chunks: Option<exec::Chunks>,
+) -> Result<ExecuteResponse, ApiError> {
+    let timeout_ms = validate(state, request)?;
+    let session = sessions::create(
+        state,
+        caller,
+        CreateSession {
+            image: Some(state.args.default_image.clone()),
+            files: request.files.clone(),
+            // A backstop: the session is deleted right after the run.
+            ttl_seconds: Some(timeout_ms / 1000 + 300),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let result = run_in(state, &session, request, timeout_ms, chunks).await;
+    let cleanup_state = state.clone();
+    tokio::spawn(async move {
+        let _ = sessions::delete(&cleanup_state, &session).await;
+    });
+    result
+}
+
+async fn run_in(
+    state: &AppState,
+    session: &Arc<Session>,
+    request: &ExecuteRequest,
+    timeout_ms: u64,
+    chunks: Option<exec::Chunks>,
+) -> Result<ExecuteResponse, ApiError> {
+    let cwd = session.sandbox().cwd.clone();
+    let root = root_of(session)?;
+    let code = request.code.clone();
+    let scan_cwd = cwd.clone();
+    let (root, before) = tokio::task::spawn_blocking(move || {
+        write_file(&root, DRIVER_PATH, DRIVER.as_bytes())?;
+        write_file(&root, CODE_PATH, code.as_bytes())?;
+        let before = scan(&root, &scan_cwd);
+        Ok::<_, ApiError>((root, before))
+    })
+    .await
+    .map_err(ApiError::internal)??;
+
+    let mut env = BTreeMap::new();
+    env.insert("MPLBACKEND".to_string(), "Agg".to_string());
+    let interactive = if request.last_line_interactive.unwrap_or(true) {
+        "1"
+    } else {
+        "0"
+    };
+    let command = Command {
+        argv: vec![
+            "python3".into(),
+            "-u".into(),
+            DRIVER_PATH.into(),
+            CODE_PATH.into(),
+            interactive.into(),
+        ],
+        env: exec::merged_env(session, Some(&env))?,
+        cwd: cwd.clone(),
+        stdin: request.stdin.clone().map(String::into_bytes),
+        timeout: std::time::Duration::from_millis(timeout_ms),
+    };
+    let ExecResult {
+        exit_code,
+        timed_out,
+        stdout,
+        stderr,
+        duration_ms,
+        ..
+    } = exec::run(state, session, command, chunks).await?;
+
+    // Files the code created or changed.
+    let after_cwd = cwd.clone();
+    let (root, after) = tokio::task::spawn_blocking(move || {
+        let after = scan(&root, &after_cwd);
+        (root, after)
+    })
+    .await
+    .map_err(ApiError::internal)?;
+    let mut files = Vec::new();
+    let root = Arc::new(root);
+    for (path, (is_dir, size, mtime)) in after {
+        if before.get(&path) == Some(&(is_dir, size, mtime)) {
+            continue;
+        }
+        if is_dir {
+            if !before.contains_key(&path) {
+                files.push(OutputFile {
+                    path,
+                    kind: "directory".into(),
+                    file_id: None,
+                });
+            }
+            continue;
+        }
+        let file_id = store_output(
+            state,
+            &session.tenant,
+            &root,
+            &format!("{cwd}/{path}"),
+            &path,
+        )
+        .await?;
+        files.push(OutputFile {
+            path,
+            kind: "file".into(),
+            file_id: Some(file_id),
+        });
+    }
+    Ok(ExecuteResponse {
+        stdout,
+        stderr,
+        exit_code,
+        timed_out,
+        duration_ms,
+        files,
+    })
+}
+
+/// Copies a file out of the sandbox into the file store.
+async fn store_output(
+    state: &AppState,
+    tenant: &str,
+    root: &Arc<SandboxRoot>,
+    sandbox_path: &str,
+    relative: &str,
+) -> Result<String, ApiError> {
+    let staging = state
+        .files_dir()
+        .join(format!(".out-{}", crate::auth::random_hex(8)));
+    let (root, source, target) = (root.clone(), sandbox_path.to_string(), staging.clone());
+    let max = state.args.max_file_size_bytes;
+    tokio::task::spawn_blocking(move || {
+        let (file, meta) = root.open_read(&source).map_err(rootfs_error)?;
+        if meta.size_bytes > max {
+            return Err(ApiError::too_large(format!(
+                "output file {source} is over the daemon's --max-file-size"
+            )));
+        }
+        let mut out = std::fs::File::create(&target).map_err(ApiError::internal)?;
+        std::io::copy(&mut std::io::Read::take(file, max), &mut out).map_err(ApiError::internal)?;
+        Ok(())
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    let filename = relative.rsplit('/').next().unwrap_or(relative).to_string();
+    let stored = crate::filestore::store_file(state, tenant, &filename, &staging).await;
+    let _ = tokio::fs::remove_file(&staging).await;
+    Ok(stored?.file_id)
+}
+
+#[utoipa::path(post, path = "/v1/execute", tag = "execute",
+    request_body = ExecuteRequest,
+    responses((status = 200, body = ExecuteResponse), (status = 404, body = crate::error::ErrorBody),
+              (status = 422, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn execute(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(request): ApiJson<ExecuteRequest>,
+) -> Result<ApiJson<ExecuteResponse>, ApiError> {
+    // In its own task: a client that hangs up must not leave a session half made.
+    let task_state = state.clone();
+    let task_caller = caller.clone();
+    let task_request = request.clone();
+    let result =
+        tokio::spawn(async move { run(&task_state, &task_caller, &task_request, None).await })
+            .await
+            .map_err(ApiError::internal)
+            .and_then(|r| r);
+    audit_execute(&state, &caller, &request, &result).await;
+    result.map(ApiJson)
+}
+
+async fn audit_execute(
+    state: &AppState,
+    caller: &Caller,
+    request: &ExecuteRequest,
+    result: &Result<ExecuteResponse, ApiError>,
+) {
+    let (outcome, detail) = match result {
+        Ok(r) => (
+            "ok",
+            serde_json::json!({"code": request.code, "exit_code": r.exit_code,
+                "timed_out": r.timed_out, "duration_ms": r.duration_ms, "files": r.files.len()}),
+        ),
+        Err(e) => (
+            e.code,
+            serde_json::json!({"code": request.code, "error": e.message}),
+        ),
+    };
+    audit::record(state, caller, None, "execute", detail, outcome).await;
+}
+
+#[utoipa::path(post, path = "/v1/execute/stream", tag = "execute",
+    request_body = ExecuteRequest,
+    responses((status = 200, description = "Server-Sent Events: `output` {stream, data}, then `result` (ExecuteResult) or `error` {message}", content_type = "text/event-stream"),
+              (status = 422, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn execute_stream(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(request): ApiJson<ExecuteRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    validate(&state, &request)?;
+    let (events_tx, events_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    let (chunks_tx, mut chunks_rx) = mpsc::channel::<(Stream, Vec<u8>)>(64);
+    let task_state = state.clone();
+    let runner = tokio::spawn(async move {
+        let result = run(&task_state, &caller, &request, Some(chunks_tx)).await;
+        audit_execute(&task_state, &caller, &request, &result).await;
+        result
+    });
+    tokio::spawn(async move {
+        let mut text = [exec::Utf8Chunker::default(), exec::Utf8Chunker::default()];
+        let output = |stream: Stream, data: String| {
+            Event::default()
+                .event("output")
+                .json_data(serde_json::json!({"stream": stream.name(), "data": data}))
+        };
+        while let Some((stream, bytes)) = chunks_rx.recv().await {
+            let data = text[stream as usize].push(&bytes);
+            if !data.is_empty() {
+                if let Ok(event) = output(stream, data) {
+                    let _ = events_tx.send(Ok(event)).await;
+                }
+            }
+        }
+        for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
+            let data = text[i].flush();
+            if !data.is_empty() {
+                if let Ok(event) = output(stream, data) {
+                    let _ = events_tx.send(Ok(event)).await;
+                }
+            }
+        }
+        let last = match runner.await {
+            Ok(Ok(r)) => Event::default().event("result").json_data(ExecuteResult {
+                exit_code: r.exit_code,
+                timed_out: r.timed_out,
+                duration_ms: r.duration_ms,
+                files: r.files,
+            }),
+            Ok(Err(e)) => Event::default()
+                .event("error")
+                .json_data(serde_json::json!({"message": e.message})),
+            Err(e) => Event::default()
+                .event("error")
+                .json_data(serde_json::json!({"message": e.to_string()})),
+        };
+        if let Ok(event) = last {
+            let _ = events_tx.send(Ok(event)).await;
+        }
+    });
+    Ok(
+        Sse::new(tokio_stream::wrappers::ReceiverStream::new(events_rx))
+            .keep_alive(KeepAlive::default()),
+    )
+}

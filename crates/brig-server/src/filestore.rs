@@ -1,0 +1,931 @@
+//! Uploaded files (`/v1/files`, onyx-compatible) and their expiry.
+//!
+//! A file is stored at `<data-dir>/files/<tenant>/<file_id>`: received into a
+//! temporary name in the same directory, never held in memory, and renamed into place
+//! when complete, so a reader never sees a partial file and a failed or interrupted
+//! upload leaves nothing behind. The row in the `files` table is written after the
+//! rename; a blob without a row (a crash in between) is removed by the startup sweep.
+//!
+//! Files expire `--file-ttl` after upload: an expired file answers 404 at once, and a
+//! background task (at startup, then every minute) deletes rows and blobs.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Weak;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::multipart::{MultipartError, MultipartRejection};
+use axum::extract::{DefaultBodyLimit, Multipart, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::audit;
+use crate::auth::{validate_tenant_name, Caller};
+use crate::config::ServeArgs;
+use crate::db::{now_rfc3339, rfc3339_after, FileRow};
+use crate::error::{ApiError, ApiJson, ApiPath};
+use crate::state::{AppState, Shared};
+
+/// How often expired files are deleted.
+pub const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
+/// Room for the multipart framing and small fields around the file.
+const MULTIPART_OVERHEAD: u64 = 1 << 20;
+/// Read size when streaming a file out.
+const CHUNK: usize = 64 << 10;
+const TMP_PREFIX: &str = ".tmp-";
+const MAX_FILENAME_BYTES: usize = 255;
+
+/// A stored file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct FileMeta {
+    pub file_id: String,
+    pub tenant: String,
+    pub filename: String,
+    pub size_bytes: u64,
+    /// Lowercase hex.
+    pub sha256: String,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+impl From<FileRow> for FileMeta {
+    fn from(row: FileRow) -> FileMeta {
+        FileMeta {
+            file_id: row.id,
+            tenant: row.tenant,
+            filename: row.filename,
+            size_bytes: row.size_bytes,
+            sha256: row.sha256,
+            created_at: row.created_at,
+            expires_at: row.expires_at,
+        }
+    }
+}
+
+/// 32 lowercase hex characters (128 random bits).
+pub fn new_file_id() -> String {
+    let mut bytes = [0u8; 16];
+    rand::fill(&mut bytes[..]);
+    hex::encode(bytes)
+}
+
+fn is_file_id(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The directory name of a tenant's files: the tenant name itself (validated names
+/// are safe path components); anything else is hex-encoded behind a `~`, which no
+/// valid name contains.
+fn tenant_dir_name(tenant: &str) -> String {
+    if validate_tenant_name(tenant).is_ok() {
+        tenant.to_string()
+    } else {
+        format!("~{}", hex::encode(tenant))
+    }
+}
+
+fn tenant_dir(state: &Shared, tenant: &str) -> PathBuf {
+    state.files_dir().join(tenant_dir_name(tenant))
+}
+
+/// Keeps only the last path component, drops control characters and caps the length;
+/// `file` if nothing is left.
+pub fn sanitize_filename(name: Option<&str>) -> String {
+    let base = name.unwrap_or("").rsplit(['/', '\\']).next().unwrap_or("");
+    let mut clean: String = base.chars().filter(|c| !c.is_control()).collect();
+    clean = clean.trim().to_string();
+    if clean.len() > MAX_FILENAME_BYTES {
+        let mut end = MAX_FILENAME_BYTES;
+        while !clean.is_char_boundary(end) {
+            end -= 1;
+        }
+        clean.truncate(end);
+    }
+    if clean.is_empty() || clean == "." || clean == ".." {
+        "file".to_string()
+    } else {
+        clean
+    }
+}
+
+/// `attachment` with an ASCII fallback name and the exact name in RFC 5987 form.
+fn content_disposition(filename: &str) -> HeaderValue {
+    let fallback: String = filename
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut encoded = String::new();
+    for byte in filename.bytes() {
+        if byte.is_ascii_alphanumeric() || b"!#$&+-.^_`|~".contains(&byte) {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    HeaderValue::from_str(&format!(
+        "attachment; filename=\"{fallback}\"; filename*=UTF-8''{encoded}"
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static("attachment"))
+}
+
+/// Removes a temporary file when dropped, unless disarmed: an upload that fails or
+/// whose client goes away (the handler's future is dropped) leaves nothing behind.
+struct TempFile {
+    path: Option<PathBuf>,
+}
+
+impl TempFile {
+    fn disarm(&mut self) {
+        self.path = None;
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take() {
+            // A directory can land here when store_file is handed one.
+            let is_dir = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
+            let removed = if is_dir {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            if let Err(e) = removed {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove a temporary file");
+                }
+            }
+        }
+    }
+}
+
+async fn create_tenant_dir(dir: &Path) -> Result<(), ApiError> {
+    tokio::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .await
+        .map_err(|e| ApiError::internal(format_args!("create {}: {e}", dir.display())))
+}
+
+fn multipart_error(err: MultipartError) -> ApiError {
+    if err.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large("upload is over the daemon's limit (--max-file-size)")
+    } else {
+        ApiError::bad_request(format!("unreadable multipart body: {}", err.body_text()))
+    }
+}
+
+/// Streams one multipart field into the tenant's store.
+async fn receive(
+    state: &Shared,
+    tenant: &str,
+    filename: String,
+    field: &mut axum::extract::multipart::Field<'_>,
+) -> Result<FileMeta, ApiError> {
+    let max_size = state.args.max_file_size_bytes;
+    let max_disk = state.auth.quotas(tenant).await?.max_disk_bytes;
+    let room = max_disk.saturating_sub(state.db.file_bytes(tenant).await?);
+    let dir = tenant_dir(state, tenant);
+    create_tenant_dir(&dir).await?;
+    let id = new_file_id();
+    let tmp = dir.join(format!("{TMP_PREFIX}{id}"));
+    let mut guard = TempFile {
+        path: Some(tmp.clone()),
+    };
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .await?;
+    let mut hasher = Sha256::new();
+    let mut size: u64 = 0;
+    while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
+        size += chunk.len() as u64;
+        if size > max_size {
+            return Err(ApiError::too_large(format!(
+                "file is over the limit of {max_size} bytes (--max-file-size)"
+            )));
+        }
+        if size > room {
+            return Err(ApiError::quota(format!(
+                "tenant disk quota exceeded: {max_disk} bytes allowed"
+            )));
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await?;
+    }
+    file.sync_data().await?;
+    drop(file);
+    let path = dir.join(&id);
+    tokio::fs::rename(&tmp, &path).await?;
+    guard.disarm();
+    let row = FileRow {
+        id,
+        tenant: tenant.to_string(),
+        filename,
+        size_bytes: size,
+        sha256: hex::encode(hasher.finalize()),
+        created_at: now_rfc3339(),
+        expires_at: rfc3339_after(Duration::from_millis(state.args.file_ttl_ms)),
+    };
+    if let Err(e) = state.db.insert_file_within(row.clone(), 0, max_disk).await {
+        let _ = tokio::fs::remove_file(&path).await;
+        return Err(e);
+    }
+    Ok(row.into())
+}
+
+/// Stores a file the daemon produced (e.g. an output of `/v1/execute`) for `tenant`.
+/// `src` must be a regular file (a symlink is refused, never followed); it is moved
+/// when on the same filesystem as the data dir, else copied (and left in place).
+/// Subject to `--max-file-size` (413) and the tenant's disk quota (429).
+///
+/// Only the last component of `src` is checked: every directory on the way must be
+/// one the daemon controls (e.g. a file already copied out of a sandbox through
+/// `rootfs`), never a path inside a sandbox's tree, where a planted symlink could
+/// redirect it to a host file.
+pub async fn store_file(
+    state: &Shared,
+    tenant: &str,
+    filename: &str,
+    src: &Path,
+) -> Result<FileMeta, ApiError> {
+    let filename = sanitize_filename(Some(filename));
+    let max_size = state.args.max_file_size_bytes;
+    let max_disk = state.auth.quotas(tenant).await?.max_disk_bytes;
+    let dir = tenant_dir(state, tenant);
+    create_tenant_dir(&dir).await?;
+    let id = new_file_id();
+    let tmp = dir.join(format!("{TMP_PREFIX}{id}"));
+    let path = dir.join(&id);
+    let src = src.to_path_buf();
+    let (tmp2, path2) = (tmp.clone(), path.clone());
+    let (size, sha256) = tokio::task::spawn_blocking(move || {
+        let mut guard = TempFile {
+            path: Some(tmp2.clone()),
+        };
+        let (size, sha256) = take_in(&src, &tmp2, max_size)?;
+        std::fs::rename(&tmp2, &path2)?;
+        guard.disarm();
+        Ok::<_, ApiError>((size, sha256))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format_args!("store task failed: {e}")))??;
+    let row = FileRow {
+        id,
+        tenant: tenant.to_string(),
+        filename,
+        size_bytes: size,
+        sha256,
+        created_at: now_rfc3339(),
+        expires_at: rfc3339_after(Duration::from_millis(state.args.file_ttl_ms)),
+    };
+    if let Err(e) = state.db.insert_file_within(row.clone(), 0, max_disk).await {
+        let _ = tokio::fs::remove_file(&path).await;
+        return Err(e);
+    }
+    Ok(row.into())
+}
+
+/// Moves (or copies) `src` to `tmp` and hashes it; blocking.
+fn take_in(src: &Path, tmp: &Path, max_size: u64) -> Result<(u64, String), ApiError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open_regular = |path: &Path| -> Result<std::fs::File, ApiError> {
+        // O_NOFOLLOW: a symlink planted by sandboxed code must not make the daemon
+        // read a host file.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => ApiError::invalid("not a regular file (a symlink)"),
+                _ if e.kind() == std::io::ErrorKind::NotFound => {
+                    ApiError::not_found("no such file to store")
+                }
+                _ => ApiError::internal(format_args!("open {}: {e}", path.display())),
+            })?;
+        if !file.metadata()?.is_file() {
+            return Err(ApiError::invalid("not a regular file"));
+        }
+        Ok(file)
+    };
+    let too_large = |size: u64| {
+        ApiError::too_large(format!(
+            "file of {size} bytes is over the limit of {max_size} bytes (--max-file-size)"
+        ))
+    };
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    match std::fs::rename(src, tmp) {
+        Ok(()) => {
+            // The name is now in the daemon's private directory: nothing else can
+            // swap it, so checking it here is final.
+            let mut file = open_regular(tmp)?;
+            let size = file.metadata()?.len();
+            if size > max_size {
+                return Err(too_large(size));
+            }
+            loop {
+                let n = file.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+            }
+            Ok((size, hex::encode(hasher.finalize())))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            let mut input = open_regular(src)?;
+            let mut output = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(tmp)?;
+            let mut size = 0u64;
+            loop {
+                let n = input.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                size += n as u64;
+                if size > max_size {
+                    return Err(too_large(size));
+                }
+                hasher.update(&buf[..n]);
+                output.write_all(&buf[..n])?;
+            }
+            output.sync_data()?;
+            Ok((size, hex::encode(hasher.finalize())))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(ApiError::not_found("no such file to store"))
+        }
+        Err(e) => Err(ApiError::internal(format_args!(
+            "move {} into the file store: {e}",
+            src.display()
+        ))),
+    }
+}
+
+/// A tenant's file and where its bytes are: 404 `not_found` for an unknown, expired
+/// or other tenant's id.
+pub async fn open(
+    state: &Shared,
+    tenant: &str,
+    file_id: &str,
+) -> Result<(FileMeta, PathBuf), ApiError> {
+    let not_found = || ApiError::not_found(format!("no file {file_id}"));
+    if !is_file_id(file_id) {
+        return Err(not_found());
+    }
+    let row = state
+        .db
+        .file(tenant, file_id)
+        .await?
+        .ok_or_else(not_found)?;
+    let path = tenant_dir(state, tenant).join(&row.id);
+    Ok((row.into(), path))
+}
+
+/// Most entries extracted from one bundle.
+const MAX_BUNDLE_ENTRIES: u64 = 100_000;
+const BUNDLE_SUFFIX: &str = ".bundle";
+
+/// The directory holding the extracted contents of an uploaded tar file (for
+/// read-only session mounts), extracting it on first use into
+/// `<data-dir>/files/<tenant>/<file_id>.bundle`. Blocking (call from a blocking
+/// context for large bundles); 404 for an unknown or other tenant's id (the blob is
+/// looked up under the tenant's own directory), 422 if the file is not a usable tar.
+///
+/// Extraction is contained: entries may not leave the directory (`..`, absolute
+/// paths, paths through symlinks are refused by `tar::Entry::unpack_in`), only
+/// files, directories and symlinks are created, set-id bits are dropped and
+/// everything is made readable (sandbox users do not own these files), and the total
+/// size is capped at `--max-file-size`.
+pub fn bundle_dir(shared: &Shared, tenant: &str, file_id: &str) -> Result<PathBuf, ApiError> {
+    let not_found = || ApiError::not_found(format!("no file {file_id}"));
+    if !is_file_id(file_id) {
+        return Err(not_found());
+    }
+    let dir = tenant_dir(shared, tenant);
+    let blob = dir.join(file_id);
+    let target = dir.join(format!("{file_id}{BUNDLE_SUFFIX}"));
+    if target.is_dir() {
+        return Ok(target);
+    }
+    let file = match std::fs::File::open(&blob) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),
+        Err(e) => {
+            return Err(ApiError::internal(format_args!(
+                "open {}: {e}",
+                blob.display()
+            )))
+        }
+    };
+    let tmp = dir.join(format!("{TMP_PREFIX}{}{BUNDLE_SUFFIX}", new_file_id()));
+    let result = extract_bundle(file, &tmp, shared.args.max_file_size_bytes).and_then(|()| {
+        match std::fs::rename(&tmp, &target) {
+            Ok(()) => Ok(()),
+            // Another request extracted it first: theirs is as good as ours.
+            Err(_) if target.is_dir() => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                Ok(())
+            }
+            Err(e) => Err(ApiError::internal(format_args!(
+                "rename {}: {e}",
+                target.display()
+            ))),
+        }
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result.map(|()| target)
+}
+
+fn extract_bundle(file: std::fs::File, dest: &Path, max_bytes: u64) -> Result<(), ApiError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use tar::EntryType;
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(dest)
+        .map_err(|e| ApiError::internal(format_args!("create {}: {e}", dest.display())))?;
+    let bad =
+        |e: std::io::Error| ApiError::invalid(format!("the file is not a usable tar archive: {e}"));
+    let mut archive = tar::Archive::new(std::io::BufReader::new(file));
+    archive.set_preserve_permissions(false);
+    archive.set_preserve_ownerships(false);
+    archive.set_unpack_xattrs(false);
+    archive.set_mask(0o022);
+    let (mut total, mut count) = (0u64, 0u64);
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        count += 1;
+        if count > MAX_BUNDLE_ENTRIES {
+            return Err(ApiError::invalid(format!(
+                "the archive has more than {MAX_BUNDLE_ENTRIES} entries"
+            )));
+        }
+        let kind = entry.header().entry_type();
+        if !matches!(
+            kind,
+            EntryType::Regular | EntryType::Continuous | EntryType::Directory | EntryType::Symlink
+        ) {
+            continue;
+        }
+        total = total.saturating_add(entry.size());
+        if total > max_bytes {
+            return Err(ApiError::too_large(format!(
+                "the archive unpacks to more than {max_bytes} bytes (--max-file-size)"
+            )));
+        }
+        let relative = entry.path().map_err(bad)?.into_owned();
+        if !entry.unpack_in(dest).map_err(bad)? {
+            continue; // a path outside the directory: skipped by tar
+        }
+        if kind == EntryType::Symlink {
+            continue; // chmod would follow it
+        }
+        // unpack_in checked every parent; the entry itself was just created as a
+        // file or directory, so this does not follow a symlink.
+        let path = dest.join(&relative);
+        let meta = std::fs::symlink_metadata(&path).map_err(bad)?;
+        let mode = if meta.is_dir() || meta.permissions().mode() & 0o111 != 0 {
+            0o755
+        } else {
+            0o644
+        };
+        if meta.is_dir() || meta.is_file() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| ApiError::internal(format_args!("chmod {}: {e}", path.display())))?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the blob of a deleted or expired file and its extracted bundle, if any.
+async fn remove_blob(dir: &Path, file_id: &str) {
+    let path = dir.join(file_id);
+    if let Err(e) = tokio::fs::remove_file(&path).await {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove a file");
+        }
+    }
+    let bundle = dir.join(format!("{file_id}{BUNDLE_SUFFIX}"));
+    if let Err(e) = tokio::fs::remove_dir_all(&bundle).await {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %bundle.display(), error = %e, "cannot remove an extracted bundle");
+        }
+    }
+}
+
+/// Bytes of a tenant's stored files (part of its disk quota).
+pub async fn tenant_usage(state: &Shared, tenant: &str) -> Result<u64, ApiError> {
+    state.db.file_bytes(tenant).await
+}
+
+/// A response body that streams a file in 64 KiB chunks.
+pub fn file_body(file: tokio::fs::File) -> Body {
+    let stream = futures_util::stream::unfold(Some(file), |file| async move {
+        let mut file = file?;
+        let mut buf = vec![0u8; CHUNK];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(Bytes::from(buf)), Some(file)))
+            }
+            // Yield the error once, then end the stream.
+            Err(e) => Some((Err(e), None)),
+        }
+    });
+    Body::from_stream(stream)
+}
+
+/// Deletes expired files (rows, then blobs); returns how many.
+pub async fn expire_now(state: &Shared) -> Result<usize, ApiError> {
+    let rows = state.db.take_expired_files(now_rfc3339()).await?;
+    for row in &rows {
+        remove_blob(&tenant_dir(state, &row.tenant), &row.id).await;
+        audit::record_system(
+            state,
+            &row.tenant,
+            None,
+            "file.expire",
+            serde_json::json!({"file_id": row.id, "filename": row.filename, "size_bytes": row.size_bytes}),
+            "ok",
+        )
+        .await;
+    }
+    if !rows.is_empty() {
+        tracing::info!(count = rows.len(), "expired files deleted");
+    }
+    Ok(rows.len())
+}
+
+/// Runs [`expire_now`] at once and then every `interval`, until the state is gone.
+pub fn spawn_expiry(state: &AppState, interval: Duration) -> tokio::task::JoinHandle<()> {
+    let weak: Weak<Shared> = std::sync::Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(state) = weak.upgrade() else { return };
+            if let Err(e) = expire_now(&state).await {
+                tracing::warn!(error = %e, "file expiry failed; retrying later");
+            }
+        }
+    })
+}
+
+/// At startup (before serving): removes temporary files of interrupted uploads and
+/// blobs that have no row (a crash between rename and insert).
+pub async fn sweep_orphans(state: &Shared) -> anyhow::Result<()> {
+    let known = state
+        .db
+        .file_ids()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot list files: {}", e.message))?;
+    let root = state.files_dir();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let tenants = match std::fs::read_dir(&root) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", root.display())),
+        };
+        for tenant in tenants.flatten() {
+            if !tenant.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let Ok(entries) = std::fs::read_dir(tenant.path()) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                let id = name.strip_suffix(BUNDLE_SUFFIX).unwrap_or(&name);
+                if !name.starts_with(TMP_PREFIX) && known.contains(id) {
+                    continue;
+                }
+                let path = entry.path();
+                let removed = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                if let Err(e) = removed {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove an orphaned file");
+                }
+            }
+        }
+        Ok(())
+    })
+    .await?
+}
+
+// ---------------------------------------------------------------------------------
+// HTTP
+
+/// The multipart form of `POST /v1/files`.
+#[derive(ToSchema)]
+#[allow(dead_code)] // documents the request body; the handler streams the field
+struct UploadForm {
+    #[schema(content_media_type = "application/octet-stream")]
+    file: Vec<u8>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct UploadedFile {
+    /// 32 hex characters.
+    pub file_id: String,
+    pub filename: String,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FileListItem {
+    pub file_id: String,
+    pub filename: String,
+    pub size_bytes: u64,
+    /// RFC 3339.
+    pub upload_time: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FileList {
+    pub files: Vec<FileListItem>,
+}
+
+/// Upload a file (multipart field `file`), streamed to disk.
+#[utoipa::path(
+    post,
+    path = "/v1/files",
+    tag = "files",
+    request_body(content = inline(UploadForm), content_type = "multipart/form-data"),
+    responses(
+        (status = 201, body = UploadedFile),
+        (status = 400, body = crate::error::ErrorBody),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 413, body = crate::error::ErrorBody),
+        (status = 422, body = crate::error::ErrorBody),
+        (status = 429, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn upload(
+    State(state): State<AppState>,
+    caller: Caller,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let mut multipart = multipart.map_err(|e| {
+        ApiError::bad_request(format!(
+            "expected a multipart/form-data body: {}",
+            e.body_text()
+        ))
+    })?;
+    loop {
+        let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? else {
+            return Err(ApiError::invalid("the form has no field named \"file\""));
+        };
+        if field.name() != Some("file") {
+            continue;
+        }
+        let filename = sanitize_filename(field.file_name());
+        let meta = match receive(&state, &caller.tenant, filename, &mut field).await {
+            Ok(meta) => meta,
+            Err(e) => {
+                if e.status.is_server_error() {
+                    audit::record(
+                        &state,
+                        &caller,
+                        None,
+                        "file.upload",
+                        serde_json::json!({"error": e.code}),
+                        "error",
+                    )
+                    .await;
+                }
+                return Err(e);
+            }
+        };
+        audit::record(
+            &state,
+            &caller,
+            None,
+            "file.upload",
+            serde_json::json!({"file_id": meta.file_id, "filename": meta.filename, "size_bytes": meta.size_bytes, "sha256": meta.sha256}),
+            "ok",
+        )
+        .await;
+        return Ok((
+            StatusCode::CREATED,
+            ApiJson(UploadedFile {
+                file_id: meta.file_id,
+                filename: meta.filename,
+                size_bytes: meta.size_bytes,
+            }),
+        ));
+    }
+}
+
+/// List the tenant's files.
+#[utoipa::path(
+    get,
+    path = "/v1/files",
+    tag = "files",
+    responses(
+        (status = 200, body = FileList),
+        (status = 401, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<ApiJson<FileList>, ApiError> {
+    let files = state.db.files(&caller.tenant).await?;
+    Ok(ApiJson(FileList {
+        files: files
+            .into_iter()
+            .map(|f| FileListItem {
+                file_id: f.id,
+                filename: f.filename,
+                size_bytes: f.size_bytes,
+                upload_time: f.created_at,
+            })
+            .collect(),
+    }))
+}
+
+/// Download a file's bytes (streamed).
+#[utoipa::path(
+    get,
+    path = "/v1/files/{file_id}",
+    tag = "files",
+    params(("file_id" = String, Path)),
+    responses(
+        (status = 200, description = "The file's bytes", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn download(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(file_id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    let (meta, path) = open(&state, &caller.tenant, &file_id).await?;
+    let file = tokio::fs::File::open(&path).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            // Expired and swept between the lookup and the open.
+            ApiError::not_found(format!("no file {file_id}"))
+        } else {
+            ApiError::internal(format_args!("open {}: {e}", path.display()))
+        }
+    })?;
+    let len = file.metadata().await?.len();
+    audit::record(
+        &state,
+        &caller,
+        None,
+        "file.download",
+        serde_json::json!({"file_id": meta.file_id, "filename": meta.filename}),
+        "ok",
+    )
+    .await;
+    let mut response = file_body(file).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    headers.insert(
+        header::CONTENT_DISPOSITION,
+        content_disposition(&meta.filename),
+    );
+    Ok(response)
+}
+
+/// Delete a file.
+#[utoipa::path(
+    delete,
+    path = "/v1/files/{file_id}",
+    tag = "files",
+    params(("file_id" = String, Path)),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn delete(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(file_id): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    let not_found = || ApiError::not_found(format!("no file {file_id}"));
+    if !is_file_id(&file_id) {
+        return Err(not_found());
+    }
+    let row = state
+        .db
+        .delete_file(&caller.tenant, &file_id)
+        .await?
+        .ok_or_else(not_found)?;
+    remove_blob(&tenant_dir(&state, &caller.tenant), &row.id).await;
+    audit::record(
+        &state,
+        &caller,
+        None,
+        "file.delete",
+        serde_json::json!({"file_id": row.id, "filename": row.filename}),
+        "ok",
+    )
+    .await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `/v1/files`. Uploads may exceed `--max-body` (which is for JSON): this router
+/// allows bodies up to `--max-file-size` plus the multipart framing.
+pub fn routes(args: &ServeArgs) -> OpenApiRouter<AppState> {
+    let limit = args.max_file_size_bytes.saturating_add(MULTIPART_OVERHEAD);
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    OpenApiRouter::new()
+        .routes(routes!(upload, list))
+        .routes(routes!(download, delete))
+        .layer(DefaultBodyLimit::max(limit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_ids() {
+        let id = new_file_id();
+        assert!(is_file_id(&id), "{id}");
+        assert_ne!(id, new_file_id());
+        for bad in [
+            "",
+            "../etc/passwd",
+            &"A".repeat(32),
+            &"a".repeat(31),
+            &"g".repeat(32),
+        ] {
+            assert!(!is_file_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn filenames() {
+        assert_eq!(sanitize_filename(Some("report.csv")), "report.csv");
+        assert_eq!(sanitize_filename(Some("../../etc/passwd")), "passwd");
+        assert_eq!(sanitize_filename(Some("C:\\x\\y.txt")), "y.txt");
+        assert_eq!(sanitize_filename(Some("a\nb\0c")), "abc");
+        assert_eq!(sanitize_filename(Some("..")), "file");
+        assert_eq!(sanitize_filename(Some("dir/")), "file");
+        assert_eq!(sanitize_filename(None), "file");
+        let long = "é".repeat(300);
+        let cut = sanitize_filename(Some(&long));
+        assert!(cut.len() <= MAX_FILENAME_BYTES && cut.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn disposition() {
+        assert_eq!(
+            content_disposition("a b.txt"),
+            "attachment; filename=\"a b.txt\"; filename*=UTF-8''a%20b.txt"
+        );
+        assert_eq!(
+            content_disposition("é\"x"),
+            "attachment; filename=\"__x\"; filename*=UTF-8''%C3%A9%22x"
+        );
+    }
+
+    #[test]
+    fn tenant_dirs() {
+        assert_eq!(tenant_dir_name("acme"), "acme");
+        assert_eq!(tenant_dir_name(""), "~");
+        assert_eq!(tenant_dir_name("../x"), "~2e2e2f78");
+    }
+}

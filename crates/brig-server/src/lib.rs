@@ -1,0 +1,33 @@
+//! brig's daemon (`brig serve`): sandboxes as a service over HTTP.
+//!
+//! | module | concern |
+//! |---|---|
+//! | `config` | the daemon's settings (`brig serve` flags) |
+//! | `db` | state in SQLite (WAL): tenants, keys, sessions, files, snapshots, audit |
+//! | `error` | the `{"error": {"code", "message"}}` type and JSON extractors |
+//! | `auth` | API keys, tenants, the caller extractor, quotas |
+//! | `audit` | recording and querying the audit log |
+//! | `metrics` | Prometheus metrics |
+//! | `filestore` | uploaded files (`/v1/files`) and their expiry |
+//! | `rootfs` | files inside a sandbox's root, resolved as with RESOLVE_IN_ROOT |
+//! | `sessions` | live sandboxes: create, exec, processes, pause, snapshots, re-attach |
+//! | `server` | startup, the router and middleware, graceful shutdown |
+//! | `execute` | one-shot Python execution (onyx-compatible `/v1/execute`) |
+//!
+//! The daemon is multi-threaded (tokio) and never forks: sandboxes are started by
+//! re-executing the brig binary in a hidden helper mode (see `sessions::launch`).
+
+pub mod audit;
+pub mod auth;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod execute;
+pub mod filestore;
+pub mod metrics;
+pub mod rootfs;
+pub mod server;
+pub mod sessions;
+pub mod state;
+
+pub use config::ServeArgs;

@@ -1,0 +1,152 @@
+//! The typed error of every rootfs operation, and how errnos map onto it.
+//!
+//! Messages are one line and name the path as the sandbox sees it: the host
+//! path of a sandbox's root is never part of what a caller can read.
+
+use std::io;
+
+use rustix::io::Errno;
+
+/// Why a file operation inside a sandbox failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    NotADirectory(String),
+    #[error("{0}")]
+    NotAFile(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    NotEmpty(String),
+    /// A path the API refuses before touching anything: empty, relative, NUL,
+    /// too long, ending in `.` or `..`, removing `/`.
+    #[error("{0}")]
+    InvalidPath(String),
+    /// Resolution refused: a magic link (`/proc/*/root`, `/proc/*/fd/*`), too
+    /// many symlinks, an archive entry that climbs out or goes through a
+    /// symlink, or a kernel filesystem (procfs, sysfs...) the daemon does not
+    /// act on with its host privileges.
+    #[error("{0}")]
+    Escapes(String),
+    /// A mount point, which the daemon never removes, replaces or descends
+    /// into when removing.
+    #[error("{0}")]
+    Busy(String),
+    /// The sandbox's user could not read this (mode bits of the file and its
+    /// directories checked against the sandbox's ids), or the kernel said
+    /// EPERM/EACCES.
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    ReadOnly(String),
+    #[error("{0}")]
+    NoSpace(String),
+    /// A tar stream that is not a well-formed archive.
+    #[error("{0}")]
+    InvalidArchive(String),
+    /// Anything else: a host failure or a bug, worth a log line.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl RootfsError {
+    /// A stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RootfsError::NotFound(_) => "no_such_file",
+            RootfsError::NotADirectory(_) => "not_a_directory",
+            RootfsError::NotAFile(_) => "not_a_file",
+            RootfsError::AlreadyExists(_) => "already_exists",
+            RootfsError::NotEmpty(_) => "not_empty",
+            RootfsError::InvalidPath(_) => "invalid_path",
+            RootfsError::Escapes(_) => "path_escapes",
+            RootfsError::Busy(_) => "busy",
+            RootfsError::PermissionDenied(_) => "permission_denied",
+            RootfsError::TooLarge(_) => "too_large",
+            RootfsError::ReadOnly(_) => "read_only",
+            RootfsError::NoSpace(_) => "no_space",
+            RootfsError::InvalidArchive(_) => "invalid_archive",
+            RootfsError::Io { .. } => "io",
+        }
+    }
+
+    /// The HTTP status the daemon answers with.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            RootfsError::NotFound(_) => 404,
+            RootfsError::NotADirectory(_)
+            | RootfsError::NotAFile(_)
+            | RootfsError::AlreadyExists(_)
+            | RootfsError::NotEmpty(_)
+            | RootfsError::Busy(_)
+            | RootfsError::ReadOnly(_) => 409,
+            RootfsError::InvalidPath(_)
+            | RootfsError::Escapes(_)
+            | RootfsError::InvalidArchive(_) => 422,
+            RootfsError::PermissionDenied(_) => 403,
+            RootfsError::TooLarge(_) => 413,
+            RootfsError::NoSpace(_) => 507,
+            RootfsError::Io { .. } => 500,
+        }
+    }
+
+    pub(super) fn io(context: impl Into<String>, source: io::Error) -> Self {
+        RootfsError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// A path made printable on one line (a sandbox may name files with newlines).
+pub(super) fn show(path: &[u8]) -> String {
+    let text = String::from_utf8_lossy(path);
+    if text.chars().any(char::is_control) {
+        text.escape_debug().to_string()
+    } else {
+        text.into_owned()
+    }
+}
+
+/// Maps the errno of operation `what` (e.g. "opening") on sandbox path
+/// `shown`. ELOOP and EXDEV are only resolution refusals when they come from
+/// openat2; callers of other syscalls handle them before calling this.
+pub(super) fn errno(e: Errno, what: &str, shown: &str) -> RootfsError {
+    match e {
+        Errno::NOENT => RootfsError::NotFound(format!("{shown}: no such file or directory")),
+        Errno::NOTDIR => RootfsError::NotADirectory(format!("{shown}: not a directory")),
+        Errno::EXIST => RootfsError::AlreadyExists(format!("{shown}: already exists")),
+        Errno::NOTEMPTY => RootfsError::NotEmpty(format!("{shown}: directory not empty")),
+        Errno::ISDIR => RootfsError::NotAFile(format!("{shown}: is a directory")),
+        Errno::LOOP | Errno::XDEV => RootfsError::Escapes(format!(
+            "{shown}: resolution refused (a magic link such as /proc/*/fd/* or /proc/*/root, or too many symlinks)"
+        )),
+        Errno::NAMETOOLONG => RootfsError::InvalidPath(format!("{shown}: name too long")),
+        Errno::BUSY => RootfsError::Busy(format!("{shown}: busy (a mount point?)")),
+        Errno::ACCESS | Errno::PERM => {
+            RootfsError::PermissionDenied(format!("{shown}: {what}: permission denied"))
+        }
+        Errno::FBIG => RootfsError::TooLarge(format!("{shown}: file too large")),
+        Errno::ROFS => RootfsError::ReadOnly(format!("{shown}: read-only file system")),
+        Errno::NOSPC | Errno::DQUOT => {
+            RootfsError::NoSpace(format!("{shown}: no space left (disk limit reached)"))
+        }
+        other => RootfsError::io(format!("{what} {shown}"), other.into()),
+    }
+}
+
+/// [`errno`] for a `std::io::Error` (writes through `File`, reads of an upload).
+pub(super) fn io_error(e: io::Error, what: &str, shown: &str) -> RootfsError {
+    match e.raw_os_error() {
+        Some(raw) => errno(Errno::from_raw_os_error(raw), what, shown),
+        None => RootfsError::io(format!("{what} {shown}"), e),
+    }
+}

@@ -1,0 +1,273 @@
+//! Descriptor-level helpers shared by the rootfs operations.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
+use rustix::io::Errno;
+
+/// How API paths are resolved from the sandbox's root: `..` stops at the
+/// root, absolute symlinks restart from it, magic links are refused.
+pub(super) const IN_ROOT: ResolveFlags = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
+
+/// How names below a directory the daemon already holds are resolved when
+/// they must not go anywhere else (archive entries, a recursive walk): no
+/// symlink at all, no `..` out.
+pub(super) const BENEATH: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// A directory to resolve from or act in with `*at()` calls; never read.
+pub(super) const PATH_DIR: OFlags = OFlags::PATH.union(OFlags::DIRECTORY).union(OFlags::CLOEXEC);
+
+/// A directory to list.
+pub(super) const READ_DIR: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::CLOEXEC);
+
+/// Permission bits, as in `rwx`.
+pub(super) const R: u32 = 4;
+pub(super) const X: u32 = 1;
+
+/// openat2 returns EAGAIN when a rename or mount anywhere on the system races
+/// with a `..` it resolves under RESOLVE_IN_ROOT/BENEATH; trying again is
+/// what the man page asks for.
+const RETRIES: usize = 64;
+
+pub(super) fn openat2<P: AsRef<[u8]>>(
+    dir: BorrowedFd<'_>,
+    path: P,
+    flags: OFlags,
+    resolve: ResolveFlags,
+) -> Result<OwnedFd, Errno> {
+    let path = path.as_ref();
+    let mut last = Errno::AGAIN;
+    for _ in 0..RETRIES {
+        match rustix::fs::openat2(dir, path, flags, Mode::empty(), resolve) {
+            Err(e @ (Errno::AGAIN | Errno::INTR)) => last = e,
+            other => return other,
+        }
+    }
+    Err(last)
+}
+
+/// What identifies an inode as reached through one mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct NodeId {
+    mnt: u64,
+    dev: (u32, u32),
+    ino: u64,
+}
+
+/// The fields of `statx` the operations use.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Info {
+    pub file_type: FileType,
+    /// `st_mode & 0o7777`.
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub mtime: i64,
+    pub mtime_nsec: u32,
+    pub id: NodeId,
+    /// The root of a mount (a mount point seen from its parent).
+    pub mount_root: bool,
+}
+
+impl Info {
+    pub fn is_dir(&self) -> bool {
+        self.file_type == FileType::Directory
+    }
+}
+
+const STATX_MASK: StatxFlags = StatxFlags::BASIC_STATS.union(StatxFlags::MNT_ID);
+
+fn info(st: &rustix::fs::Statx) -> Info {
+    Info {
+        file_type: FileType::from_raw_mode(u32::from(st.stx_mode)),
+        perm: u32::from(st.stx_mode) & 0o7777,
+        uid: st.stx_uid,
+        gid: st.stx_gid,
+        size: st.stx_size,
+        mtime: st.stx_mtime.tv_sec,
+        mtime_nsec: st.stx_mtime.tv_nsec,
+        id: NodeId {
+            mnt: st.stx_mnt_id,
+            dev: (st.stx_dev_major, st.stx_dev_minor),
+            ino: st.stx_ino,
+        },
+        // STATX_ATTR_MOUNT_ROOT exists since Linux 5.8; brig needs 5.12.
+        mount_root: st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
+            && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT),
+    }
+}
+
+/// `name` in `dir`, never following a symlink there.
+pub(super) fn stat_at<P: AsRef<[u8]>>(dir: BorrowedFd<'_>, name: P) -> Result<Info, Errno> {
+    let st = rustix::fs::statx(dir, name.as_ref(), AtFlags::SYMLINK_NOFOLLOW, STATX_MASK)?;
+    Ok(info(&st))
+}
+
+/// [`stat_at`], `None` when there is nothing by that name.
+pub(super) fn stat_at_opt<P: AsRef<[u8]>>(
+    dir: BorrowedFd<'_>,
+    name: P,
+) -> Result<Option<Info>, Errno> {
+    match stat_at(dir, name) {
+        Ok(info) => Ok(Some(info)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// What `fd` (any kind, `O_PATH` included) refers to.
+pub(super) fn stat_fd(fd: BorrowedFd<'_>) -> Result<Info, Errno> {
+    let st = rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, STATX_MASK)?;
+    Ok(info(&st))
+}
+
+/// Kernel filesystems whose files are interfaces to the kernel, not data: the
+/// daemon runs as host root with every capability, so reading or writing them
+/// for a sandbox (its procfs shows `/proc/<pid>/mem` and `environ` of the
+/// non-dumpable init; a writable cgroupfs or sysfs would reconfigure the
+/// host) would lend it privileges it does not have. Values from
+/// `<linux/magic.h>`.
+const KERNEL_FILESYSTEMS: &[(u32, &str)] = &[
+    (0x9fa0, "proc"),
+    (0x6265_6572, "sysfs"),
+    (0x0027_e0eb, "cgroup"),
+    (0x6367_7270, "cgroup2"),
+    (0x6462_6720, "debugfs"),
+    (0x7472_6163, "tracefs"),
+    (0x7363_6673, "securityfs"),
+    (0xcafe_4a11, "bpf"),
+    (0x6265_6570, "configfs"),
+    (0x6165_676c, "pstore"),
+    (0xde5e_81e4, "efivarfs"),
+    (0xf97c_ff8c, "selinuxfs"),
+    (0x4341_5d53, "smackfs"),
+    (0x4249_4e4d, "binfmt_misc"),
+    (0x0000_1cd1, "devpts"),
+    (0x6573_5543, "fusectl"),
+    (0x6e73_6673, "nsfs"),
+];
+
+/// The name of the kernel filesystem `fd` is on, if it is one of those.
+pub(super) fn kernel_fs(fd: BorrowedFd<'_>) -> Result<Option<&'static str>, Errno> {
+    let st = rustix::fs::fstatfs(fd)?;
+    // `f_type` is a C long on most targets; magics are 32-bit values.
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as u64 as u32;
+    Ok(KERNEL_FILESYSTEMS
+        .iter()
+        .find(|(m, _)| *m == magic)
+        .map(|(_, name)| *name))
+}
+
+/// Whether the sandbox's user (host ids `owner`) has the `want` permission
+/// bits on `info`, by its mode bits as the kernel would check them for a
+/// process with that uid, that gid, no supplementary groups and no
+/// capabilities. The owner of a file may always: it could chmod it. ACLs are
+/// not consulted (they could only be stricter than the group bits, or grant
+/// named users, which brig does not set up).
+pub(super) fn permits(info: &Info, owner: (u32, u32), want: u32) -> bool {
+    if info.uid == owner.0 {
+        return true;
+    }
+    let bits = if info.gid == owner.1 {
+        (info.perm >> 3) & 7
+    } else {
+        info.perm & 7
+    };
+    bits & want == want
+}
+
+/// Up to `limit` names in the directory `dir` (which must be open for
+/// reading), without `.` and `..`; the flag says whether more were left.
+pub(super) fn read_names(dir: BorrowedFd<'_>, limit: usize) -> Result<(Vec<Vec<u8>>, bool), Errno> {
+    // `read_from` opens "." again: the stream has its own offset, starts at
+    // the beginning, and `dir` stays usable for `*at()` calls.
+    let mut stream = Dir::read_from(dir)?;
+    let mut names = Vec::new();
+    while let Some(entry) = stream.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        if names.len() >= limit {
+            return Ok((names, true));
+        }
+        names.push(name.to_vec());
+    }
+    Ok((names, false))
+}
+
+/// Opens the regular file `name` in `parent` for reading, checking first with
+/// an `O_PATH` descriptor (whose open has no effect on the file) that it is a
+/// regular file, on an ordinary filesystem, that `check` accepts. The real open
+/// then must reach the same inode, so a swap in between is caught.
+pub(super) fn open_regular(
+    parent: BorrowedFd<'_>,
+    name: &[u8],
+    check: &dyn Fn(&Info) -> Result<(), OpenRefusal>,
+) -> Result<(File, Info), OpenRefusal> {
+    for _ in 0..3 {
+        let probe = openat2(
+            parent,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            BENEATH,
+        )
+        .map_err(OpenRefusal::Errno)?;
+        let info = stat_fd(probe.as_fd()).map_err(OpenRefusal::Errno)?;
+        if info.file_type != FileType::RegularFile {
+            return Err(OpenRefusal::NotRegular(info.file_type));
+        }
+        if let Some(fs) = kernel_fs(probe.as_fd()).map_err(OpenRefusal::Errno)? {
+            return Err(OpenRefusal::KernelFs(fs));
+        }
+        check(&info)?;
+        // O_NONBLOCK|O_NOCTTY: if the name became a fifo or a tty since the
+        // probe, opening it neither blocks nor takes a controlling terminal.
+        let fd = openat2(
+            parent,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            BENEATH,
+        )
+        .map_err(OpenRefusal::Errno)?;
+        let opened = stat_fd(fd.as_fd()).map_err(OpenRefusal::Errno)?;
+        if opened.id != info.id {
+            continue;
+        }
+        rustix::fs::fcntl_setfl(&fd, OFlags::empty()).map_err(OpenRefusal::Errno)?;
+        return Ok((File::from(fd), opened));
+    }
+    Err(OpenRefusal::Changing)
+}
+
+/// Why [`open_regular`] did not open.
+#[derive(Debug)]
+pub(super) enum OpenRefusal {
+    Errno(Errno),
+    NotRegular(FileType),
+    KernelFs(&'static str),
+    Denied,
+    /// The name kept pointing at another inode between probe and open.
+    Changing,
+}
+
+pub(super) fn kind_name(file_type: FileType) -> &'static str {
+    match file_type {
+        FileType::RegularFile => "a regular file",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symlink",
+        FileType::Fifo => "a fifo",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        _ => "not a regular file",
+    }
+}

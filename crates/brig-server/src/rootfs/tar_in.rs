@@ -1,0 +1,563 @@
+//! A tar stream extracted into a sandbox directory.
+//!
+//! Rules, for archives that may be hostile:
+//! - names are relative: an absolute name or any `..` component is refused
+//!   (`Escapes`), as is a hard link whose target is;
+//! - every entry is resolved from the extraction directory's descriptor with
+//!   `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`: no symlink is ever followed,
+//!   whether an earlier entry made it or the sandbox had it there already
+//!   (`evil -> /` then `evil/etc/passwd` is refused);
+//! - files are written to a new temporary file and renamed into place, so a
+//!   symlink or file already at the name is replaced, never written through;
+//!   a directory or mount point there is refused;
+//! - symlinks are created as they are (they are only ever resolved inside the
+//!   sandbox), hard links only to entries extracted earlier from the same
+//!   archive (checked by inode); fifos, devices and unknown types are
+//!   skipped and counted;
+//! - everything created belongs to the sandbox's user; modes come from the
+//!   archive without set-id bits; existing directories keep theirs;
+//! - limits: entries, and bytes declared by entry headers (checked before
+//!   anything of an entry is written), plus 1 MiB of pax records and long
+//!   names per entry, which the tar crate holds in memory.
+//!
+//! Entries are applied as they come: when an entry is refused, the ones
+//! before it stay extracted (the file being written when it failed does not).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io::{self, BufReader, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::fs::{AtFlags, FileType, Timespec, Timestamps};
+use rustix::io::Errno;
+use tar::EntryType;
+
+use super::error::{errno, show};
+use super::fsops::{self, NodeId, BENEATH, PATH_DIR};
+use super::path::{self, ArchivePathError};
+use super::{
+    check_replaceable, mount_point, with_temp_name, RootfsError, SandboxRoot, CHUNK, DIR_MODE,
+    MODE_MASK,
+};
+
+/// What one extraction may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtractLimits {
+    /// Sum of the sizes entry headers declare (file data, in practice).
+    pub max_bytes: u64,
+    /// Entries of any type, skipped ones included.
+    pub max_entries: u64,
+}
+
+/// What an extraction did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExtractSummary {
+    /// Entries read (extracted or skipped).
+    pub entries: u64,
+    /// Bytes declared by the entries (file data written).
+    pub bytes: u64,
+    /// Entries not extracted: fifos, devices, unknown types.
+    pub skipped: u64,
+}
+
+/// pax records and GNU long names one entry may carry.
+const META_BUDGET: u64 = 1 << 20;
+
+pub(super) fn extract_tar<R: Read>(
+    root: &SandboxRoot,
+    dir: &str,
+    input: R,
+    limits: ExtractLimits,
+) -> Result<ExtractSummary, RootfsError> {
+    path::check(dir)?;
+    let shown = show(dir.as_bytes());
+    let top = root.ensure_dir(dir)?;
+    root.refuse_kernel_fs(top.as_fd(), &shown)?;
+    let meter = Meter {
+        inner: RefCell::new(BufReader::with_capacity(CHUNK, input)),
+        pos: Cell::new(0),
+        limit: Cell::new(META_BUDGET),
+        over: Cell::new(false),
+        failed: Cell::new(false),
+        eof: Cell::new(false),
+    };
+    let mut extraction = Extraction {
+        root,
+        top,
+        top_path: dir.trim_end_matches('/').as_bytes().to_vec(),
+        limits,
+        summary: ExtractSummary::default(),
+        buf: vec![0; CHUNK],
+        extracted: HashMap::new(),
+    };
+    let mut archive = tar::Archive::new(&meter);
+    let mut entries = archive
+        .entries()
+        .map_err(|e| meter.error(e, &shown, None))?;
+    let mut previous_size = 0;
+    loop {
+        meter.expect_headers(previous_size);
+        let Some(entry) = entries.next() else { break };
+        let mut entry = entry.map_err(|e| meter.error(e, &shown, None))?;
+        previous_size = entry.size();
+        // An entry's data is bounded by its declared size, which `add`
+        // checks against the limits before reading any.
+        meter.limit.set(u64::MAX);
+        extraction.add(&mut entry, &meter)?;
+    }
+    // The tar crate stops at the zero block that ends an archive without
+    // reading past it, and takes EOF where a header should be as the end
+    // too: seeing EOF means the stream was cut between two entries.
+    if meter.eof.get() {
+        return Err(RootfsError::InvalidArchive(format!(
+            "{shown}: the archive ends without an end-of-archive marker (truncated?)"
+        )));
+    }
+    Ok(extraction.summary)
+}
+
+/// Counts what the tar crate reads, and caps what it reads between entries
+/// (headers, pax records, long names, the unread rest of the previous entry).
+/// Shared by reference: the archive reads through it while its entries do.
+struct Meter<R> {
+    inner: RefCell<R>,
+    pos: Cell<u64>,
+    limit: Cell<u64>,
+    over: Cell<bool>,
+    /// The input itself failed (as opposed to holding a bad archive).
+    failed: Cell<bool>,
+    eof: Cell<bool>,
+}
+
+impl<R> Meter<R> {
+    fn expect_headers(&self, previous_size: u64) {
+        // The rest of the previous entry and its padding, then the budget.
+        let skip = previous_size.saturating_add(511) & !511;
+        self.limit.set(
+            self.pos
+                .get()
+                .saturating_add(skip)
+                .saturating_add(META_BUDGET),
+        );
+    }
+
+    /// The error for an io error out of the tar crate.
+    fn error(&self, e: io::Error, shown: &str, entry: Option<&str>) -> RootfsError {
+        let at = entry
+            .map(|e| format!(" at entry '{e}'"))
+            .unwrap_or_default();
+        if self.over.get() {
+            RootfsError::TooLarge(format!(
+                "{shown}: archive headers{at} over {} bytes (pax records, long names)",
+                META_BUDGET
+            ))
+        } else if self.failed.get() {
+            RootfsError::io(format!("reading the archive for {shown}"), e)
+        } else {
+            let detail = show(e.to_string().as_bytes());
+            RootfsError::InvalidArchive(format!("{shown}: not a valid tar archive{at}: {detail}"))
+        }
+    }
+}
+
+impl<R: Read> Read for &Meter<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let room = self.limit.get().saturating_sub(self.pos.get());
+        if room == 0 {
+            self.over.set(true);
+            return Err(io::Error::other("archive metadata over its limit"));
+        }
+        let len = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        let Ok(mut inner) = self.inner.try_borrow_mut() else {
+            return Err(io::Error::other("archive reader re-entered"));
+        };
+        let n = match inner.read(&mut buf[..len]) {
+            Ok(n) => n,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    self.failed.set(true);
+                }
+                return Err(e);
+            }
+        };
+        if n == 0 {
+            self.eof.set(true);
+        }
+        self.pos.set(self.pos.get().saturating_add(n as u64));
+        Ok(n)
+    }
+}
+
+struct Extraction<'a> {
+    root: &'a SandboxRoot,
+    /// The extraction directory.
+    top: OwnedFd,
+    /// Its sandbox path without trailing slashes (empty for `/`), for
+    /// messages.
+    top_path: Vec<u8>,
+    limits: ExtractLimits,
+    summary: ExtractSummary,
+    buf: Vec<u8>,
+    /// Files and symlinks extracted so far (`/`-joined names below the
+    /// directory) and their inodes: the only hard link targets allowed.
+    extracted: HashMap<Vec<u8>, NodeId>,
+}
+
+impl Extraction<'_> {
+    /// The sandbox path of the extraction directory, for messages.
+    fn top_shown(&self) -> String {
+        self.shown(&[])
+    }
+
+    /// The sandbox path of entry `components`, for messages.
+    fn shown(&self, components: &[&[u8]]) -> String {
+        if components.is_empty() && self.top_path.is_empty() {
+            return "/".to_string();
+        }
+        let mut full = self.top_path.clone();
+        for component in components {
+            full.push(b'/');
+            full.extend_from_slice(component);
+        }
+        show(&full)
+    }
+
+    fn add<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, &Meter<R>>,
+        meter: &Meter<R>,
+    ) -> Result<(), RootfsError> {
+        let top_shown = self.top_shown();
+        let raw = entry.path_bytes().into_owned();
+        let raw_shown = show(&raw);
+        self.summary.entries += 1;
+        if self.summary.entries > self.limits.max_entries {
+            return Err(RootfsError::TooLarge(format!(
+                "{top_shown}: the archive has more than {} entries",
+                self.limits.max_entries
+            )));
+        }
+        let size = entry.size();
+        match self.summary.bytes.checked_add(size) {
+            Some(total) if total <= self.limits.max_bytes => self.summary.bytes = total,
+            _ => {
+                let max = self.limits.max_bytes;
+                return Err(RootfsError::TooLarge(format!(
+                    "{top_shown}: entry '{raw_shown}' ({size} bytes) takes the archive over {max} bytes"
+                )));
+            }
+        }
+        let mut kind = entry.header().entry_type();
+        if kind == EntryType::XGlobalHeader {
+            return Ok(());
+        }
+        // Pre-POSIX archives mark directories with a trailing slash only.
+        if kind == EntryType::Regular && raw.ends_with(b"/") {
+            kind = EntryType::Directory;
+        }
+        let components = path::archive_components(&raw)
+            .map_err(|problem| name_refused(problem, &top_shown, &raw_shown, "name"))?;
+        let Some((&name, parents)) = components.split_last() else {
+            // `./`: the extraction directory itself, left as it is.
+            if kind == EntryType::Directory {
+                return Ok(());
+            }
+            return Err(RootfsError::InvalidArchive(format!(
+                "{top_shown}: entry '{raw_shown}' names the extraction directory but is not a directory"
+            )));
+        };
+        let shown = self.shown(&components);
+        let key = components.join(&b'/');
+        let mode = entry
+            .header()
+            .mode()
+            .map_err(|e| meter.error(e, &top_shown, Some(&raw_shown)))?
+            & MODE_MASK;
+        match kind {
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                let parent = self.parent(parents, &shown, true)?;
+                self.file(parent, name, key, mode, entry, meter, &shown)
+            }
+            EntryType::Directory => {
+                let parent = self.parent(parents, &shown, true)?;
+                self.directory(parent.as_fd(), name, mode, &shown)
+            }
+            EntryType::Symlink => {
+                let target = entry
+                    .link_name_bytes()
+                    .map(|t| t.into_owned())
+                    .filter(|t| !t.is_empty() && !t.contains(&0))
+                    .ok_or_else(|| {
+                        RootfsError::InvalidArchive(format!(
+                            "{shown}: symlink entry without a valid target"
+                        ))
+                    })?;
+                let parent = self.parent(parents, &shown, true)?;
+                self.symlink(parent.as_fd(), name, key, &target, &shown)
+            }
+            EntryType::Link => {
+                let target = entry
+                    .link_name_bytes()
+                    .map(|t| t.into_owned())
+                    .ok_or_else(|| {
+                        RootfsError::InvalidArchive(format!(
+                            "{shown}: hard link entry without a target"
+                        ))
+                    })?;
+                self.hardlink(parents, name, key, &target, &shown)
+            }
+            _ => {
+                tracing::debug!(path = %shown, ?kind, "skipping an archive entry");
+                self.summary.skipped += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// Opens the directory `components` below the extraction directory,
+    /// creating missing ones if `create`. Never through a symlink.
+    fn parent(
+        &self,
+        components: &[&[u8]],
+        shown: &str,
+        create: bool,
+    ) -> Result<OwnedFd, RootfsError> {
+        // The common case, a parent that exists, costs one call.
+        let joined = components.join(&b'/');
+        let joined: &[u8] = if joined.is_empty() { b"." } else { &joined };
+        if let Ok(fd) = fsops::openat2(self.top.as_fd(), joined, PATH_DIR, BENEATH) {
+            return Ok(fd);
+        }
+        let mut current = fsops::openat2(self.top.as_fd(), b".", PATH_DIR, BENEATH)
+            .map_err(|e| errno(e, "opening", &self.top_shown()))?;
+        for (i, &component) in components.iter().enumerate() {
+            let prefix = self.shown(&components[..=i]);
+            current = match fsops::openat2(current.as_fd(), component, PATH_DIR, BENEATH) {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) if create => {
+                    self.root.refuse_kernel_fs(current.as_fd(), &prefix)?;
+                    match self.root.make_dir(current.as_fd(), component, DIR_MODE) {
+                        Ok(fd) => fd,
+                        Err(e) => return Err(errno(e, "creating directory", &prefix)),
+                    }
+                }
+                Err(e @ (Errno::LOOP | Errno::XDEV | Errno::NOTDIR)) => {
+                    return Err(
+                        match fsops::stat_at(current.as_fd(), component).map(|i| i.file_type) {
+                            Ok(FileType::Symlink) => RootfsError::Escapes(format!(
+                                "{shown}: goes through the symlink {prefix} (archive entries never follow symlinks)"
+                            )),
+                            Ok(_) => RootfsError::NotADirectory(format!(
+                                "{shown}: {prefix} is not a directory"
+                            )),
+                            Err(_) => errno(e, "opening", &prefix),
+                        },
+                    )
+                }
+                Err(e) => return Err(errno(e, "opening", &prefix)),
+            };
+        }
+        Ok(current)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn file<R: Read>(
+        &mut self,
+        parent: OwnedFd,
+        name: &[u8],
+        key: Vec<u8>,
+        mode: u32,
+        entry: &mut tar::Entry<'_, &Meter<R>>,
+        meter: &Meter<R>,
+        shown: &str,
+    ) -> Result<(), RootfsError> {
+        let top_shown = self.top_shown();
+        let mtime = entry.header().mtime().unwrap_or(0);
+        let expected = entry.size();
+        let mut writer = self
+            .root
+            .new_writer(parent, name, shown.to_string(), mode)?;
+        let mut written = 0u64;
+        loop {
+            let n = match entry.read(&mut self.buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(meter.error(e, &top_shown, Some(shown))),
+            };
+            writer.write_chunk(&self.buf[..n])?;
+            written += n as u64;
+        }
+        if written != expected {
+            // Dropping the writer removes the partial file.
+            return Err(RootfsError::InvalidArchive(format!(
+                "{shown}: the archive ends after {written} of {expected} bytes of this entry"
+            )));
+        }
+        let time = Timespec {
+            tv_sec: i64::try_from(mtime).unwrap_or(0),
+            tv_nsec: 0,
+        };
+        let times = Timestamps {
+            last_access: time,
+            last_modification: time,
+        };
+        rustix::fs::futimens(writer.file(), &times)
+            .map_err(|e| errno(e, "setting the times of", shown))?;
+        let id = fsops::stat_fd(writer.file().as_fd())
+            .map_err(|e| errno(e, "inspecting", shown))?
+            .id;
+        writer.commit()?;
+        self.extracted.insert(key, id);
+        Ok(())
+    }
+
+    fn directory(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &[u8],
+        mode: u32,
+        shown: &str,
+    ) -> Result<(), RootfsError> {
+        self.root.refuse_kernel_fs(parent, shown)?;
+        match fsops::stat_at_opt(parent, name).map_err(|e| errno(e, "inspecting", shown))? {
+            // Merged into; its owner and mode stay.
+            Some(info) if info.is_dir() => return Ok(()),
+            Some(info) if info.mount_root => return Err(mount_point(shown)),
+            // A later entry replaces an earlier one (tar semantics); what is
+            // replaced is only ever unlinked.
+            Some(_) => rustix::fs::unlinkat(parent, name, AtFlags::empty())
+                .map_err(|e| errno(e, "replacing", shown))?,
+            None => {}
+        }
+        self.root
+            .make_dir(parent, name, mode)
+            .map(drop)
+            .map_err(|e| errno(e, "creating directory", shown))
+    }
+
+    fn symlink(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &[u8],
+        key: Vec<u8>,
+        target: &[u8],
+        shown: &str,
+    ) -> Result<(), RootfsError> {
+        self.root.refuse_kernel_fs(parent, shown)?;
+        check_replaceable(parent, name, shown)?;
+        let ((), temp) = with_temp_name(shown, |temp| rustix::fs::symlinkat(target, parent, temp))?;
+        let placed = self.place(parent, &temp, name, shown, |root| {
+            rustix::fs::chownat(
+                parent,
+                temp.as_slice(),
+                Some(root.uid),
+                Some(root.gid),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+        })?;
+        self.extracted.insert(key, placed);
+        Ok(())
+    }
+
+    fn hardlink(
+        &mut self,
+        parents: &[&[u8]],
+        name: &[u8],
+        key: Vec<u8>,
+        raw_target: &[u8],
+        shown: &str,
+    ) -> Result<(), RootfsError> {
+        let top_shown = self.top_shown();
+        let target_shown = show(raw_target);
+        let target = path::archive_components(raw_target).map_err(|problem| {
+            name_refused(problem, &top_shown, &target_shown, "hard link target")
+        })?;
+        let target_key = target.join(&b'/');
+        if target_key == key {
+            return Ok(());
+        }
+        let not_earlier = || {
+            RootfsError::InvalidArchive(format!(
+                "{shown}: hard link to '{target_shown}', which is not an earlier file of this archive"
+            ))
+        };
+        let expected = *self.extracted.get(&target_key).ok_or_else(not_earlier)?;
+        let Some((&target_name, target_parents)) = target.split_last() else {
+            return Err(not_earlier());
+        };
+        let target_parent = self.parent(target_parents, shown, false)?;
+        let same = |id: Result<NodeId, Errno>| id.is_ok_and(|id| id == expected);
+        if !same(fsops::stat_at(target_parent.as_fd(), target_name).map(|i| i.id)) {
+            return Err(RootfsError::InvalidArchive(format!(
+                "{shown}: hard link target '{target_shown}' changed since it was extracted"
+            )));
+        }
+        let parent = self.parent(parents, shown, true)?;
+        self.root.refuse_kernel_fs(parent.as_fd(), shown)?;
+        check_replaceable(parent.as_fd(), name, shown)?;
+        // No AT_SYMLINK_FOLLOW: a link to a symlink links the symlink.
+        let ((), temp) = with_temp_name(shown, |temp| {
+            rustix::fs::linkat(&target_parent, target_name, &parent, temp, AtFlags::empty())
+        })?;
+        // The sandbox could have swapped the target between the check and
+        // the link: only the inode extracted earlier may be linked.
+        if !same(fsops::stat_at(parent.as_fd(), temp.as_slice()).map(|i| i.id)) {
+            let _ = rustix::fs::unlinkat(&parent, temp.as_slice(), AtFlags::empty());
+            return Err(RootfsError::InvalidArchive(format!(
+                "{shown}: hard link target '{target_shown}' changed since it was extracted"
+            )));
+        }
+        let placed = self.place(parent.as_fd(), &temp, name, shown, |_| Ok(()))?;
+        self.extracted.insert(key, placed);
+        Ok(())
+    }
+
+    /// Finishes the temporary entry `temp` with `prepare`, then renames it
+    /// over `name`; removes it on any failure. Returns its inode.
+    fn place(
+        &self,
+        parent: BorrowedFd<'_>,
+        temp: &[u8],
+        name: &[u8],
+        shown: &str,
+        prepare: impl FnOnce(&SandboxRoot) -> Result<(), Errno>,
+    ) -> Result<NodeId, RootfsError> {
+        let result = prepare(self.root)
+            .map_err(|e| errno(e, "creating", shown))
+            .and_then(|()| fsops::stat_at(parent, temp).map_err(|e| errno(e, "inspecting", shown)))
+            .and_then(|info| {
+                check_replaceable(parent, name, shown)?;
+                rustix::fs::renameat(parent, temp, parent, name)
+                    .map_err(|e| errno(e, "replacing", shown))?;
+                Ok(info.id)
+            });
+        if result.is_err() {
+            let _ = rustix::fs::unlinkat(parent, temp, AtFlags::empty());
+        }
+        result
+    }
+}
+
+fn name_refused(
+    problem: ArchivePathError,
+    top_shown: &str,
+    raw_shown: &str,
+    role: &str,
+) -> RootfsError {
+    let at = format!("{top_shown}: archive entry '{raw_shown}'");
+    match problem {
+        ArchivePathError::Absolute => RootfsError::Escapes(format!("{at}: the {role} is absolute")),
+        ArchivePathError::DotDot => RootfsError::Escapes(format!("{at}: the {role} contains '..'")),
+        ArchivePathError::Nul => {
+            RootfsError::InvalidArchive(format!("{at}: the {role} contains a NUL byte"))
+        }
+        ArchivePathError::TooLong => RootfsError::InvalidArchive(format!(
+            "{at}: the {role} is longer than {} bytes",
+            path::MAX_PATH
+        )),
+    }
+}

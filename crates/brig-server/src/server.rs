@@ -1,0 +1,286 @@
+//! Startup, the router and its middleware, and graceful shutdown.
+//!
+//! Every route is registered through `utoipa_axum::routes!`, so the OpenAPI document
+//! served at `/v1/openapi.json` is generated from the handlers that are actually
+//! routed. Modules contribute an `OpenApiRouter<AppState>` (`routes()`), merged in
+//! [`api_router`].
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::{DefaultBodyLimit, Extension};
+use axum::http::{header, HeaderValue};
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use serde::{Deserialize, Serialize};
+use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::DEFAULT_TENANT;
+use crate::config::{LogFormat, ServeArgs};
+use crate::error::{method_not_allowed_fallback, not_found_fallback, ApiJson, ErrorBody};
+use crate::state::{AppState, Shared};
+
+/// How long in-flight requests may run on after SIGTERM/SIGINT.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "brig",
+        description = "Sandboxes for untrusted code as a service. Errors are \
+            `{\"error\": {\"code\", \"message\"}}`; see docs/API.md."
+    ),
+    modifiers(&SecuritySchemes),
+    components(schemas(ErrorBody)),
+    tags(
+        (name = "operations", description = "Health, metrics, this document"),
+        (name = "tenants", description = "API keys, tenants and quotas"),
+        (name = "files", description = "Uploaded files (onyx-compatible)"),
+        (name = "audit", description = "The audit log"),
+    )
+)]
+pub struct ApiDoc;
+
+/// `bearer` (`Authorization: Bearer <key>`) and `api_key` (`X-API-Key: <key>`).
+struct SecuritySchemes;
+
+impl Modify for SecuritySchemes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok` while the daemon answers.
+    pub status: String,
+    pub version: String,
+}
+
+/// Liveness and version (no auth).
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "operations",
+    responses((status = 200, body = Health))
+)]
+async fn health() -> ApiJson<Health> {
+    ApiJson(Health {
+        status: "ok".to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    })
+}
+
+/// The OpenAPI document, rendered once when the router is built.
+#[derive(Clone)]
+struct OpenApiJson(Arc<String>);
+
+/// This API's OpenAPI document (no auth).
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "operations",
+    responses((status = 200, description = "OpenAPI 3 document", content_type = "application/json"))
+)]
+async fn openapi_json(Extension(doc): Extension<OpenApiJson>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        doc.0.as_str().to_owned(),
+    )
+        .into_response()
+}
+
+/// Every route with its OpenAPI description, before middleware.
+pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(health))
+        .routes(routes!(openapi_json))
+        .merge(crate::metrics::routes())
+        .merge(crate::auth::routes())
+        .merge(crate::audit::routes())
+        .merge(crate::filestore::routes(args))
+        .merge(crate::sessions::routes())
+        .merge(crate::execute::routes())
+}
+
+/// The OpenAPI document of everything [`router`] serves.
+pub fn openapi(args: &ServeArgs) -> utoipa::openapi::OpenApi {
+    api_router(args).into_openapi()
+}
+
+/// The complete HTTP service: routes, fallbacks and middleware (outermost first:
+/// tracing, request metrics, error shaping + refusal audit, JSON body limit).
+pub fn router(state: AppState) -> Router {
+    let (routes, api) = api_router(&state.args).split_for_parts();
+    let doc = api.to_json().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "cannot render the OpenAPI document");
+        "{}".to_string()
+    });
+    let max_body = usize::try_from(state.args.max_body_bytes).unwrap_or(usize::MAX);
+    routes
+        .fallback(not_found_fallback)
+        .method_not_allowed_fallback(method_not_allowed_fallback)
+        .layer(Extension(OpenApiJson(Arc::new(doc))))
+        // Axum's buffering extractors (JSON) stop at this; routes that stream bodies
+        // set their own limits (uploads: --max-file-size).
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(from_fn_with_state(state.clone(), crate::audit::refusals))
+        .layer(from_fn(crate::metrics::track_requests))
+        // One span and one `info` line per request (method, path, status, latency);
+        // headers are not logged, so keys never reach the log.
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO))
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+        )
+        .with_state(state)
+}
+
+/// Logs to stderr, as text or JSON lines; `RUST_LOG` filters (default `info`). A
+/// second call (or a subscriber set by an embedding program) is ignored.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Everything before serving, in order: validate the flags, create the data dir
+/// (0700), open the database, create the admin key on first start, clean up after
+/// interrupted uploads, start the live sessions. The state is then complete.
+pub async fn start(args: ServeArgs) -> anyhow::Result<AppState> {
+    args.validate()?;
+    if args.no_auth {
+        tracing::warn!(
+            listen = %args.listen,
+            "--no-auth: requests without an API key are served as tenant \"{DEFAULT_TENANT}\""
+        );
+    }
+    let state = Shared::new(args).await?;
+    if state.args.no_auth {
+        state
+            .db
+            .ensure_tenant(DEFAULT_TENANT)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot create tenant {DEFAULT_TENANT}: {}", e.message))?;
+    }
+    state.auth.bootstrap_admin(&state.data_dir).await?;
+    crate::filestore::sweep_orphans(&state).await?;
+    let sessions = crate::sessions::Sessions::start(&state)
+        .await
+        .context("cannot start sessions")?;
+    if state.sessions.set(sessions).is_err() {
+        anyhow::bail!("sessions were started twice");
+    }
+    Ok(state)
+}
+
+/// Starts the background work of a started state: session tasks, file expiry
+/// (every `expiry_interval`), metrics upkeep.
+pub fn spawn_background(state: &AppState, expiry_interval: Duration) {
+    crate::sessions::Sessions::spawn_tasks(state);
+    crate::filestore::spawn_expiry(state, expiry_interval);
+    state.metrics.spawn_upkeep();
+}
+
+/// `brig serve`: runs the daemon until SIGTERM or SIGINT.
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let listen = args.listen;
+    let state = start(args).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    spawn_background(&state, crate::filestore::EXPIRY_INTERVAL);
+    tracing::info!(
+        addr = %listener.local_addr().unwrap_or(listen),
+        data_dir = %state.data_dir.display(),
+        version = env!("CARGO_PKG_VERSION"),
+        "brig serve is listening"
+    );
+    let signals = state.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        signals.begin_shutdown();
+    });
+    run(listener, state).await
+}
+
+/// Serves on `listener` until `state.begin_shutdown()` (which `serve` calls on
+/// SIGTERM/SIGINT): then stops accepting, lets requests in flight finish for up to
+/// [`SHUTDOWN_GRACE`], and returns.
+pub async fn run(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
+    let app = router(state.clone());
+    let graceful = state.clone();
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            graceful.shutdown_requested().await;
+            tracing::info!("shutting down: no new connections, finishing requests in flight");
+        })
+        .into_future();
+    let deadline = async {
+        state.shutdown_requested().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        result = server => result.context("the HTTP server failed")?,
+        () = deadline => tracing::warn!(
+            "requests still running {}s after shutdown began; exiting anyway",
+            SHUTDOWN_GRACE.as_secs()
+        ),
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut stream) => {
+                stream.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let interrupt = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = terminate => tracing::info!("SIGTERM received"),
+        () = interrupt => tracing::info!("SIGINT received"),
+    }
+}
+
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod tests;

@@ -1,0 +1,609 @@
+//! Exec in a session: synchronous, streamed (Server-Sent Events), and the
+//! onyx-compatible `bash` endpoint.
+//!
+//! The daemon makes the pipes, hands their far ends to the session's init with the
+//! request, and reads output itself: nothing flows through init. Output past the
+//! limit is drained and dropped, so a flooding command never blocks and never grows
+//! the daemon's memory.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use brig_jail::agent::{AgentReply, AgentRequest};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::agent::Agent;
+use super::{ensure_running, lookup, Session};
+use crate::audit;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiJson, ApiPath};
+use crate::state::AppState;
+
+/// After the command exits, how long output from processes it left behind (still
+/// holding its stdout) is awaited before the result is returned.
+const OUTPUT_GRACE: Duration = Duration::from_millis(200);
+
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(exec_sync))
+        .routes(routes!(exec_stream))
+        .routes(routes!(bash))
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// The command and its arguments (searched in PATH).
+    pub argv: Option<Vec<String>>,
+    /// A shell command line, run with `/bin/sh -c`.
+    pub cmd: Option<String>,
+    /// Working directory (default: the session's, /workspace).
+    pub cwd: Option<String>,
+    /// Added to the session's environment.
+    pub env: Option<BTreeMap<String, String>>,
+    /// Given to the command on stdin (then EOF).
+    pub stdin: Option<String>,
+    /// Kill the command's process group after this long (default and maximum:
+    /// the daemon's --max-execute-timeout).
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct ExecResult {
+    /// `null` when killed by a signal.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+}
+
+/// The exit of a streamed exec (`exit` event): the result without the output.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecExit {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// A command ready to run: argv, env and cwd resolved against the session.
+pub struct Command {
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: String,
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Duration,
+}
+
+impl Command {
+    pub fn from_request(
+        state: &AppState,
+        session: &Session,
+        request: &ExecRequest,
+    ) -> Result<Command, ApiError> {
+        let argv = match (&request.argv, &request.cmd) {
+            (Some(argv), None) if !argv.is_empty() && !argv[0].is_empty() => argv.clone(),
+            (None, Some(cmd)) => vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid("give either argv or cmd, not both"))
+            }
+            _ => return Err(ApiError::invalid("give argv (a non-empty list) or cmd")),
+        };
+        let max = state.args.max_execute_timeout_ms;
+        let timeout_ms = request.timeout_ms.unwrap_or(max);
+        if timeout_ms == 0 || timeout_ms > max {
+            return Err(ApiError::invalid(format!(
+                "timeout_ms must be between 1 and {max} (the daemon's --max-execute-timeout)"
+            )));
+        }
+        let cwd = request
+            .cwd
+            .clone()
+            .unwrap_or_else(|| session.sandbox().cwd.clone());
+        if !cwd.starts_with('/') {
+            return Err(ApiError::invalid(format!(
+                "cwd {cwd:?} must be an absolute path"
+            )));
+        }
+        Ok(Command {
+            argv,
+            env: merged_env(session, request.env.as_ref())?,
+            cwd,
+            stdin: request.stdin.clone().map(String::into_bytes),
+            timeout: Duration::from_millis(timeout_ms),
+        })
+    }
+}
+
+/// The session's environment with the request's on top, as `K=V` entries.
+pub fn merged_env(
+    session: &Session,
+    extra: Option<&BTreeMap<String, String>>,
+) -> Result<Vec<String>, ApiError> {
+    let mut env = session.base_env();
+    for (key, value) in extra.into_iter().flatten() {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(ApiError::invalid(format!(
+                "invalid environment variable {key:?}"
+            )));
+        }
+        env.insert(key.clone(), value.clone());
+    }
+    Ok(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect())
+}
+
+pub fn pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| ApiError::internal(format!("pipe: {e}")))
+}
+
+/// A chunk of output as it arrives (for streaming).
+pub type Chunks = mpsc::Sender<(Stream, Vec<u8>)>;
+
+/// Runs `command` in the session to its end (or its timeout) and collects the
+/// result; with `chunks`, output is also sent there as it comes.
+pub async fn run(
+    state: &AppState,
+    session: &Session,
+    command: Command,
+    chunks: Option<Chunks>,
+) -> Result<ExecResult, ApiError> {
+    ensure_running(session)?;
+    let _gate = session.gate.read().await;
+    if session.deleted.load(Ordering::SeqCst) {
+        return Err(ApiError::not_found(format!("no session {}", session.id)));
+    }
+    ensure_running(session)?;
+    let _permit = state.auth.exec_permit(&session.tenant)?;
+    crate::metrics::exec_started();
+    let started = Instant::now();
+    let result = run_inner(state, session, command, chunks, started).await;
+    let outcome = match &result {
+        Ok(r) if r.timed_out => "timeout",
+        Ok(r) if r.oom_killed => "oom",
+        Ok(_) => "ok",
+        Err(e) => e.code,
+    };
+    crate::metrics::exec_finished(started.elapsed(), outcome);
+    result
+}
+
+async fn run_inner(
+    state: &AppState,
+    session: &Session,
+    command: Command,
+    chunks: Option<Chunks>,
+    started: Instant,
+) -> Result<ExecResult, ApiError> {
+    let sandbox = session.sandbox();
+    let oom_before = sandbox.handle.stats().map(|s| s.oom_kills).unwrap_or(0);
+    let (stdin_r, stdin_w) = pipe()?;
+    let (stdout_r, stdout_w) = pipe()?;
+    let (stderr_r, stderr_w) = pipe()?;
+    let mut agent = Agent::connect(&sandbox.control_socket).map_err(sandbox_gone)?;
+    agent
+        .send(
+            &AgentRequest::Exec {
+                argv: command.argv.clone(),
+                env: command.env,
+                cwd: command.cwd,
+            },
+            &[stdin_r.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()],
+        )
+        .await
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidInput {
+                ApiError::too_large(e.to_string())
+            } else {
+                sandbox_gone(e)
+            }
+        })?;
+    // The sandbox has its copies; ours would keep the pipes from ever closing.
+    drop((stdin_r, stdout_w, stderr_w));
+    let job = match agent.recv().await.map_err(sandbox_gone)?.0 {
+        AgentReply::Started { job, .. } => job,
+        AgentReply::ExecFailed { message, exit_code } => {
+            let text = format!("brig: {message}\n");
+            if let Some(chunks) = &chunks {
+                let _ = chunks
+                    .send((Stream::Stderr, text.clone().into_bytes()))
+                    .await;
+            }
+            return Ok(ExecResult {
+                exit_code: Some(exit_code),
+                stderr: text,
+                duration_ms: started.elapsed().as_millis() as u64,
+                ..Default::default()
+            });
+        }
+        AgentReply::Error { message } => return Err(ApiError::invalid(message)),
+        other => {
+            return Err(ApiError::internal(format!(
+                "unexpected agent reply {other:?}"
+            )))
+        }
+    };
+
+    let limit = state.output_limit_bytes();
+    let stdin_task = tokio::spawn(write_stdin(stdin_w, command.stdin));
+    let stdout = tokio::spawn(collect(stdout_r, Stream::Stdout, limit, chunks.clone()));
+    let stderr = tokio::spawn(collect(stderr_r, Stream::Stderr, limit, chunks));
+
+    let deadline = tokio::time::Instant::from_std(started + command.timeout);
+    let mut timed_out = false;
+    let exit = loop {
+        let reply = tokio::select! {
+            reply = agent.recv() => reply,
+            _ = tokio::time::sleep_until(deadline), if !timed_out => {
+                timed_out = true;
+                kill_job(&sandbox.control_socket, job).await;
+                continue;
+            }
+        };
+        match reply {
+            Ok((AgentReply::Exited { exit, .. }, _)) => break Some(exit),
+            Ok(_) => continue,
+            // The sandbox ended under the command (session deleted, init killed).
+            Err(_) => break None,
+        };
+    };
+    stdin_task.abort();
+    let grace = tokio::time::Instant::now() + OUTPUT_GRACE;
+    let (out, out_truncated) = finish(stdout, grace).await;
+    let (err, err_truncated) = finish(stderr, grace).await;
+    let Some(exit) = exit else {
+        return Err(ApiError::conflict(format!(
+            "session {} ended while the command ran",
+            session.id
+        )));
+    };
+    let oom_after = sandbox.handle.stats().map(|s| s.oom_kills).unwrap_or(0);
+    Ok(ExecResult {
+        exit_code: exit.code,
+        signal: exit.signal,
+        timed_out,
+        oom_killed: oom_after > oom_before && exit.signal == Some(libc::SIGKILL),
+        stdout: String::from_utf8_lossy(&out).into_owned(),
+        stderr: String::from_utf8_lossy(&err).into_owned(),
+        stdout_truncated: out_truncated,
+        stderr_truncated: err_truncated,
+        duration_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// Kills a job's process group (over a second connection: the first is waiting).
+pub async fn kill_job(socket: &std::path::Path, job: u64) {
+    if let Ok(mut agent) = Agent::connect(socket) {
+        let _ = agent
+            .call(&AgentRequest::Signal {
+                job,
+                signal: libc::SIGKILL,
+            })
+            .await;
+    }
+}
+
+pub fn sandbox_gone(e: std::io::Error) -> ApiError {
+    ApiError::conflict(format!("the session's sandbox is not reachable: {e}"))
+}
+
+async fn write_stdin(fd: OwnedFd, data: Option<Vec<u8>>) {
+    let Some(data) = data else { return };
+    if let Ok(mut sender) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) {
+        // A command that does not read its stdin closes the pipe: fine.
+        let _ = sender.write_all(&data).await;
+    }
+}
+
+/// Reads one stream to its end, keeping up to `limit` bytes and sending what is
+/// kept to `chunks` as it arrives.
+async fn collect(
+    fd: OwnedFd,
+    stream: Stream,
+    limit: u64,
+    chunks: Option<Chunks>,
+) -> (Vec<u8>, bool) {
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return (kept, truncated);
+    };
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let room = (limit as usize).saturating_sub(kept.len());
+        let take = n.min(room);
+        if take < n {
+            truncated = true;
+        }
+        if take > 0 {
+            kept.extend_from_slice(&buf[..take]);
+            if let Some(chunks) = &chunks {
+                let _ = chunks.send((stream, buf[..take].to_vec())).await;
+            }
+        }
+    }
+    (kept, truncated)
+}
+
+/// The collected stream, or what was collected by `grace` if processes the command
+/// left behind still hold the pipe open.
+async fn finish(
+    task: tokio::task::JoinHandle<(Vec<u8>, bool)>,
+    grace: tokio::time::Instant,
+) -> (Vec<u8>, bool) {
+    let abort = task.abort_handle();
+    match tokio::time::timeout_at(grace, task).await {
+        Ok(Ok(result)) => result,
+        _ => {
+            abort.abort();
+            (Vec::new(), false)
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/exec", tag = "exec",
+    params(("id" = String, Path)), request_body = ExecRequest,
+    responses((status = 200, body = ExecResult), (status = 404, body = crate::error::ErrorBody),
+              (status = 409, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn exec_sync(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(request): ApiJson<ExecRequest>,
+) -> Result<ApiJson<ExecResult>, ApiError> {
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        let command = Command::from_request(&state, &session, &request)?;
+        run(&state, &session, command, None).await
+    }
+    .await;
+    audit_exec(&state, &caller, &id, "exec", &request, &result).await;
+    result.map(ApiJson)
+}
+
+pub async fn audit_exec(
+    state: &AppState,
+    caller: &Caller,
+    session_id: &str,
+    action: &str,
+    request: &ExecRequest,
+    result: &Result<ExecResult, ApiError>,
+) {
+    let (outcome, detail) = match result {
+        Ok(r) => (
+            "ok",
+            serde_json::json!({"argv": request.argv, "cmd": request.cmd,
+                "exit_code": r.exit_code, "signal": r.signal, "timed_out": r.timed_out,
+                "duration_ms": r.duration_ms}),
+        ),
+        Err(e) => (
+            e.code,
+            serde_json::json!({"argv": request.argv, "cmd": request.cmd, "error": e.message}),
+        ),
+    };
+    audit::record(state, caller, Some(session_id), action, detail, outcome).await;
+}
+
+/// Turns output chunks into UTF-8 text without splitting a character across two
+/// events: an incomplete sequence at the end waits for the next chunk.
+#[derive(Default)]
+pub struct Utf8Chunker {
+    pending: Vec<u8>,
+}
+
+impl Utf8Chunker {
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            // Invalid bytes (not just incomplete): pass everything on, lossily.
+            Err(_) => self.pending.len(),
+        };
+        let rest = self.pending.split_off(valid);
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending = rest;
+        text
+    }
+
+    pub fn flush(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        text
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/exec/stream", tag = "exec",
+    params(("id" = String, Path)), request_body = ExecRequest,
+    responses((status = 200, description = "Server-Sent Events: `stdout` and `stderr` {data}, then `exit` (ExecExit) or `error` {code, message}", content_type = "text/event-stream")),
+    security(("bearer" = [])))]
+async fn exec_stream(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(request): ApiJson<ExecRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    // Problems found before anything runs are plain HTTP errors.
+    let session = lookup(&state, &caller, &id)?;
+    let command = Command::from_request(&state, &session, &request)?;
+    ensure_running(&session)?;
+    let (events_tx, events_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    let (chunks_tx, mut chunks_rx) = mpsc::channel::<(Stream, Vec<u8>)>(64);
+    let task_state = state.clone();
+    let runner = tokio::spawn(async move {
+        let result = run(&task_state, &session, command, Some(chunks_tx)).await;
+        audit_exec(
+            &task_state,
+            &caller,
+            &session.id,
+            "exec.stream",
+            &request,
+            &result,
+        )
+        .await;
+        result
+    });
+    tokio::spawn(async move {
+        let mut text = [Utf8Chunker::default(), Utf8Chunker::default()];
+        while let Some((stream, bytes)) = chunks_rx.recv().await {
+            let data = text[stream as usize].push(&bytes);
+            if !data.is_empty() {
+                let event = Event::default()
+                    .event(stream.name())
+                    .json_data(serde_json::json!({ "data": data }));
+                if let Ok(event) = event {
+                    let _ = events_tx.send(Ok(event)).await;
+                }
+            }
+        }
+        for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
+            let data = text[i].flush();
+            if !data.is_empty() {
+                if let Ok(event) = Event::default()
+                    .event(stream.name())
+                    .json_data(serde_json::json!({ "data": data }))
+                {
+                    let _ = events_tx.send(Ok(event)).await;
+                }
+            }
+        }
+        let last = match runner.await {
+            Ok(Ok(r)) => Event::default().event("exit").json_data(ExecExit {
+                exit_code: r.exit_code,
+                signal: r.signal,
+                timed_out: r.timed_out,
+                oom_killed: r.oom_killed,
+                stdout_truncated: r.stdout_truncated,
+                stderr_truncated: r.stderr_truncated,
+                duration_ms: r.duration_ms,
+            }),
+            Ok(Err(e)) => Event::default()
+                .event("error")
+                .json_data(serde_json::json!({"code": e.code, "message": e.message})),
+            Err(e) => Event::default()
+                .event("error")
+                .json_data(serde_json::json!({"code": "internal", "message": e.to_string()})),
+        };
+        if let Ok(event) = last {
+            let _ = events_tx.send(Ok(event)).await;
+        }
+    });
+    Ok(
+        Sse::new(tokio_stream::wrappers::ReceiverStream::new(events_rx))
+            .keep_alive(KeepAlive::default()),
+    )
+}
+
+/// `POST /v1/sessions/{id}/bash` (onyx python-sandbox).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BashRequest {
+    pub cmd: String,
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BashResult {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/bash", tag = "execute",
+    params(("id" = String, Path)), request_body = BashRequest,
+    responses((status = 200, body = BashResult), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn bash(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(request): ApiJson<BashRequest>,
+) -> Result<ApiJson<BashResult>, ApiError> {
+    let exec = ExecRequest {
+        argv: Some(vec!["bash".into(), "-c".into(), request.cmd.clone()]),
+        timeout_ms: request.timeout_ms,
+        ..Default::default()
+    };
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        let command = Command::from_request(&state, &session, &exec)?;
+        let result = run(&state, &session, command, None).await?;
+        if result.exit_code == Some(127) && result.stderr.starts_with("brig: command not found") {
+            // No bash in this root: a POSIX shell does for most command lines.
+            let fallback = ExecRequest {
+                argv: None,
+                cmd: Some(request.cmd.clone()),
+                ..exec.clone()
+            };
+            let command = Command::from_request(&state, &session, &fallback)?;
+            return run(&state, &session, command, None).await;
+        }
+        Ok(result)
+    }
+    .await;
+    audit_exec(&state, &caller, &id, "bash", &exec, &result).await;
+    let r = result?;
+    Ok(ApiJson(BashResult {
+        stdout: r.stdout,
+        stderr: r.stderr,
+        exit_code: r.exit_code,
+        timed_out: r.timed_out,
+        duration_ms: r.duration_ms,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Utf8Chunker;
+
+    #[test]
+    fn chunker_keeps_characters_whole() {
+        let mut c = Utf8Chunker::default();
+        let bytes = "héllo".as_bytes();
+        assert_eq!(c.push(&bytes[..2]), "h");
+        assert_eq!(c.push(&bytes[2..]), "éllo");
+        assert_eq!(c.push(b"\xff"), "\u{fffd}");
+        assert_eq!(c.flush(), "");
+    }
+}

@@ -1,0 +1,447 @@
+//! Files in a session, from the daemon's side.
+//!
+//! Every path goes through [`crate::rootfs::SandboxRoot`], opened on
+//! `/proc/<init>/root`: resolution stays inside the sandbox's root (RESOLVE_IN_ROOT),
+//! so a symlink planted by the sandbox can never point the daemon at a host file.
+//! Bodies are streamed both ways through a blocking task; nothing is held whole in
+//! memory.
+
+use std::io::{Read, Write};
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::TryStreamExt;
+use serde::{Deserialize, Serialize};
+use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{ensure_running, lookup, workspace_path, FileRef, Session};
+use crate::audit;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiPath, ApiQuery};
+use crate::rootfs::{ExtractLimits, RootfsError, SandboxRoot};
+use crate::state::AppState;
+
+/// Entries an uploaded archive may hold.
+const MAX_ARCHIVE_ENTRIES: u64 = 100_000;
+
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(download, upload, remove))
+        .routes(routes!(list_dir, make_dir))
+        .routes(routes!(download_archive, upload_archive))
+}
+
+pub fn rootfs_error(e: RootfsError) -> ApiError {
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if status == StatusCode::INTERNAL_SERVER_ERROR {
+        return ApiError::internal(e);
+    }
+    ApiError::new(status, e.code(), e.to_string())
+}
+
+/// The sandbox's root, for file operations as its user.
+pub fn root_of(session: &Session) -> Result<SandboxRoot, ApiError> {
+    let sandbox = session.sandbox();
+    SandboxRoot::open(
+        std::path::Path::new(&format!("/proc/{}/root", sandbox.handle.pid)),
+        sandbox.handle.host_uid,
+        sandbox.handle.host_gid,
+    )
+    .map_err(rootfs_error)
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// For DELETE: remove a directory and everything in it.
+    pub recursive: Option<bool>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Written {
+    pub path: String,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Extracted {
+    pub path: String,
+    pub entries: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DirEntry {
+    pub name: String,
+    /// "file", "directory", "symlink" or "other".
+    pub kind: String,
+    pub size_bytes: u64,
+    pub mode: u32,
+    /// RFC 3339.
+    pub modified_at: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DirListing {
+    pub path: String,
+    pub entries: Vec<DirEntry>,
+}
+
+async fn audited<T>(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    action: &str,
+    path: &str,
+    result: Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    let outcome = result
+        .as_ref()
+        .map(|_| "ok")
+        .unwrap_or_else(|e: &ApiError| e.code);
+    audit::record(
+        state,
+        caller,
+        Some(id),
+        action,
+        serde_json::json!({"path": path}),
+        outcome,
+    )
+    .await;
+    result
+}
+
+/// Runs a blocking file operation on the session's root.
+async fn with_root<T: Send + 'static>(
+    session: &Session,
+    f: impl FnOnce(SandboxRoot) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let root = root_of(session)?;
+    tokio::task::spawn_blocking(move || f(root))
+        .await
+        .map_err(ApiError::internal)?
+}
+
+/// A body reader that fails once more than `limit` bytes came.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n as u64 > self.left {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                "upload over the daemon's --max-file-size",
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+fn body_reader(body: Body, limit: u64) -> Capped<SyncIoBridge<impl tokio::io::AsyncRead + Unpin>> {
+    let stream = body
+        .into_data_stream()
+        .map_err(std::io::Error::other);
+    Capped {
+        inner: SyncIoBridge::new(StreamReader::new(stream)),
+        left: limit,
+    }
+}
+
+fn io_to_api(e: std::io::Error) -> ApiError {
+    match e.kind() {
+        std::io::ErrorKind::FileTooLarge => ApiError::too_large(e.to_string()),
+        std::io::ErrorKind::StorageFull => ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "no_space",
+            "the session's disk is full (its --disk limit)",
+        ),
+        _ => ApiError::bad_request(format!("upload interrupted: {e}")),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/files", tag = "files",
+    params(("id" = String, Path), PathQuery),
+    responses((status = 200, description = "the file's bytes", content_type = "application/octet-stream"),
+              (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn download(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+) -> Result<Response, ApiError> {
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        let path = query.path.clone();
+        let (file, meta) = with_root(&session, move |root| {
+            root.open_read(&path).map_err(rootfs_error)
+        })
+        .await?;
+        let stream = ReaderStream::new(tokio::fs::File::from_std(file));
+        Ok((
+            [
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (header::CONTENT_LENGTH, meta.size_bytes.to_string()),
+            ],
+            Body::from_stream(stream),
+        )
+            .into_response())
+    }
+    .await;
+    audited(&state, &caller, &id, "file.read", &query.path, result).await
+}
+
+#[utoipa::path(put, path = "/v1/sessions/{id}/files", tag = "files",
+    params(("id" = String, Path), PathQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 201, body = Written), (status = 404, body = crate::error::ErrorBody),
+              (status = 413, body = crate::error::ErrorBody), (status = 422, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn upload(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let limit = state.args.max_file_size_bytes;
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        ensure_running(&session)?;
+        let path = query.path.clone();
+        let reader = body_reader(body, limit);
+        let size = with_root(&session, move |root| write_file(&root, &path, reader)).await?;
+        Ok(Written {
+            path: query.path.clone(),
+            size_bytes: size,
+        })
+    }
+    .await;
+    let written = audited(&state, &caller, &id, "file.write", &query.path, result).await?;
+    Ok((StatusCode::CREATED, axum::Json(written)))
+}
+
+/// Writes `reader` to `path` (parents made), replacing the file atomically.
+pub fn write_file(root: &SandboxRoot, path: &str, mut reader: impl Read) -> Result<u64, ApiError> {
+    let mut writer = root.create_write(path, true).map_err(rootfs_error)?;
+    let copied = std::io::copy(&mut reader, writer.file()).map_err(io_to_api)?;
+    writer.commit().map_err(rootfs_error)?;
+    Ok(copied)
+}
+
+#[utoipa::path(delete, path = "/v1/sessions/{id}/files", tag = "files",
+    params(("id" = String, Path), PathQuery),
+    responses((status = 204), (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn remove(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+) -> Result<StatusCode, ApiError> {
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        ensure_running(&session)?;
+        let path = query.path.clone();
+        let recursive = query.recursive.unwrap_or(false);
+        with_root(&session, move |root| {
+            root.remove(&path, recursive).map_err(rootfs_error)
+        })
+        .await
+    }
+    .await;
+    audited(&state, &caller, &id, "file.delete", &query.path, result).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/dir", tag = "files",
+    params(("id" = String, Path), PathQuery),
+    responses((status = 200, body = DirListing), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn list_dir(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+) -> Result<axum::Json<DirListing>, ApiError> {
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        let path = query.path.clone();
+        let entries = with_root(&session, move |root| {
+            root.list_dir(&path).map_err(rootfs_error)
+        })
+        .await?;
+        Ok(DirListing {
+            path: query.path.clone(),
+            entries: entries
+                .into_iter()
+                .map(|e| DirEntry {
+                    name: e.name,
+                    kind: e.kind.as_str().to_string(),
+                    size_bytes: e.size_bytes,
+                    mode: e.mode,
+                    modified_at: super::rfc3339(e.modified),
+                })
+                .collect(),
+        })
+    }
+    .await;
+    audited(&state, &caller, &id, "file.list", &query.path, result)
+        .await
+        .map(axum::Json)
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/dir", tag = "files",
+    params(("id" = String, Path), PathQuery),
+    responses((status = 201), (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn make_dir(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+) -> Result<StatusCode, ApiError> {
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        ensure_running(&session)?;
+        let path = query.path.clone();
+        with_root(&session, move |root| {
+            root.mkdir_all(&path).map_err(rootfs_error)
+        })
+        .await
+    }
+    .await;
+    audited(&state, &caller, &id, "file.mkdir", &query.path, result).await?;
+    Ok(StatusCode::CREATED)
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/archive", tag = "files",
+    params(("id" = String, Path), PathQuery),
+    responses((status = 200, description = "a tar of the directory", content_type = "application/x-tar"),
+              (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn download_archive(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+) -> Result<Response, ApiError> {
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        let root = root_of(&session)?;
+        let path = query.path.clone();
+        // Checked first, so a missing directory is a 404 rather than a cut stream.
+        let probe = path.clone();
+        let root = tokio::task::spawn_blocking(move || root.list_dir(&probe).map(|_| root))
+            .await
+            .map_err(ApiError::internal)?
+            .map_err(rootfs_error)?;
+        let (reader, writer) = tokio::io::duplex(256 << 10);
+        tokio::task::spawn_blocking(move || {
+            let mut out = SyncIoBridge::new(writer);
+            if let Err(e) = root.write_tar(&path, &mut out) {
+                // The status is sent already: the client sees a truncated archive.
+                tracing::warn!("archive of {path}: {e}");
+            }
+            let _ = out.flush();
+        });
+        Ok((
+            [(header::CONTENT_TYPE, "application/x-tar")],
+            Body::from_stream(ReaderStream::new(reader)),
+        )
+            .into_response())
+    }
+    .await;
+    audited(
+        &state,
+        &caller,
+        &id,
+        "file.archive.read",
+        &query.path,
+        result,
+    )
+    .await
+}
+
+#[utoipa::path(put, path = "/v1/sessions/{id}/archive", tag = "files",
+    params(("id" = String, Path), PathQuery),
+    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    responses((status = 201, body = Extracted), (status = 413, body = crate::error::ErrorBody),
+              (status = 422, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn upload_archive(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PathQuery>,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    let limit = state.args.max_file_size_bytes;
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        ensure_running(&session)?;
+        let path = query.path.clone();
+        let reader = body_reader(body, limit);
+        let summary = with_root(&session, move |root| {
+            root.extract_tar(
+                &path,
+                reader,
+                ExtractLimits {
+                    max_bytes: limit,
+                    max_entries: MAX_ARCHIVE_ENTRIES,
+                },
+            )
+            .map_err(rootfs_error)
+        })
+        .await?;
+        Ok(Extracted {
+            path: query.path.clone(),
+            entries: summary.entries,
+        })
+    }
+    .await;
+    let extracted = audited(
+        &state,
+        &caller,
+        &id,
+        "file.archive.write",
+        &query.path,
+        result,
+    )
+    .await?;
+    Ok((StatusCode::CREATED, axum::Json(extracted)))
+}
+
+/// Copies uploaded files (`/v1/files`) into the session's working directory.
+pub async fn copy_uploads(
+    state: &AppState,
+    session: &Session,
+    files: &[FileRef],
+) -> Result<(), ApiError> {
+    let cwd = session.sandbox().cwd.clone();
+    for file in files {
+        let target = workspace_path(&file.path, &cwd)?;
+        let (_, source) = crate::filestore::open(state, &session.tenant, &file.file_id).await?;
+        with_root(session, move |root| {
+            let reader = std::fs::File::open(&source).map_err(ApiError::internal)?;
+            write_file(&root, &target, reader).map(|_| ())
+        })
+        .await?;
+    }
+    if session.deleted.load(Ordering::SeqCst) {
+        return Err(ApiError::not_found(format!("no session {}", session.id)));
+    }
+    Ok(())
+}

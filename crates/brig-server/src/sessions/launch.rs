@@ -1,0 +1,169 @@
+//! Starting a session's sandbox from a multi-threaded daemon.
+//!
+//! The daemon never forks: it runs `brig __session-start` (its own binary, through
+//! /proc/self/exe), a single-threaded helper that reads a [`LaunchRequest`] on stdin,
+//! resolves and locks the image, binds the agent socket, starts the sandbox with
+//! [`brig_jail::start_session`] and prints a [`LaunchReply`] on stdout. The helper
+//! exits at once; because the daemon is a child subreaper, the sandbox's init becomes
+//! the daemon's child. Measured cost of the extra exec: see BENCHMARKS.md.
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use brig_policy::{Identity, RootSource, SandboxSpec};
+use serde::{Deserialize, Serialize};
+
+/// What the daemon asks the helper for.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchRequest {
+    /// The sandbox, rooted on the host's system dirs; the helper swaps in the image.
+    pub spec: SandboxSpec,
+    /// An image in `store` to use as the root (its user becomes the sandbox's user
+    /// unless `user` is set).
+    pub image: Option<String>,
+    pub user: Option<(u32, u32)>,
+    pub store: PathBuf,
+    /// Where the session's init will listen (the helper binds it).
+    pub control_socket: PathBuf,
+    pub id_range: Option<(u32, u32)>,
+    pub cgroup_parent: Option<String>,
+}
+
+/// What the helper answers: the session, or why it could not start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LaunchReply {
+    Started(Box<Launched>),
+    Failed { code: String, message: String },
+}
+
+/// A started sandbox: everything the daemon keeps to manage it, also across
+/// restarts (stored as the session's `runtime` JSON).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Launched {
+    pub handle: brig_jail::session::SessionHandle,
+    pub control_socket: PathBuf,
+    /// What isolation was applied (brig-jail's `Enforced`), for the API.
+    pub enforced: serde_json::Value,
+    /// The environment every exec starts from: brig's defaults, the image's env.
+    pub env: Vec<(String, String)>,
+    /// The default working directory.
+    pub cwd: String,
+    /// The image's layers' digests, when it has an image (for snapshots).
+    pub image: Option<String>,
+    pub uid: u32,
+    pub gid: u32,
+    /// What brig itself placed in the root (mount points, generated /etc files):
+    /// left out of snapshots.
+    pub placeholders: Vec<String>,
+    pub timings_us: Vec<brig_jail::report::Timing>,
+}
+
+/// `brig __session-start`: runs in a fresh single-threaded process.
+pub fn helper_main() -> std::process::ExitCode {
+    let reply = match read_request().and_then(start) {
+        Ok(launched) => LaunchReply::Started(Box::new(launched)),
+        Err((code, message)) => LaunchReply::Failed { code, message },
+    };
+    let ok = matches!(reply, LaunchReply::Started(_));
+    let mut out = std::io::stdout().lock();
+    let written = serde_json::to_writer(&mut out, &reply).is_ok() && out.flush().is_ok();
+    if ok && written {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(125)
+    }
+}
+
+type Failure = (String, String);
+
+fn read_request() -> Result<LaunchRequest, Failure> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|e| ("internal".to_string(), format!("read launch request: {e}")))?;
+    serde_json::from_str(&text)
+        .map_err(|e| ("internal".to_string(), format!("bad launch request: {e}")))
+}
+
+fn start(request: LaunchRequest) -> Result<Launched, Failure> {
+    let mut spec = request.spec;
+    let mut holds: Vec<OwnedFd> = Vec::new();
+    let mut image_env = Vec::new();
+    let mut cwd = spec.cwd.clone();
+    let mut user = request.user;
+    if let Some(name) = &request.image {
+        let image_error = |e: brig_image::ImageError| (e.code().to_string(), e.to_string());
+        let store = brig_image::store::Store::open(&request.store).map_err(image_error)?;
+        let record = store.image(name).map_err(image_error)?;
+        let layers = store.use_layers(&record).map_err(image_error)?;
+        if user.is_none() {
+            user = Some(match &record.config.user {
+                Some(spec_user) => brig_image::resolve_user(spec_user, &layers.mounts)
+                    .map_err(|e| ("bad_image".to_string(), format!("image {e}")))?,
+                None => (0, 0),
+            });
+        }
+        spec.filesystem.root = RootSource::Layers(layers.mounts.clone());
+        spec.filesystem.capture_writes = true;
+        image_env = record.config.env.clone();
+        if let Some(workdir) = &record.config.workdir {
+            cwd = workdir.clone();
+        }
+        holds.extend(layers.into_locks().into_iter().map(OwnedFd::from));
+    }
+    let (uid, gid) = user.unwrap_or((spec.identity.uid, spec.identity.gid));
+    spec.identity = Identity {
+        uid,
+        gid,
+        ..spec.identity
+    };
+    let mut env: Vec<(String, String)> = spec.effective_env().into_iter().collect();
+    for entry in &image_env {
+        if let Some((key, value)) = entry.split_once('=') {
+            env.retain(|(k, _)| k != key);
+            env.push((key.to_string(), value.to_string()));
+        }
+    }
+
+    let placeholders =
+        brig_jail::placeholders(&spec).map_err(|e| (e.code().to_string(), e.to_string()))?;
+    let listener = brig_jail::session::bind_listener(&request.control_socket).map_err(|e| {
+        (
+            "internal".to_string(),
+            format!("bind {}: {e}", request.control_socket.display()),
+        )
+    })?;
+    let mut host = brig_jail::HostConfig::default();
+    if let Some((start, end)) = request.id_range {
+        host.id_range = brig_jail::ids::IdRange { start, end };
+    }
+    host.cgroup.parent = request.cgroup_parent;
+    let started =
+        brig_jail::start_session(&spec, &host, brig_jail::SessionControl { listener, holds })
+            .map_err(|e| (e.code().to_string(), e.to_string()))?;
+    let enforced = serde_json::to_value(&started.enforced)
+        .map_err(|e| ("internal".to_string(), e.to_string()))?;
+    Ok(Launched {
+        handle: started.handle,
+        control_socket: request.control_socket,
+        enforced,
+        env,
+        cwd,
+        image: request.image,
+        uid,
+        gid,
+        placeholders,
+        timings_us: started.timings_us,
+    })
+}
+
+/// The spec a session starts from when the request names no limits: the CLI's
+/// defaults, minus the run timeout (a session lives until its TTL).
+pub fn base_spec() -> SandboxSpec {
+    let mut spec = SandboxSpec::new(Vec::new());
+    spec.limits.timeout_ms = None;
+    spec
+}

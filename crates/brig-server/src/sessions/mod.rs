@@ -1,0 +1,1023 @@
+//! Live sandboxes: create (cold or from the warm pool), list, delete, pause and
+//! resume, expiry, and re-attaching after a daemon restart.
+//!
+//! Each session's sandbox is started by the launch helper (see [`launch`]) and then
+//! lives on its own: its init serves exec requests on a socket under
+//! `<data-dir>/sessions/<id>/`. The daemon keeps a [`Session`] in memory per live
+//! sandbox and a row in SQLite with everything needed to find it again (the
+//! [`launch::Launched`] record), so a restarted daemon re-attaches to every sandbox
+//! still alive and cleans up the rest.
+
+pub mod agent;
+pub mod exec;
+pub mod files;
+pub mod launch;
+pub mod pool;
+pub mod processes;
+pub mod snapshots;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use brig_policy::{parse_cpus_millis, parse_size, SandboxSpec};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::audit;
+use crate::auth::Caller;
+use crate::db::now_rfc3339;
+use crate::error::{ApiError, ApiJson, ApiPath};
+use crate::state::{AppState, Shared};
+use launch::{LaunchReply, LaunchRequest, Launched};
+
+/// How often the reaper looks for expired and idle sessions.
+const REAP_INTERVAL: Duration = Duration::from_secs(1);
+
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_session, list_sessions))
+        .routes(routes!(get_session, delete_session))
+        .routes(routes!(pause_session))
+        .routes(routes!(resume_session))
+        .merge(exec::routes())
+        .merge(processes::routes())
+        .merge(files::routes())
+        .merge(snapshots::routes())
+}
+
+/// A size as a string with a unit (`"512M"`) or a number of bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+impl Size {
+    fn bytes(&self) -> Result<u64, ApiError> {
+        match self {
+            Size::Bytes(n) => Ok(*n),
+            Size::Text(t) => parse_size(t).map_err(|e| ApiError::invalid(e.to_string())),
+        }
+    }
+}
+
+/// Limits of a session's sandbox; each defaults to `brig run`'s default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionLimits {
+    /// Memory of the whole sandbox, tmpfs included (e.g. "512M").
+    pub memory: Option<Size>,
+    pub pids: Option<u64>,
+    /// CPUs, fractional allowed (e.g. 0.5 or "1.5").
+    pub cpus: Option<serde_json::Value>,
+    /// All writable storage together (the upper layer, /tmp, /workspace).
+    pub disk: Option<Size>,
+    pub nofile: Option<u64>,
+    pub file_size: Option<Size>,
+}
+
+/// A file uploaded through `/v1/files`, placed into the session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileRef {
+    /// Relative to the working directory (/workspace); no `..`.
+    pub path: String,
+    pub file_id: String,
+}
+
+/// An uploaded tar bundle mounted read-only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BundleMount {
+    pub file_id: String,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    pub image: Option<String>,
+    pub snapshot: Option<String>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub limits: Option<SessionLimits>,
+    pub mounts: Option<Vec<BundleMount>>,
+    pub files: Option<Vec<FileRef>>,
+    pub ttl_seconds: Option<u64>,
+    pub idle_timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionInfo {
+    pub session_id: String,
+    /// "running" or "paused".
+    pub state: String,
+    pub image: Option<String>,
+    pub snapshot: Option<String>,
+    pub created_at: String,
+    pub expires_at: Option<String>,
+    pub idle_timeout_seconds: Option<u64>,
+    pub last_active_at: String,
+    /// Whether the sandbox came ready-made from the warm pool.
+    pub pooled: bool,
+    #[schema(value_type = Object)]
+    pub limits: serde_json::Value,
+    /// What isolation the sandbox really has (as `brig run --json`'s `enforced`).
+    #[schema(value_type = Object)]
+    pub enforced: serde_json::Value,
+}
+
+/// A live session.
+pub struct Session {
+    pub id: String,
+    pub tenant: String,
+    /// Replaced by `restore`.
+    sandbox: RwLock<Arc<Launched>>,
+    pub request: CreateSession,
+    pub created_at: String,
+    /// Unix seconds; `None` never expires.
+    pub expires_at: Option<i64>,
+    pub idle_timeout_seconds: Option<u64>,
+    /// Unix seconds of the last request touching the session.
+    last_active: AtomicI64,
+    pub paused: AtomicBool,
+    pub pooled: bool,
+    pub disk_bytes: u64,
+    pub limits: brig_policy::Limits,
+    /// Execs hold it shared; pause, snapshot, restore and delete exclusively.
+    pub gate: tokio::sync::RwLock<()>,
+    /// stdin of background processes, by process id (lost on restart).
+    pub stdin: Mutex<HashMap<u64, tokio::net::unix::pipe::Sender>>,
+    pub deleted: AtomicBool,
+}
+
+impl Session {
+    pub fn sandbox(&self) -> Arc<Launched> {
+        self.sandbox
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Swaps in a new sandbox (restore); returns the old one.
+    pub fn replace_sandbox(&self, launched: Launched) -> Arc<Launched> {
+        let mut sandbox = self.sandbox.write().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *sandbox, Arc::new(launched))
+    }
+
+    pub fn dir(&self, shared: &Shared) -> PathBuf {
+        session_dir(shared, &self.id)
+    }
+
+    pub fn touch(&self) {
+        self.last_active.store(unix_now(), Ordering::Relaxed);
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        let sandbox = self.sandbox();
+        SessionInfo {
+            session_id: self.id.clone(),
+            state: if self.paused.load(Ordering::Relaxed) {
+                "paused"
+            } else {
+                "running"
+            }
+            .into(),
+            image: self.request.image.clone(),
+            snapshot: self.request.snapshot.clone(),
+            created_at: self.created_at.clone(),
+            expires_at: self.expires_at.map(rfc3339),
+            idle_timeout_seconds: self.idle_timeout_seconds,
+            last_active_at: rfc3339(self.last_active.load(Ordering::Relaxed)),
+            pooled: self.pooled,
+            limits: serde_json::to_value(&self.limits).unwrap_or_default(),
+            enforced: sandbox.enforced.clone(),
+        }
+    }
+
+    /// The environment an exec starts from: the sandbox's (brig defaults, image),
+    /// then the session's own.
+    pub fn base_env(&self) -> BTreeMap<String, String> {
+        let mut env: BTreeMap<String, String> = self.sandbox().env.iter().cloned().collect();
+        if let Some(own) = &self.request.env {
+            env.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        env
+    }
+}
+
+pub fn unix_now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+pub fn rfc3339(unix: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+fn session_dir(shared: &Shared, id: &str) -> PathBuf {
+    shared.data_dir.join("sessions").join(id)
+}
+
+/// Every live session, by id.
+pub struct Sessions {
+    live: RwLock<HashMap<String, Arc<Session>>>,
+    pub pool: pool::Pool,
+    /// Serializes quota checks with the inserts they guard.
+    admission: tokio::sync::Mutex<()>,
+}
+
+impl Sessions {
+    /// Re-attaches to the sandboxes of the previous daemon, cleans up those that are
+    /// gone or expired, and starts the reaper and the warm pool.
+    pub async fn start(shared: &Arc<Shared>) -> anyhow::Result<Sessions> {
+        brig_jail::session::become_subreaper()?;
+        std::fs::create_dir_all(shared.data_dir.join("sessions"))?;
+        let sessions = Sessions {
+            live: RwLock::new(HashMap::new()),
+            pool: pool::Pool::new(&shared.args),
+            admission: tokio::sync::Mutex::new(()),
+        };
+        sessions.reattach(shared).await?;
+        Ok(sessions)
+    }
+
+    /// Background work, started once the state holds `self`.
+    pub fn spawn_tasks(state: &AppState) {
+        let reaper = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REAP_INTERVAL);
+            loop {
+                tick.tick().await;
+                reap_expired(&reaper).await;
+            }
+        });
+        pool::spawn_filler(state);
+        for session in state.sessions().all() {
+            watch_exit(state, &session);
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.live
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        self.live
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn insert(&self, session: Arc<Session>) {
+        self.live
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(session.id.clone(), session);
+    }
+
+    fn remove(&self, id: &str) -> Option<Arc<Session>> {
+        self.live
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+    }
+
+    pub fn of_tenant(&self, tenant: &str) -> Vec<Arc<Session>> {
+        let mut list: Vec<_> = self
+            .all()
+            .into_iter()
+            .filter(|s| s.tenant == tenant)
+            .collect();
+        list.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        list
+    }
+
+    pub fn count(&self) -> usize {
+        self.live.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    async fn reattach(&self, shared: &Arc<Shared>) -> anyhow::Result<()> {
+        let rows = shared
+            .db
+            .call(|conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT id, tenant, state, request, runtime, created_at, expires_at,
+                            idle_timeout_s, last_active_at
+                     FROM sessions WHERE deleted_at IS NULL",
+                )?;
+                let rows = stmt
+                    .query_map([], |row| {
+                        Ok((
+                            row.get::<_, String>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, String>(2)?,
+                            row.get::<_, String>(3)?,
+                            row.get::<_, Option<String>>(4)?,
+                            row.get::<_, String>(5)?,
+                            row.get::<_, Option<String>>(6)?,
+                            row.get::<_, Option<i64>>(7)?,
+                            row.get::<_, String>(8)?,
+                        ))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!(e.message))?;
+        let now = unix_now();
+        for (id, tenant, state, request, runtime, created_at, expires_at, idle, last_active) in rows
+        {
+            let launched: Option<Launched> = runtime
+                .as_deref()
+                .and_then(|r| serde_json::from_str(r).ok());
+            let expires = expires_at.as_deref().and_then(parse_rfc3339);
+            let last_active = parse_rfc3339(&last_active).unwrap_or(now);
+            let idle_over = idle.is_some_and(|s| now - last_active > s);
+            let alive = launched
+                .as_ref()
+                .is_some_and(|l| l.handle.is_alive() && l.control_socket.exists());
+            let keep = alive
+                && state != "pooled"
+                && state != "deleting"
+                && expires.is_none_or(|e| e > now)
+                && !idle_over;
+            if !keep {
+                let why = if !alive {
+                    "sandbox gone"
+                } else if state == "pooled" {
+                    "pool sandbox of the previous daemon"
+                } else {
+                    "expired while the daemon was down"
+                };
+                tracing::info!(session = %id, "cleaning up session at start: {why}");
+                if let Some(launched) = launched {
+                    let handle = launched.handle.clone();
+                    let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
+                }
+                let _ = std::fs::remove_dir_all(session_dir(shared, &id));
+                let id2 = id.clone();
+                let _ = shared
+                    .db
+                    .call(move |conn| {
+                        conn.execute(
+                            "UPDATE sessions SET state = 'deleted', deleted_at = ?2 WHERE id = ?1",
+                            rusqlite::params![id2, now_rfc3339()],
+                        )
+                    })
+                    .await;
+                continue;
+            }
+            let Some(launched) = launched else { continue };
+            let request: CreateSession = serde_json::from_str(&request).unwrap_or_default();
+            let limits = limits_of(&request).unwrap_or_default();
+            let session = Session {
+                id: id.clone(),
+                tenant,
+                sandbox: RwLock::new(Arc::new(launched)),
+                disk_bytes: limits.disk_bytes,
+                limits,
+                request,
+                created_at,
+                expires_at: expires,
+                idle_timeout_seconds: idle.map(|s| s as u64),
+                last_active: AtomicI64::new(last_active),
+                paused: AtomicBool::new(state == "paused"),
+                pooled: false,
+                gate: tokio::sync::RwLock::new(()),
+                stdin: Mutex::new(HashMap::new()),
+                deleted: AtomicBool::new(false),
+            };
+            tracing::info!(session = %id, "re-attached");
+            self.insert(Arc::new(session));
+        }
+        Ok(())
+    }
+}
+
+pub fn parse_rfc3339(text: &str) -> Option<i64> {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(|t| t.unix_timestamp())
+}
+
+/// The sandbox limits a request asks for, on top of `brig run`'s defaults.
+pub fn limits_of(request: &CreateSession) -> Result<brig_policy::Limits, ApiError> {
+    let mut limits = launch::base_spec().limits;
+    let Some(asked) = &request.limits else {
+        return Ok(limits);
+    };
+    if let Some(memory) = &asked.memory {
+        limits.memory_bytes = Some(memory.bytes()?);
+    }
+    if let Some(pids) = asked.pids {
+        limits.pids = Some(pids);
+    }
+    if let Some(cpus) = &asked.cpus {
+        let text = match cpus {
+            serde_json::Value::Number(n) => n.to_string(),
+            serde_json::Value::String(s) => s.clone(),
+            _ => {
+                return Err(ApiError::invalid(
+                    "limits.cpus must be a number or a string",
+                ))
+            }
+        };
+        limits.cpus_millis =
+            Some(parse_cpus_millis(&text).map_err(|e| ApiError::invalid(e.to_string()))?);
+    }
+    if let Some(disk) = &asked.disk {
+        limits.disk_bytes = disk.bytes()?;
+    }
+    if let Some(nofile) = asked.nofile {
+        limits.nofile = nofile;
+    }
+    if let Some(size) = &asked.file_size {
+        limits.file_size_bytes = Some(size.bytes()?);
+    }
+    Ok(limits)
+}
+
+/// A relative path under /workspace (for `files`), checked by string: the file
+/// itself is written through [`crate::rootfs`], which resolves it inside the root.
+pub fn workspace_path(relative: &str, cwd: &str) -> Result<String, ApiError> {
+    let bad = || {
+        ApiError::invalid(format!(
+            "path {relative:?} must be relative to the working directory and must not contain '..'"
+        ))
+    };
+    if relative.is_empty()
+        || relative.starts_with('/')
+        || relative.contains('\0')
+        || relative.split('/').any(|c| c == "..")
+    {
+        return Err(bad());
+    }
+    Ok(format!("{}/{}", cwd.trim_end_matches('/'), relative))
+}
+
+/// Starts a sandbox through the launch helper.
+pub async fn launch_sandbox(
+    shared: &Shared,
+    id: &str,
+    spec: SandboxSpec,
+    image: Option<String>,
+) -> Result<Launched, ApiError> {
+    let dir = session_dir(shared, id);
+    let made_dir = !dir.exists();
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(ApiError::internal)?;
+    // A fresh name per sandbox: a restore starts the new one beside the old.
+    let socket = dir.join(format!("agent-{}.sock", crate::auth::random_hex(4)));
+    let request = LaunchRequest {
+        spec,
+        image,
+        user: None,
+        store: shared.args.store.clone(),
+        control_socket: socket.clone(),
+        id_range: shared.args.id_range.map(|r| (r.start, r.end)),
+        cgroup_parent: None,
+    };
+    let input = serde_json::to_vec(&request).map_err(ApiError::internal)?;
+    let mut child = tokio::process::Command::new(helper_binary())
+        .arg("__session-start")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| ApiError::internal(format!("start the launch helper: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        use tokio::io::AsyncWriteExt;
+        stdin
+            .write_all(&input)
+            .await
+            .map_err(|e| ApiError::internal(format!("talk to the launch helper: {e}")))?;
+    }
+    let output = child
+        .wait_with_output()
+        .await
+        .map_err(|e| ApiError::internal(format!("wait for the launch helper: {e}")))?;
+    let reply: LaunchReply = serde_json::from_slice(&output.stdout).map_err(|e| {
+        ApiError::internal(format!(
+            "launch helper answered badly ({e}); stderr: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    })?;
+    match reply {
+        LaunchReply::Started(launched) => Ok(*launched),
+        LaunchReply::Failed { code, message } => {
+            let _ = tokio::fs::remove_file(&socket).await;
+            if made_dir {
+                let _ = tokio::fs::remove_dir_all(&dir).await;
+            }
+            Err(match code.as_str() {
+                "no_such_image" | "image_not_found" | "not_found" => ApiError::not_found(message),
+                "bad_name" | "invalid_name" | "policy" => ApiError::invalid(message),
+                _ => ApiError::internal(format!("{code}: {message}")),
+            })
+        }
+    }
+}
+
+/// The brig binary, for the launch helper. Tests and packagers may point elsewhere.
+fn helper_binary() -> PathBuf {
+    std::env::var_os("BRIG_HELPER_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/proc/self/exe"))
+}
+
+/// Builds the sandbox spec of a session request.
+pub fn spec_for(
+    shared: &Shared,
+    tenant: &str,
+    request: &CreateSession,
+    limits: &brig_policy::Limits,
+) -> Result<SandboxSpec, ApiError> {
+    let mut spec = launch::base_spec();
+    spec.limits = limits.clone();
+    spec.limits.output_limit_bytes = shared.output_limit_bytes();
+    for mount in request.mounts.iter().flatten() {
+        let target = brig_policy::normalize_sandbox_path(&mount.path)
+            .map_err(|e| ApiError::invalid(format!("mount path: {e}")))?;
+        let source = crate::filestore::bundle_dir(shared, tenant, &mount.file_id)?;
+        spec.filesystem.binds.push(brig_policy::BindMount {
+            source,
+            target,
+            writable: false,
+        });
+    }
+    // A session runs no command of its own; validation still wants one.
+    let mut check = spec.clone();
+    check.command = vec!["/bin/true".into()];
+    check
+        .validate()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    Ok(spec)
+}
+
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
+    request_body = CreateSession,
+    responses((status = 201, body = SessionInfo), (status = 404, body = crate::error::ErrorBody),
+              (status = 422, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn create_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(request): ApiJson<CreateSession>,
+) -> Result<impl IntoResponse, ApiError> {
+    let result = create(&state, &caller, request.clone()).await;
+    let (outcome, session_id) = match &result {
+        Ok(session) => ("ok", Some(session.id.as_str())),
+        Err(e) => (e.code, None),
+    };
+    audit::record(
+        &state,
+        &caller,
+        session_id,
+        "session.create",
+        serde_json::json!({"image": request.image, "snapshot": request.snapshot, "limits": request.limits}),
+        outcome,
+    )
+    .await;
+    let session = result?;
+    Ok((StatusCode::CREATED, ApiJson(session.info())))
+}
+
+/// Creates a session for `caller`: checks quotas, takes a pooled sandbox when one
+/// fits or launches one, records it, and copies the requested files in.
+pub async fn create(
+    state: &AppState,
+    caller: &Caller,
+    request: CreateSession,
+) -> Result<Arc<Session>, ApiError> {
+    let shared: &Shared = state;
+    let limits = limits_of(&request)?;
+    if request.image.is_some() && request.snapshot.is_some() {
+        return Err(ApiError::invalid("give either image or snapshot, not both"));
+    }
+    if let Some(ttl) = request.ttl_seconds {
+        if ttl == 0 {
+            return Err(ApiError::invalid("ttl_seconds must be at least 1"));
+        }
+    }
+    let image = match &request.snapshot {
+        Some(id) => Some(snapshots::image_of(state, &caller.tenant, id).await?),
+        None => request
+            .image
+            .clone()
+            .or_else(|| shared.args.default_session_image.clone()),
+    };
+    if let Some(files) = &request.files {
+        for file in files {
+            workspace_path(&file.path, brig_policy::defaults::WORKSPACE)?;
+            crate::filestore::open(state, &caller.tenant, &file.file_id).await?;
+        }
+    }
+    let spec = spec_for(shared, &caller.tenant, &request, &limits)?;
+
+    // Quotas: checked and the session inserted under one lock, so concurrent creates
+    // cannot both pass the last free slot.
+    let admission = state.sessions().admission.lock().await;
+    let sessions = state.sessions();
+    if sessions.count() >= shared.args.max_sessions {
+        return Err(ApiError::unavailable(format!(
+            "the daemon is at its limit of {} sessions; try again later",
+            shared.args.max_sessions
+        )));
+    }
+    let quotas = shared.auth.quotas(&caller.tenant).await?;
+    let mine = sessions.of_tenant(&caller.tenant);
+    if mine.len() as u64 >= quotas.max_sessions {
+        return Err(ApiError::quota(format!(
+            "tenant {} is at its limit of {} sessions",
+            caller.tenant, quotas.max_sessions
+        )));
+    }
+    let disk_used: u64 = mine.iter().map(|s| s.disk_bytes).sum::<u64>()
+        + crate::filestore::tenant_usage(state, &caller.tenant).await?;
+    if disk_used + limits.disk_bytes > quotas.max_disk_bytes {
+        return Err(ApiError::quota(format!(
+            "tenant {} would use {} of its {} bytes of disk",
+            caller.tenant,
+            disk_used + limits.disk_bytes,
+            quotas.max_disk_bytes
+        )));
+    }
+
+    let id = format!("ses_{}", crate::auth::random_hex(12));
+    let now = unix_now();
+    let ttl = request
+        .ttl_seconds
+        .unwrap_or(shared.args.session_ttl_ms / 1000);
+    let idle = request
+        .idle_timeout_seconds
+        .or(Some(shared.args.session_idle_timeout_ms / 1000))
+        .filter(|s| *s > 0);
+    let pooled = if pool::fits(&request, &limits) {
+        sessions.pool.take(image.as_deref())
+    } else {
+        None
+    };
+    let (launched, from_pool) = match pooled {
+        Some(ready) => (ready.adopt(shared, &id).await?, true),
+        None => (
+            launch_sandbox(shared, &id, spec, image.clone()).await?,
+            false,
+        ),
+    };
+    let session = Arc::new(Session {
+        id: id.clone(),
+        tenant: caller.tenant.clone(),
+        sandbox: RwLock::new(Arc::new(launched)),
+        disk_bytes: limits.disk_bytes,
+        limits,
+        request: CreateSession {
+            image: image.clone(),
+            ..request.clone()
+        },
+        created_at: rfc3339(now),
+        expires_at: Some(now + ttl as i64),
+        idle_timeout_seconds: idle,
+        last_active: AtomicI64::new(now),
+        paused: AtomicBool::new(false),
+        pooled: from_pool,
+        gate: tokio::sync::RwLock::new(()),
+        stdin: Mutex::new(HashMap::new()),
+        deleted: AtomicBool::new(false),
+    });
+    if let Err(e) = persist(state, &session, "running").await {
+        destroy_sandbox(state, &session).await;
+        return Err(e);
+    }
+    sessions.insert(session.clone());
+    drop(admission);
+    watch_exit(state, &session);
+    crate::metrics::set_sessions("running", sessions.count() as f64);
+
+    if let Some(files) = &request.files {
+        if let Err(e) = files::copy_uploads(state, &session, files).await {
+            let _ = delete(state, &session).await;
+            return Err(e);
+        }
+    }
+    Ok(session)
+}
+
+/// Writes the session's row (insert or update).
+pub async fn persist(state: &Shared, session: &Session, db_state: &str) -> Result<(), ApiError> {
+    let sandbox = session.sandbox();
+    let runtime = serde_json::to_string(&*sandbox).map_err(ApiError::internal)?;
+    let request = serde_json::to_string(&session.request).map_err(ApiError::internal)?;
+    let row = (
+        session.id.clone(),
+        session.tenant.clone(),
+        db_state.to_string(),
+        session.request.image.clone(),
+        session.request.snapshot.clone(),
+        request,
+        runtime,
+        session.created_at.clone(),
+        session.expires_at.map(rfc3339),
+        session.idle_timeout_seconds.map(|s| s as i64),
+        rfc3339(session.last_active.load(Ordering::Relaxed)),
+    );
+    state
+        .db
+        .call(move |conn| {
+            conn.execute(
+                "INSERT INTO sessions (id, tenant, state, image, snapshot, request, runtime,
+                     created_at, expires_at, idle_timeout_s, last_active_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                 ON CONFLICT(id) DO UPDATE SET state = ?3, runtime = ?7, last_active_at = ?11",
+                rusqlite::params![
+                    row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7, row.8, row.9, row.10
+                ],
+            )
+        })
+        .await?;
+    Ok(())
+}
+
+/// Kills the sandbox and removes its cgroup and directory.
+async fn destroy_sandbox(state: &Shared, session: &Session) {
+    let handle = session.sandbox().handle.clone();
+    match tokio::task::spawn_blocking(move || handle.destroy()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(session = %session.id, "cleanup: {e}"),
+        Err(e) => tracing::warn!(session = %session.id, "cleanup task: {e}"),
+    }
+    let _ = tokio::fs::remove_dir_all(session.dir(state)).await;
+}
+
+/// Ends a session: marks it, kills its sandbox, cleans up, records the end.
+pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiError> {
+    if session.deleted.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
+    // Marked first: if the daemon dies now, the next one finishes the cleanup.
+    let id = session.id.clone();
+    state
+        .db
+        .call(move |conn| {
+            conn.execute(
+                "UPDATE sessions SET state = 'deleting' WHERE id = ?1",
+                rusqlite::params![id],
+            )
+        })
+        .await?;
+    // Waits for running operations that hold the gate (they see `deleted` next).
+    let _gate = session.gate.write().await;
+    destroy_sandbox(state, session).await;
+    state.sessions().remove(&session.id);
+    let id = session.id.clone();
+    state
+        .db
+        .call(move |conn| {
+            conn.execute(
+                "UPDATE sessions SET state = 'deleted', deleted_at = ?2 WHERE id = ?1",
+                rusqlite::params![id, now_rfc3339()],
+            )
+        })
+        .await?;
+    crate::metrics::set_sessions("running", state.sessions().count() as f64);
+    Ok(())
+}
+
+/// Finds a caller's live session; another tenant's id answers 404 as an unknown one.
+pub fn lookup(state: &AppState, caller: &Caller, id: &str) -> Result<Arc<Session>, ApiError> {
+    match state.sessions().get(id) {
+        Some(session)
+            if session.tenant == caller.tenant && !session.deleted.load(Ordering::SeqCst) =>
+        {
+            session.touch();
+            Ok(session)
+        }
+        _ => Err(ApiError::not_found(format!("no session {id}"))),
+    }
+}
+
+/// Ends the session when its sandbox exits by itself (init killed, OOM of init).
+fn watch_exit(state: &AppState, session: &Arc<Session>) {
+    let Ok(Some(pidfd)) = session.sandbox().handle.pidfd() else {
+        return;
+    };
+    let state = state.clone();
+    let session = session.clone();
+    let pid = session.sandbox().handle.pid;
+    tokio::spawn(async move {
+        let Ok(fd) = agent::register(pidfd) else {
+            return;
+        };
+        let _ = fd.readable().await;
+        brig_jail::session::reap(fd.get_ref());
+        // Restore replaces the sandbox: only the current one's end matters.
+        if session.sandbox().handle.pid != pid || session.deleted.load(Ordering::SeqCst) {
+            return;
+        }
+        tracing::warn!(session = %session.id, "sandbox exited by itself; ending the session");
+        let _ = delete(&state, &session).await;
+        audit::record_system(
+            &state,
+            &session.tenant,
+            Some(&session.id),
+            "session.exited",
+            serde_json::json!({}),
+            "ok",
+        )
+        .await;
+    });
+}
+
+async fn reap_expired(state: &AppState) {
+    let now = unix_now();
+    for session in state.sessions().all() {
+        let expired = session.expires_at.is_some_and(|e| e <= now);
+        let idle = !session.paused.load(Ordering::Relaxed)
+            && session
+                .idle_timeout_seconds
+                .is_some_and(|s| now - session.last_active.load(Ordering::Relaxed) > s as i64)
+            && session.gate.try_write().is_ok();
+        if expired || idle {
+            let reason = if expired { "ttl" } else { "idle" };
+            tracing::info!(session = %session.id, "ending session: {reason}");
+            let outcome = match delete(state, &session).await {
+                Ok(()) => "ok",
+                Err(e) => e.code,
+            };
+            audit::record_system(
+                state,
+                &session.tenant,
+                Some(&session.id),
+                "session.expire",
+                serde_json::json!({"reason": reason}),
+                outcome,
+            )
+            .await;
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
+    responses((status = 200, body = SessionList)), security(("bearer" = [])))]
+async fn list_sessions(State(state): State<AppState>, caller: Caller) -> ApiJson<SessionList> {
+    ApiJson(SessionList {
+        sessions: state
+            .sessions()
+            .of_tenant(&caller.tenant)
+            .iter()
+            .map(|s| s.info())
+            .collect(),
+    })
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionInfo>,
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn get_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<ApiJson<SessionInfo>, ApiError> {
+    Ok(ApiJson(lookup(&state, &caller, &id)?.info()))
+}
+
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn delete_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        delete(&state, &session).await
+    }
+    .await;
+    let outcome = result
+        .as_ref()
+        .map(|_| "ok")
+        .unwrap_or_else(|e: &ApiError| e.code);
+    audit::record(
+        &state,
+        &caller,
+        Some(&id),
+        "session.delete",
+        serde_json::json!({}),
+        outcome,
+    )
+    .await;
+    result.map(|()| StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/pause", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn pause_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<ApiJson<SessionInfo>, ApiError> {
+    set_paused(&state, &caller, &id, true).await
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/resume", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn resume_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<ApiJson<SessionInfo>, ApiError> {
+    set_paused(&state, &caller, &id, false).await
+}
+
+async fn set_paused(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    paused: bool,
+) -> Result<ApiJson<SessionInfo>, ApiError> {
+    let result = async {
+        let session = lookup(state, caller, id)?;
+        let _gate = session.gate.write().await;
+        freeze(&session, paused).await?;
+        session.paused.store(paused, Ordering::SeqCst);
+        persist(state, &session, if paused { "paused" } else { "running" }).await?;
+        Ok(session.info())
+    }
+    .await;
+    let action = if paused {
+        "session.pause"
+    } else {
+        "session.resume"
+    };
+    let outcome = result
+        .as_ref()
+        .map(|_| "ok")
+        .unwrap_or_else(|e: &ApiError| e.code);
+    audit::record(
+        state,
+        caller,
+        Some(id),
+        action,
+        serde_json::json!({}),
+        outcome,
+    )
+    .await;
+    result.map(ApiJson)
+}
+
+pub async fn freeze(session: &Session, frozen: bool) -> Result<(), ApiError> {
+    let handle = session.sandbox().handle.clone();
+    tokio::task::spawn_blocking(move || handle.freeze(frozen))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(|e| ApiError::conflict(e.to_string()))
+}
+
+/// The session must be running (not paused) for execs and file writes.
+pub fn ensure_running(session: &Session) -> Result<(), ApiError> {
+    if session.paused.load(Ordering::SeqCst) {
+        return Err(ApiError::conflict(format!(
+            "session {} is paused; resume it first",
+            session.id
+        )));
+    }
+    Ok(())
+}
+
+pub fn control_socket(session: &Session) -> PathBuf {
+    session.sandbox().control_socket.clone()
+}

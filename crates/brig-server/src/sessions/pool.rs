@@ -1,0 +1,212 @@
+//! The warm pool: sandboxes started ahead of demand, per image, so that creating a
+//! session that asks for nothing special is a rename and a row instead of a launch.
+//!
+//! A pooled sandbox belongs to no tenant and has run nothing. Its directory is
+//! renamed to the new session's (a bound unix socket moves with its directory), and
+//! its row is re-keyed. Pool sandboxes have rows too (state `pooled`), so a daemon
+//! that dies leaves nothing its successor does not clean up at start.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::launch::Launched;
+use super::{launch_sandbox, session_dir, CreateSession};
+use crate::config::ServeArgs;
+use crate::error::ApiError;
+use crate::state::{AppState, Shared};
+
+/// How often the filler checks the pool when nothing wakes it.
+const REFILL_INTERVAL: Duration = Duration::from_millis(500);
+/// Pause after a failed launch, so a broken image does not spin.
+const FAILURE_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The pool key: an image name, or `None` for the host's system dirs.
+type Key = Option<String>;
+
+pub struct Pool {
+    targets: Vec<(Key, usize)>,
+    ready: Mutex<HashMap<Key, Vec<Ready>>>,
+    wake: tokio::sync::Notify,
+}
+
+/// A started sandbox waiting for a session.
+pub struct Ready {
+    id: String,
+    launched: Launched,
+}
+
+impl Pool {
+    pub fn new(args: &ServeArgs) -> Pool {
+        Pool {
+            targets: args
+                .pool
+                .iter()
+                .map(|(image, n)| {
+                    let key = (image != "host").then(|| image.clone());
+                    (key, *n)
+                })
+                .collect(),
+            ready: Mutex::new(HashMap::new()),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Takes a ready sandbox for `image`, if any; the filler starts a replacement.
+    pub fn take(&self, image: Option<&str>) -> Option<Ready> {
+        let key = image.map(str::to_string);
+        let taken = self
+            .ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&key)
+            .and_then(|list| list.pop());
+        if taken.is_some() {
+            self.wake.notify_one();
+            crate::metrics::set_pool(image.unwrap_or("host"), self.size(&key) as f64);
+        }
+        taken
+    }
+
+    fn size(&self, key: &Key) -> usize {
+        self.ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .map_or(0, Vec::len)
+    }
+
+    /// Ready sandboxes per image, for the API and metrics.
+    pub fn sizes(&self) -> Vec<(String, usize)> {
+        self.targets
+            .iter()
+            .map(|(key, _)| (key.clone().unwrap_or_else(|| "host".into()), self.size(key)))
+            .collect()
+    }
+}
+
+/// Whether a request can be served from the pool: nothing about the sandbox itself
+/// differs from the pool's (env and files are applied per exec and after taking).
+pub fn fits(request: &CreateSession, limits: &brig_policy::Limits) -> bool {
+    request.snapshot.is_none()
+        && request.mounts.as_ref().is_none_or(Vec::is_empty)
+        && *limits == super::launch::base_spec().limits
+}
+
+impl Ready {
+    /// Makes the sandbox session `id`'s: moves its directory and re-keys its row.
+    pub async fn adopt(self, shared: &Shared, id: &str) -> Result<Launched, ApiError> {
+        let from = session_dir(shared, &self.id);
+        let to = session_dir(shared, id);
+        tokio::fs::rename(&from, &to)
+            .await
+            .map_err(|e| ApiError::internal(format!("adopt pooled sandbox: {e}")))?;
+        let mut launched = self.launched;
+        if let Some(name) = launched.control_socket.file_name() {
+            launched.control_socket = to.join(name);
+        }
+        let pool_id = self.id.clone();
+        shared
+            .db
+            .call(move |conn| {
+                conn.execute(
+                    "DELETE FROM sessions WHERE id = ?1",
+                    rusqlite::params![pool_id],
+                )
+            })
+            .await?;
+        Ok(launched)
+    }
+}
+
+/// Keeps every pool at its target size, one launch at a time (launches are
+/// CPU-bound: doing them in parallel would only slow the API).
+pub fn spawn_filler(state: &AppState) {
+    if state.sessions().pool.targets.is_empty() {
+        return;
+    }
+    let state = state.clone();
+    tokio::spawn(async move {
+        loop {
+            let mut launched_any = false;
+            let targets = state.sessions().pool.targets.clone();
+            for (key, target) in targets {
+                let pool = &state.sessions().pool;
+                if pool.size(&key) >= target {
+                    continue;
+                }
+                match fill_one(&state, key.clone()).await {
+                    Ok(ready) => {
+                        let mut map = pool.ready.lock().unwrap_or_else(|e| e.into_inner());
+                        map.entry(key.clone()).or_default().push(ready);
+                        let n = map.get(&key).map_or(0, Vec::len);
+                        drop(map);
+                        crate::metrics::set_pool(key.as_deref().unwrap_or("host"), n as f64);
+                        launched_any = true;
+                    }
+                    Err(e) => {
+                        tracing::warn!(image = ?key, "warm pool: cannot start a sandbox: {}", e.message);
+                        tokio::time::sleep(FAILURE_BACKOFF).await;
+                    }
+                }
+            }
+            if !launched_any {
+                let pool = &state.sessions().pool;
+                let _ = tokio::time::timeout(REFILL_INTERVAL, pool.wake.notified()).await;
+            }
+        }
+    });
+}
+
+async fn fill_one(state: &AppState, image: Key) -> Result<Ready, ApiError> {
+    let id = format!("pool_{}", crate::auth::random_hex(12));
+    let request = CreateSession::default();
+    let limits = super::limits_of(&request)?;
+    let spec = super::spec_for(state, "", &request, &limits)?;
+    let launched = launch_sandbox(state, &id, spec, image.clone()).await?;
+    let runtime = serde_json::to_string(&launched).map_err(ApiError::internal)?;
+    let row_id = id.clone();
+    let now = crate::db::now_rfc3339();
+    let stored = state
+        .db
+        .call(move |conn| {
+            conn.execute(
+                "INSERT INTO sessions (id, tenant, state, image, request, runtime, created_at, last_active_at)
+                 VALUES (?1, '', 'pooled', ?2, '{}', ?3, ?4, ?4)",
+                rusqlite::params![row_id, image, runtime, now],
+            )
+        })
+        .await;
+    if let Err(e) = stored {
+        let handle = launched.handle.clone();
+        let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
+        let _ = tokio::fs::remove_dir_all(session_dir(state, &id)).await;
+        return Err(e);
+    }
+    Ok(Ready { id, launched })
+}
+
+/// Destroys every pooled sandbox (at shutdown).
+pub async fn drain(state: &AppState) {
+    let all: Vec<Ready> = state
+        .sessions()
+        .pool
+        .ready
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .drain()
+        .flat_map(|(_, list)| list)
+        .collect();
+    for ready in all {
+        let handle = ready.launched.handle.clone();
+        let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
+        let _ = tokio::fs::remove_dir_all(session_dir(state, &ready.id)).await;
+        let id = ready.id.clone();
+        let _ = state
+            .db
+            .call(move |conn| {
+                conn.execute("DELETE FROM sessions WHERE id = ?1", rusqlite::params![id])
+            })
+            .await;
+    }
+}

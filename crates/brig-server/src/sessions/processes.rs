@@ -1,0 +1,713 @@
+//! Background processes in a session: start, list, read or stream output, write
+//! stdin, signal, wait.
+//!
+//! A background process's stdout and stderr go to files inside the sandbox
+//! (`/tmp/.brig/jobs/<id>.out` and `.err`), opened by the daemon through the
+//! sandbox's root and passed to init. So output counts against the session's own
+//! disk limit (a flood cannot fill the host), and it survives a daemon restart: the
+//! files and the process live on in the sandbox, and init keeps each job's exit
+//! status for the next daemon to ask. Only stdin (a pipe held by the daemon) ends
+//! with the daemon.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use brig_jail::agent::{AgentReply, AgentRequest, JobExit};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::agent::Agent;
+use super::exec::{pipe, sandbox_gone, Command, ExecRequest};
+use super::files::root_of;
+use super::{ensure_running, lookup, Session};
+use crate::audit;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery};
+use crate::state::AppState;
+
+/// Where background output lives inside the sandbox.
+pub const JOBS_DIR: &str = "/tmp/.brig/jobs";
+/// How often a streamed process's output files are checked for new data.
+const TAIL_INTERVAL: Duration = Duration::from_millis(50);
+/// The most a single output request returns.
+const MAX_OUTPUT_READ: u64 = 16 << 20;
+
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(start_process, list_processes))
+        .routes(routes!(get_process))
+        .routes(routes!(process_output))
+        .routes(routes!(process_stream))
+        .routes(routes!(process_stdin))
+        .routes(routes!(process_signal))
+        .routes(routes!(process_wait))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartProcess {
+    pub argv: Option<Vec<String>>,
+    pub cmd: Option<String>,
+    pub cwd: Option<String>,
+    pub env: Option<std::collections::BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcessInfo {
+    pub process_id: u64,
+    pub argv: Vec<String>,
+    /// "running" or "exited".
+    pub state: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub started_at: String,
+    pub ended_at: Option<String>,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ProcessList {
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// A process's output file inside the sandbox; `tag` is chosen before the process
+/// exists (its id comes from init when it starts).
+fn output_path(tag: &str, stream: &str) -> String {
+    let ext = if stream == "stderr" { "err" } else { "out" };
+    format!("{JOBS_DIR}/{tag}.{ext}")
+}
+
+/// Creates an output file owned by the sandbox's user and keeps it open.
+fn create_output(
+    root: &crate::rootfs::SandboxRoot,
+    path: &str,
+) -> Result<std::fs::File, crate::rootfs::RootfsError> {
+    let mut writer = root.create_write(path, true)?;
+    let file = writer
+        .file()
+        .try_clone()
+        .map_err(|source| crate::rootfs::RootfsError::Io {
+            context: format!("open {path}"),
+            source,
+        })?;
+    writer.commit()?;
+    Ok(file)
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/processes", tag = "processes",
+    params(("id" = String, Path)), request_body = StartProcess,
+    responses((status = 201, body = ProcessInfo), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn start_process(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(request): ApiJson<StartProcess>,
+) -> Result<impl IntoResponse, ApiError> {
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        ensure_running(&session)?;
+        let _gate = session.gate.read().await;
+        start(&state, &session, &request).await
+    }
+    .await;
+    let outcome = result
+        .as_ref()
+        .map(|_| "ok")
+        .unwrap_or_else(|e: &ApiError| e.code);
+    let detail = serde_json::json!({"argv": request.argv, "cmd": request.cmd,
+        "process_id": result.as_ref().ok().map(|p| p.process_id)});
+    audit::record(&state, &caller, Some(&id), "process.start", detail, outcome).await;
+    Ok((StatusCode::CREATED, ApiJson(result?)))
+}
+
+async fn start(
+    state: &AppState,
+    session: &std::sync::Arc<Session>,
+    request: &StartProcess,
+) -> Result<ProcessInfo, ApiError> {
+    let exec = ExecRequest {
+        argv: request.argv.clone(),
+        cmd: request.cmd.clone(),
+        cwd: request.cwd.clone(),
+        env: request.env.clone(),
+        ..Default::default()
+    };
+    let command = Command::from_request(state, session, &exec)?;
+    let root = root_of(session)?;
+    let tag = crate::auth::random_hex(8);
+    let (out_path, err_path) = (output_path(&tag, "stdout"), output_path(&tag, "stderr"));
+    let files = tokio::task::spawn_blocking(move || {
+        let out = create_output(&root, &out_path)?;
+        let err = create_output(&root, &err_path)?;
+        Ok::<_, crate::rootfs::RootfsError>((root, out, err, out_path, err_path))
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(super::files::rootfs_error)?;
+    let (root, out, err, out_path, err_path) = files;
+    let (stdin_r, stdin_w) = pipe()?;
+    let sandbox = session.sandbox();
+    let mut agent = Agent::connect(&sandbox.control_socket).map_err(sandbox_gone)?;
+    agent
+        .send(
+            &AgentRequest::Exec {
+                argv: command.argv.clone(),
+                env: command.env,
+                cwd: command.cwd,
+            },
+            &[stdin_r.as_fd(), out.as_fd(), err.as_fd()],
+        )
+        .await
+        .map_err(sandbox_gone)?;
+    drop((stdin_r, out, err));
+    let (job, failed) = match agent.recv().await.map_err(sandbox_gone)?.0 {
+        AgentReply::Started { job, .. } => (Some(job), None),
+        AgentReply::ExecFailed { message, exit_code } => (None, Some((message, exit_code))),
+        AgentReply::Error { message } => return Err(ApiError::invalid(message)),
+        other => {
+            return Err(ApiError::internal(format!(
+                "unexpected agent reply {other:?}"
+            )))
+        }
+    };
+    let Some(job) = job else {
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = root.remove(&out_path, false);
+            let _ = root.remove(&err_path, false);
+        })
+        .await;
+        let (message, code) = failed.unwrap_or_default();
+        return Err(ApiError::invalid(format!("{message} (exit code {code})")));
+    };
+    let stdin =
+        tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w).map_err(ApiError::internal)?;
+    session
+        .stdin
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(job, stdin);
+    let started_at = crate::db::now_rfc3339();
+    let row = (
+        session.id.clone(),
+        job.to_string(),
+        session.tenant.clone(),
+        serde_json::to_string(&command.argv).unwrap_or_default(),
+        started_at.clone(),
+        tag,
+    );
+    state
+        .db
+        .call(move |conn| {
+            conn.execute(
+                "INSERT OR REPLACE INTO processes (session_id, id, tenant, argv, started_at, output)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                rusqlite::params![row.0, row.1, row.2, row.3, row.4, row.5],
+            )
+        })
+        .await?;
+    watch(state, session, job, Some(agent));
+    Ok(ProcessInfo {
+        process_id: job,
+        argv: command.argv,
+        state: "running".into(),
+        exit_code: None,
+        signal: None,
+        started_at,
+        ended_at: None,
+        stdout_bytes: 0,
+        stderr_bytes: 0,
+    })
+}
+
+/// Records the process's end when it comes: on the connection that started it, or
+/// (after a daemon restart) by asking init to `wait`.
+pub fn watch(state: &AppState, session: &std::sync::Arc<Session>, job: u64, agent: Option<Agent>) {
+    let state = state.clone();
+    let session = session.clone();
+    tokio::spawn(async move {
+        let exit = match agent {
+            Some(mut agent) => wait_on(&mut agent).await,
+            None => match Agent::connect(&session.sandbox().control_socket) {
+                Ok(mut agent) => {
+                    if agent.send(&AgentRequest::Wait { job }, &[]).await.is_err() {
+                        return;
+                    }
+                    wait_on(&mut agent).await
+                }
+                Err(_) => return,
+            },
+        };
+        if let Some(exit) = exit {
+            record_exit(&state, &session, job, exit).await;
+        }
+    });
+}
+
+async fn wait_on(agent: &mut Agent) -> Option<JobExit> {
+    loop {
+        match agent.recv().await {
+            Ok((AgentReply::Exited { exit, .. }, _)) => return Some(exit),
+            Ok((AgentReply::Error { .. }, _)) | Err(_) => return None,
+            Ok(_) => continue,
+        }
+    }
+}
+
+async fn record_exit(state: &AppState, session: &Session, job: u64, exit: JobExit) {
+    session
+        .stdin
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&job);
+    let row = (session.id.clone(), job.to_string());
+    let _ = state
+        .db
+        .call(move |conn| {
+            conn.execute(
+                "UPDATE processes SET ended_at = ?3, exit_code = ?4, signal = ?5
+                 WHERE session_id = ?1 AND id = ?2 AND ended_at IS NULL",
+                rusqlite::params![
+                    row.0,
+                    row.1,
+                    crate::db::now_rfc3339(),
+                    exit.code,
+                    exit.signal
+                ],
+            )
+        })
+        .await;
+}
+
+/// After a restart: watch every process the previous daemon left running.
+pub async fn rewatch(state: &AppState, session: &std::sync::Arc<Session>) {
+    let id = session.id.clone();
+    let jobs = state
+        .db
+        .call(move |conn| {
+            let mut stmt = conn
+                .prepare("SELECT id FROM processes WHERE session_id = ?1 AND ended_at IS NULL")?;
+            let rows = stmt
+                .query_map(rusqlite::params![id], |row| row.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+        .unwrap_or_default();
+    for job in jobs.iter().filter_map(|j| j.parse().ok()) {
+        watch(state, session, job, None);
+    }
+}
+
+/// A process as stored, with the tag of its output files.
+struct Loaded {
+    info: ProcessInfo,
+    tag: String,
+}
+
+async fn load(
+    state: &AppState,
+    session: &Session,
+    job: Option<u64>,
+) -> Result<Vec<Loaded>, ApiError> {
+    let id = session.id.clone();
+    let rows = state
+        .db
+        .call(move |conn| {
+            let mut stmt = conn.prepare(
+                "SELECT id, argv, started_at, ended_at, exit_code, signal, output FROM processes
+                 WHERE session_id = ?1 AND (?2 IS NULL OR id = ?2) ORDER BY CAST(id AS INTEGER)",
+            )?;
+            let rows = stmt
+                .query_map(rusqlite::params![id, job.map(|j| j.to_string())], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, Option<String>>(3)?,
+                        row.get::<_, Option<i32>>(4)?,
+                        row.get::<_, Option<i32>>(5)?,
+                        row.get::<_, Option<String>>(6)?,
+                    ))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await?;
+    let root = root_of(session).ok();
+    let mut list = Vec::with_capacity(rows.len());
+    for (id, argv, started_at, ended_at, exit_code, signal, tag) in rows {
+        let process_id: u64 = id.parse().unwrap_or(0);
+        let tag = tag.unwrap_or_default();
+        let size = |stream: &str| {
+            root.as_ref()
+                .and_then(|r| r.open_read(&output_path(&tag, stream)).ok())
+                .map_or(0, |(_, meta)| meta.size_bytes)
+        };
+        let info = ProcessInfo {
+            process_id,
+            argv: serde_json::from_str(&argv).unwrap_or_default(),
+            state: if ended_at.is_some() {
+                "exited"
+            } else {
+                "running"
+            }
+            .into(),
+            exit_code,
+            signal,
+            started_at,
+            ended_at,
+            stdout_bytes: size("stdout"),
+            stderr_bytes: size("stderr"),
+        };
+        list.push(Loaded { info, tag });
+    }
+    Ok(list)
+}
+
+async fn load_one(state: &AppState, session: &Session, job: u64) -> Result<Loaded, ApiError> {
+    load(state, session, Some(job))
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::not_found(format!("no process {job} in session {}", session.id)))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/processes", tag = "processes",
+    params(("id" = String, Path)),
+    responses((status = 200, body = ProcessList), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn list_processes(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<ApiJson<ProcessList>, ApiError> {
+    let session = lookup(&state, &caller, &id)?;
+    Ok(ApiJson(ProcessList {
+        processes: load(&state, &session, None)
+            .await?
+            .into_iter()
+            .map(|p| p.info)
+            .collect(),
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/processes/{pid}", tag = "processes",
+    params(("id" = String, Path), ("pid" = u64, Path)),
+    responses((status = 200, body = ProcessInfo), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn get_process(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((id, pid)): ApiPath<(String, u64)>,
+) -> Result<ApiJson<ProcessInfo>, ApiError> {
+    let session = lookup(&state, &caller, &id)?;
+    Ok(ApiJson(load_one(&state, &session, pid).await?.info))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct OutputQuery {
+    /// "stdout" (default) or "stderr".
+    pub stream: Option<String>,
+    /// Byte offset to start from.
+    pub offset: Option<u64>,
+}
+
+fn stream_name(stream: Option<&str>) -> Result<&'static str, ApiError> {
+    match stream.unwrap_or("stdout") {
+        "stdout" => Ok("stdout"),
+        "stderr" => Ok("stderr"),
+        other => Err(ApiError::invalid(format!(
+            "stream must be stdout or stderr, not {other:?}"
+        ))),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/processes/{pid}/output", tag = "processes",
+    params(("id" = String, Path), ("pid" = u64, Path), OutputQuery),
+    responses((status = 200, description = "raw bytes from the offset", content_type = "application/octet-stream")),
+    security(("bearer" = [])))]
+async fn process_output(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((id, pid)): ApiPath<(String, u64)>,
+    ApiQuery(query): ApiQuery<OutputQuery>,
+) -> Result<Response, ApiError> {
+    let session = lookup(&state, &caller, &id)?;
+    let tag = load_one(&state, &session, pid).await?.tag;
+    let stream = stream_name(query.stream.as_deref())?;
+    let root = root_of(&session)?;
+    let offset = query.offset.unwrap_or(0);
+    let data = tokio::task::spawn_blocking(move || read_from(&root, &tag, stream, offset))
+        .await
+        .map_err(ApiError::internal)??;
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from(data),
+    )
+        .into_response())
+}
+
+fn read_from(
+    root: &crate::rootfs::SandboxRoot,
+    tag: &str,
+    stream: &str,
+    offset: u64,
+) -> Result<Vec<u8>, ApiError> {
+    let (mut file, _) = match root.open_read(&output_path(tag, stream)) {
+        Ok(found) => found,
+        Err(crate::rootfs::RootfsError::NotFound(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(super::files::rootfs_error(e)),
+    };
+    file.seek(SeekFrom::Start(offset))
+        .map_err(ApiError::internal)?;
+    let mut data = Vec::new();
+    file.take(MAX_OUTPUT_READ)
+        .read_to_end(&mut data)
+        .map_err(ApiError::internal)?;
+    Ok(data)
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/processes/{pid}/stream", tag = "processes",
+    params(("id" = String, Path), ("pid" = u64, Path)),
+    responses((status = 200, description = "Server-Sent Events: `stdout`/`stderr` {data} from the start, then `exit` {exit_code, signal}", content_type = "text/event-stream")),
+    security(("bearer" = [])))]
+async fn process_stream(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((id, pid)): ApiPath<(String, u64)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let session = lookup(&state, &caller, &id)?;
+    let tag = std::sync::Arc::new(load_one(&state, &session, pid).await?.tag);
+    let root = std::sync::Arc::new(root_of(&session)?);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(64);
+    tokio::spawn(async move {
+        let mut offsets = [0u64, 0u64];
+        let mut text = [
+            super::exec::Utf8Chunker::default(),
+            super::exec::Utf8Chunker::default(),
+        ];
+        loop {
+            // Read the end state before the output, so nothing written before the
+            // exit is missed.
+            let ended = load_one(&state, &session, pid)
+                .await
+                .ok()
+                .map(|p| p.info)
+                .filter(|p| p.ended_at.is_some());
+            let mut got = false;
+            for (i, stream) in ["stdout", "stderr"].into_iter().enumerate() {
+                let (root, tag) = (root.clone(), tag.clone());
+                let offset = offsets[i];
+                let data =
+                    tokio::task::spawn_blocking(move || read_from(&root, &tag, stream, offset))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or_default();
+                if data.is_empty() {
+                    continue;
+                }
+                got = true;
+                offsets[i] += data.len() as u64;
+                let chunk = text[i].push(&data);
+                if let Ok(event) = Event::default()
+                    .event(stream)
+                    .json_data(serde_json::json!({ "data": chunk }))
+                {
+                    if tx.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            if let Some(process) = ended {
+                if !got {
+                    if let Ok(event) = Event::default().event("exit").json_data(
+                        serde_json::json!({"exit_code": process.exit_code, "signal": process.signal}),
+                    ) {
+                        let _ = tx.send(Ok(event)).await;
+                    }
+                    return;
+                }
+            } else if !got {
+                if session.deleted.load(Ordering::SeqCst) || tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(TAIL_INTERVAL).await;
+            }
+        }
+    });
+    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct StdinQuery {
+    /// Close stdin after writing the body (the process sees end of file).
+    pub close: Option<bool>,
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/stdin", tag = "processes",
+    params(("id" = String, Path), ("pid" = u64, Path), StdinQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 204), (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn process_stdin(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((id, pid)): ApiPath<(String, u64)>,
+    ApiQuery(query): ApiQuery<StdinQuery>,
+    body: axum::body::Bytes,
+) -> Result<StatusCode, ApiError> {
+    use tokio::io::AsyncWriteExt;
+    let session = lookup(&state, &caller, &id)?;
+    load_one(&state, &session, pid).await?;
+    let sender = session
+        .stdin
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&pid);
+    let Some(mut sender) = sender else {
+        return Err(ApiError::conflict(format!(
+            "process {pid} has no open stdin (it exited, stdin was closed, or the daemon restarted)"
+        )));
+    };
+    let written = sender.write_all(&body).await;
+    if !query.close.unwrap_or(false) && written.is_ok() {
+        session
+            .stdin
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pid, sender);
+    }
+    written.map_err(|e| ApiError::conflict(format!("write to process {pid}: {e}")))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// A name ("TERM", "SIGKILL") or a number.
+    #[schema(value_type = Object)]
+    pub signal: serde_json::Value,
+}
+
+pub fn parse_signal(value: &serde_json::Value) -> Result<i32, ApiError> {
+    let bad = || ApiError::invalid(format!("unknown signal {value}"));
+    match value {
+        serde_json::Value::Number(n) => n
+            .as_i64()
+            .filter(|n| (1..=64).contains(n))
+            .map(|n| n as i32)
+            .ok_or_else(bad),
+        serde_json::Value::String(name) => {
+            let upper = name.to_ascii_uppercase();
+            let full = if upper.starts_with("SIG") {
+                upper
+            } else {
+                format!("SIG{upper}")
+            };
+            full.parse::<nix_signal::Signal>()
+                .map(|s| s as i32)
+                .map_err(|_| bad())
+        }
+        _ => Err(bad()),
+    }
+}
+
+mod nix_signal {
+    pub use brig_jail::agent::Signal;
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/signal", tag = "processes",
+    params(("id" = String, Path), ("pid" = u64, Path)), request_body = SignalRequest,
+    responses((status = 204), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn process_signal(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((id, pid)): ApiPath<(String, u64)>,
+    ApiJson(request): ApiJson<SignalRequest>,
+) -> Result<StatusCode, ApiError> {
+    let result = async {
+        let session = lookup(&state, &caller, &id)?;
+        load_one(&state, &session, pid).await?;
+        let signal = parse_signal(&request.signal)?;
+        let (reply, _) = super::agent::call(
+            &session.sandbox().control_socket,
+            &AgentRequest::Signal { job: pid, signal },
+        )
+        .await
+        .map_err(sandbox_gone)?;
+        match reply {
+            AgentReply::Done => Ok(()),
+            AgentReply::Error { message } => Err(ApiError::not_found(message)),
+            other => Err(ApiError::internal(format!(
+                "unexpected agent reply {other:?}"
+            ))),
+        }
+    }
+    .await;
+    let outcome = result
+        .as_ref()
+        .map(|_| "ok")
+        .unwrap_or_else(|e: &ApiError| e.code);
+    audit::record(
+        &state,
+        &caller,
+        Some(&id),
+        "process.signal",
+        serde_json::json!({"process_id": pid, "signal": request.signal}),
+        outcome,
+    )
+    .await;
+    result.map(|()| StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct WaitQuery {
+    /// Give up (answering the still-running process) after this long; default 30 s.
+    pub timeout_ms: Option<u64>,
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/wait", tag = "processes",
+    params(("id" = String, Path), ("pid" = u64, Path), WaitQuery),
+    responses((status = 200, body = ProcessInfo), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn process_wait(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((id, pid)): ApiPath<(String, u64)>,
+    ApiQuery(query): ApiQuery<WaitQuery>,
+) -> Result<ApiJson<ProcessInfo>, ApiError> {
+    let session = lookup(&state, &caller, &id)?;
+    let info = load_one(&state, &session, pid).await?.info;
+    if info.ended_at.is_some() {
+        return Ok(ApiJson(info));
+    }
+    let timeout = Duration::from_millis(query.timeout_ms.unwrap_or(30_000).min(3_600_000));
+    let waited = tokio::time::timeout(timeout, async {
+        let mut agent = Agent::connect(&session.sandbox().control_socket).ok()?;
+        agent
+            .send(&AgentRequest::Wait { job: pid }, &[])
+            .await
+            .ok()?;
+        wait_on(&mut agent).await
+    })
+    .await;
+    if let Ok(Some(exit)) = waited {
+        record_exit(&state, &session, pid, exit).await;
+    }
+    Ok(ApiJson(load_one(&state, &session, pid).await?.info))
+}

@@ -1,0 +1,1610 @@
+//! The `brig` CLI as a client of the daemon (`brig serve`, see docs/API.md):
+//! `brig session ...`, `brig exec`, `brig cp` and `brig key ...`.
+//!
+//! Everything here is blocking (ureq): one request at a time, bodies streamed in both
+//! directions so copying a large file or directory never holds it in memory.
+//!
+//! Exit statuses: `brig exec` exits with the command's status (124 timed out, 128+N
+//! killed by signal N, 137 OOM-killed); every failure of brig itself or of the API
+//! prints one line, `brig: <message>` (API errors: `brig: <message> (<code>)`), and
+//! exits 125, as `brig run` does.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
+use std::path::{Component, Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use ureq::http::Response;
+use ureq::Body;
+
+use crate::EXIT_BRIG_ERROR;
+
+/// Where `brig serve` listens by default.
+pub(crate) const DEFAULT_URL: &str = "http://127.0.0.1:7700";
+/// The daemon's default data dir, where it writes the admin key on first start.
+const DEFAULT_DATA_DIR: &str = "/var/lib/brig-server";
+/// Exit status when the command was killed by SIGPIPE: what a shell reports when
+/// `brig exec ... | head` closes the pipe early.
+const EXIT_BROKEN_PIPE: u8 = 128 + 13;
+
+// ---------------------------------------------------------------------------------
+// Command line
+// ---------------------------------------------------------------------------------
+
+/// How to reach the daemon. Each setting is taken from the first of: this flag, the
+/// environment, the config file, the default (see `Settings::resolve`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct ConnArgs {
+    /// The daemon's URL [env: BRIG_URL; config: url; default: http://127.0.0.1:7700].
+    #[arg(long, global = true, value_name = "URL")]
+    pub url: Option<String>,
+    /// API key [env: BRIG_API_KEY (preferred: flags are visible in `ps`); config:
+    /// api_key; else the daemon's admin.key when readable].
+    #[arg(long, global = true, value_name = "KEY")]
+    pub api_key: Option<String>,
+}
+
+#[derive(Args)]
+pub struct SessionArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[command(subcommand)]
+    command: SessionCommand,
+}
+
+#[derive(Subcommand)]
+enum SessionCommand {
+    /// Start a session (a sandbox that lives between requests); prints its id.
+    Create(Box<CreateArgs>),
+    /// List your sessions.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete sessions: their processes are killed and their files are gone.
+    Rm {
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<String>,
+    },
+    /// Freeze a session's processes.
+    Pause { id: String },
+    /// Thaw a paused session.
+    Resume { id: String },
+    /// Store what a session wrote as a snapshot (new sessions can start from it);
+    /// prints the snapshot id.
+    Snapshot {
+        id: String,
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+    },
+}
+
+#[derive(Args)]
+struct CreateArgs {
+    /// An image in the daemon's store [default: the daemon's default image].
+    #[arg(long, value_name = "NAME")]
+    image: Option<String>,
+    /// Start from this snapshot (a fork of the session it was taken from).
+    #[arg(long, value_name = "ID")]
+    snapshot: Option<String>,
+    /// Environment variable for everything run in the session. Repeatable.
+    #[arg(long, value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Memory for the whole session (e.g. 512M).
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+    /// Maximum number of processes and threads.
+    #[arg(long, value_name = "N")]
+    pids: Option<u64>,
+    /// CPU bandwidth in CPUs, fractional allowed.
+    #[arg(long, value_name = "N")]
+    cpus: Option<f64>,
+    /// Size of the session's writable storage.
+    #[arg(long, value_name = "SIZE")]
+    disk: Option<String>,
+    /// Delete the session this long after it was created (e.g. 30m, 2h).
+    #[arg(long, value_name = "DURATION")]
+    ttl: Option<String>,
+    /// Delete the session after this long without requests.
+    #[arg(long, value_name = "DURATION")]
+    idle_timeout: Option<String>,
+    /// Print the session as JSON instead of its id.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// The session to run in.
+    session: String,
+    /// Working directory [default: /workspace].
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<String>,
+    /// Environment variable (over the session's). Repeatable.
+    #[arg(long, value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Wall-clock limit (e.g. 30s, 500ms) [default: the daemon's].
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+    /// Capture the output and print one JSON object when the command ends.
+    #[arg(long)]
+    json: bool,
+    /// The command and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    command: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct CpArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// Copy a session directory (the default when the source is a directory anyway).
+    #[arg(short = 'r', long)]
+    recursive: bool,
+    /// A local path, `-` (stdin/stdout) or SESSION:/absolute/path.
+    src: String,
+    /// A local path, `-` (stdin/stdout) or SESSION:/absolute/path.
+    dst: String,
+}
+
+#[derive(Args)]
+pub struct KeyArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[command(subcommand)]
+    command: KeyCommand,
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Create an API key for TENANT (created if new); the key is printed only once.
+    Create {
+        tenant: String,
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+    },
+    /// List API keys (admin: all; otherwise your tenant's).
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an API key.
+    Revoke { key_id: String },
+}
+
+// ---------------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------------
+
+pub fn session(args: SessionArgs) -> ExitCode {
+    let json = matches!(&args.command, SessionCommand::Ls { json: true })
+        || matches!(&args.command, SessionCommand::Create(c) if c.json);
+    finish(
+        json,
+        connect(&args.conn).and_then(|c| session_cmd(&c, args.command)),
+    )
+}
+
+pub fn exec(args: ExecArgs) -> ExitCode {
+    let json = args.json;
+    finish(json, connect(&args.conn).and_then(|c| exec_cmd(&c, args)))
+}
+
+pub fn cp(args: CpArgs) -> ExitCode {
+    finish(false, connect(&args.conn).and_then(|c| cp_cmd(&c, args)))
+}
+
+pub fn key(args: KeyArgs) -> ExitCode {
+    let json = matches!(&args.command, KeyCommand::Ls { json: true });
+    finish(
+        json,
+        connect(&args.conn).and_then(|c| key_cmd(&c, args.command)),
+    )
+}
+
+/// Turns a command's result into its exit status, printing failures as one line (and,
+/// in `--json` mode, as the `{"error": ...}` object on stdout, as `brig run` does).
+fn finish(json: bool, result: Result<u8>) -> ExitCode {
+    match result {
+        Ok(status) => ExitCode::from(status),
+        Err(e) => {
+            let (code, message) = match e.downcast_ref::<ApiError>() {
+                Some(api) => (api.code.clone(), api.message.clone()),
+                None => ("client_error".to_string(), format!("{e:#}")),
+            };
+            if json {
+                println!("{}", json!({"error": {"code": code, "message": message}}));
+            }
+            eprintln!("brig: {}", one_line(&format!("{e:#}")));
+            ExitCode::from(EXIT_BRIG_ERROR)
+        }
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+// ---------------------------------------------------------------------------------
+// Connection settings
+// ---------------------------------------------------------------------------------
+
+/// The daemon's address and the API key to present.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Settings {
+    pub url: String,
+    pub api_key: Option<String>,
+}
+
+/// `client.toml`: `url = "..."`, `api_key = "..."`.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    url: Option<String>,
+    api_key: Option<String>,
+}
+
+impl Settings {
+    /// Each setting comes from the first source that has it: the flag, the environment
+    /// (`BRIG_URL`, `BRIG_API_KEY`), the config file (`$BRIG_CONFIG`, else
+    /// `$XDG_CONFIG_HOME/brig/client.toml` or `~/.config/brig/client.toml`), then the
+    /// default URL and, for the key, the daemon's `admin.key` if this user can read it
+    /// (root on the daemon's host). `env` is the environment, passed in for tests.
+    pub(crate) fn resolve(flags: &ConnArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
+        // Empty variables count as unset, as `BRIG_API_KEY= brig ...` intends.
+        let env = |name: &str| env(name).filter(|v| !v.is_empty());
+        let mut url = flags.url.clone().or_else(|| env("BRIG_URL"));
+        let mut api_key = flags.api_key.clone().or_else(|| env("BRIG_API_KEY"));
+        // The config file is read only when needed: a broken file does not get in the
+        // way of flags and variables that already say everything.
+        if url.is_none() || api_key.is_none() {
+            let config = load_config(&env)?;
+            url = url.or(config.url);
+            api_key = api_key.or(config.api_key);
+        }
+        if api_key.is_none() {
+            let dir = env("BRIG_DATA_DIR").unwrap_or_else(|| DEFAULT_DATA_DIR.to_string());
+            // Unreadable (not root, no daemon here) simply means no key: the daemon
+            // then answers 401 with its own message.
+            api_key = fs::read_to_string(Path::new(&dir).join("admin.key"))
+                .ok()
+                .map(|k| k.trim().to_string())
+                .filter(|k| !k.is_empty());
+        }
+        let url = url.unwrap_or_else(|| DEFAULT_URL.to_string());
+        let url = url.trim_end_matches('/').to_string();
+        if !(url.starts_with("http://") || url.starts_with("https://")) || url.contains(['?', '#'])
+        {
+            bail!("bad daemon URL '{url}': expected http(s)://HOST:PORT");
+        }
+        Ok(Settings { url, api_key })
+    }
+}
+
+fn load_config(env: &dyn Fn(&str) -> Option<String>) -> Result<ConfigFile> {
+    let (path, required) = match env("BRIG_CONFIG") {
+        // Named explicitly: it must exist.
+        Some(path) => (PathBuf::from(path), true),
+        None => match env("XDG_CONFIG_HOME").or_else(|| env("HOME").map(|h| h + "/.config")) {
+            Some(dir) => (Path::new(&dir).join("brig/client.toml"), false),
+            None => return Ok(ConfigFile::default()),
+        },
+    };
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if !required && e.kind() == io::ErrorKind::NotFound => {
+            return Ok(ConfigFile::default())
+        }
+        Err(e) => bail!("{}: {e}", path.display()),
+    };
+    toml::from_str(&text).map_err(|e| anyhow!("{}: {}", path.display(), one_line(&e.to_string())))
+}
+
+// ---------------------------------------------------------------------------------
+// HTTP
+// ---------------------------------------------------------------------------------
+
+/// An error answered by the daemon: `{"error": {"code", "message"}}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.code)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// Whether `e` is the daemon saying `code`.
+fn is_api(e: &anyhow::Error, code: &str) -> bool {
+    e.downcast_ref::<ApiError>().is_some_and(|a| a.code == code)
+}
+
+struct Client {
+    agent: ureq::Agent,
+    url: String,
+    api_key: Option<String>,
+}
+
+fn connect(conn: &ConnArgs) -> Result<Client> {
+    let settings = Settings::resolve(conn, &|name| std::env::var(name).ok())?;
+    let config = ureq::Agent::config_builder()
+        // Error statuses carry the API's JSON error, which we want to read.
+        .http_status_as_error(false)
+        // Only connecting is bounded: an exec or a download may rightly take hours.
+        .timeout_connect(Some(Duration::from_secs(10)))
+        .user_agent(format!("brig/{}", env!("CARGO_PKG_VERSION")))
+        .build();
+    Ok(Client {
+        agent: config.into(),
+        url: settings.url,
+        api_key: settings.api_key,
+    })
+}
+
+type Request<B> = ureq::RequestBuilder<B>;
+
+impl Client {
+    fn endpoint(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+
+    fn auth<B>(&self, request: Request<B>) -> Request<B> {
+        match &self.api_key {
+            Some(key) => request.header("Authorization", format!("Bearer {key}")),
+            None => request,
+        }
+    }
+
+    fn get(&self, path: &str) -> Request<ureq::typestate::WithoutBody> {
+        self.auth(self.agent.get(self.endpoint(path)))
+    }
+
+    fn delete(&self, path: &str) -> Request<ureq::typestate::WithoutBody> {
+        self.auth(self.agent.delete(self.endpoint(path)))
+    }
+
+    fn post(&self, path: &str) -> Request<ureq::typestate::WithBody> {
+        self.auth(self.agent.post(self.endpoint(path)))
+    }
+
+    fn put(&self, path: &str) -> Request<ureq::typestate::WithBody> {
+        self.auth(self.agent.put(self.endpoint(path)))
+    }
+
+    /// Turns transport failures and error statuses into one-line errors.
+    fn check(&self, result: Result<Response<Body>, ureq::Error>) -> Result<Response<Body>> {
+        let response = result.map_err(|e| self.transport_error(e))?;
+        let status = response.status().as_u16();
+        if status < 400 {
+            return Ok(response);
+        }
+        // Error bodies are small; the limit keeps a confused server from flooding us.
+        let text = response
+            .into_body()
+            .with_config()
+            .limit(64 << 10)
+            .lossy_utf8(true)
+            .read_to_string()
+            .unwrap_or_default();
+        let parsed: Option<(String, String)> =
+            serde_json::from_str::<Value>(&text).ok().and_then(|v| {
+                let e = v.get("error")?;
+                Some((e["code"].as_str()?.into(), e["message"].as_str()?.into()))
+            });
+        Err(match parsed {
+            Some((code, message)) => ApiError {
+                status,
+                code,
+                message,
+            },
+            // Not brig's API (a proxy, another server on the port): say what we got.
+            None => ApiError {
+                status,
+                code: format!("http_{status}"),
+                message: match one_line(&text) {
+                    t if t.is_empty() || t.len() > 200 => {
+                        format!("HTTP {status} from {}", self.url)
+                    }
+                    t => format!("HTTP {status} from {}: {t}", self.url),
+                },
+            },
+        }
+        .into())
+    }
+
+    fn transport_error(&self, e: ureq::Error) -> anyhow::Error {
+        let unreachable =
+            |reason: &str| anyhow!("cannot reach the brig daemon at {}: {reason}", self.url);
+        match &e {
+            ureq::Error::Io(io) if io.kind() == io::ErrorKind::ConnectionRefused => {
+                unreachable("connection refused (is `brig serve` running?)")
+            }
+            ureq::Error::HostNotFound => unreachable("host not found"),
+            ureq::Error::ConnectionFailed => unreachable("connection failed"),
+            ureq::Error::Timeout(ureq::Timeout::Connect | ureq::Timeout::Resolve) => {
+                unreachable("timed out")
+            }
+            // Mid-request: the connection dropped, or a local read failed while
+            // sending a body.
+            other => anyhow!(
+                "request to the brig daemon at {} failed: {}",
+                self.url,
+                one_line(&other.to_string())
+            ),
+        }
+    }
+
+    fn json_request(
+        &self,
+        request: Request<ureq::typestate::WithBody>,
+        body: &Value,
+    ) -> Result<Response<Body>> {
+        self.check(
+            request
+                .header("Content-Type", "application/json")
+                .send(serde_json::to_vec(body)?),
+        )
+    }
+
+    fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
+        read_json(self.json_request(self.post(path), body)?)
+    }
+
+    fn get_json(&self, path: &str) -> Result<Value> {
+        read_json(self.check(self.get(path).call())?)
+    }
+
+    fn delete_ok(&self, path: &str) -> Result<()> {
+        self.check(self.delete(path).call())?;
+        Ok(())
+    }
+}
+
+fn read_json(response: Response<Body>) -> Result<Value> {
+    let text = response
+        .into_body()
+        .with_config()
+        .limit(64 << 20)
+        .read_to_string()
+        .context("reading the daemon's answer")?;
+    serde_json::from_str(&text).map_err(|e| anyhow!("the daemon's answer is not JSON: {e}"))
+}
+
+/// Percent-encodes one path segment (ids come from users and must not add segments).
+fn seg(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+fn session_path(id: &str, rest: &str) -> String {
+    format!("/v1/sessions/{}{rest}", seg(id))
+}
+
+fn str_field<'a>(value: &'a Value, key: &str) -> &'a str {
+    value.get(key).and_then(Value::as_str).unwrap_or("-")
+}
+
+/// Parses repeated `KEY=VALUE` flags.
+fn env_map(entries: &[String]) -> Result<BTreeMap<String, String>> {
+    entries
+        .iter()
+        .map(|entry| match entry.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => bail!("bad --env '{entry}': expected KEY=VALUE"),
+        })
+        .collect()
+}
+
+/// Left-aligned columns, two spaces apart.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------
+// brig session / brig key
+// ---------------------------------------------------------------------------------
+
+fn session_cmd(client: &Client, command: SessionCommand) -> Result<u8> {
+    match command {
+        SessionCommand::Create(args) => {
+            let body = create_body(&args)?;
+            let session = client.post_json("/v1/sessions", &body)?;
+            if args.json {
+                println!("{session}");
+            } else {
+                println!("{}", str_field(&session, "session_id"));
+            }
+        }
+        SessionCommand::Ls { json } => {
+            let list = client.get_json("/v1/sessions")?;
+            if json {
+                println!("{list}");
+                return Ok(0);
+            }
+            let rows: Vec<Vec<String>> = list["sessions"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|s| {
+                    ["session_id", "state", "image", "created_at", "expires_at"]
+                        .iter()
+                        .map(|k| str_field(s, k).to_string())
+                        .collect()
+                })
+                .collect();
+            print!(
+                "{}",
+                table(&["ID", "STATE", "IMAGE", "CREATED", "EXPIRES"], &rows)
+            );
+        }
+        SessionCommand::Rm { ids } => {
+            // Remove all that can be; report each failure, fail if any did.
+            let mut failed = false;
+            for id in &ids {
+                if let Err(e) = client.delete_ok(&session_path(id, "")) {
+                    eprintln!("brig: {id}: {}", one_line(&format!("{e:#}")));
+                    failed = true;
+                }
+            }
+            return Ok(if failed { EXIT_BRIG_ERROR } else { 0 });
+        }
+        SessionCommand::Pause { id } => {
+            client.post_json(&session_path(&id, "/pause"), &json!({}))?;
+        }
+        SessionCommand::Resume { id } => {
+            client.post_json(&session_path(&id, "/resume"), &json!({}))?;
+        }
+        SessionCommand::Snapshot { id, name } => {
+            let mut body = Map::new();
+            if let Some(name) = name {
+                body.insert("name".into(), name.into());
+            }
+            let snapshot =
+                client.post_json(&session_path(&id, "/snapshots"), &Value::Object(body))?;
+            println!("{}", str_field(&snapshot, "snapshot_id"));
+        }
+    }
+    Ok(0)
+}
+
+/// Whole seconds for a duration flag, rounded up so `--ttl 500ms` is not "no TTL".
+fn duration_secs(flag: &str, text: &str) -> Result<u64> {
+    let ms = brig_policy::parse_duration_ms(text).map_err(|e| anyhow!("--{flag}: {e}"))?;
+    Ok(ms.div_ceil(1000))
+}
+
+fn create_body(args: &CreateArgs) -> Result<Value> {
+    let mut body = Map::new();
+    if let Some(image) = &args.image {
+        body.insert("image".into(), image.clone().into());
+    }
+    if let Some(snapshot) = &args.snapshot {
+        body.insert("snapshot".into(), snapshot.clone().into());
+    }
+    if !args.env.is_empty() {
+        body.insert("env".into(), json!(env_map(&args.env)?));
+    }
+    let mut limits = Map::new();
+    // Sizes are checked here for an early, local error, and sent as bytes.
+    for (name, value) in [("memory", &args.memory), ("disk", &args.disk)] {
+        if let Some(text) = value {
+            let bytes = brig_policy::parse_size(text).map_err(|e| anyhow!("--{name}: {e}"))?;
+            limits.insert(name.into(), bytes.into());
+        }
+    }
+    if let Some(pids) = args.pids {
+        limits.insert("pids".into(), pids.into());
+    }
+    if let Some(cpus) = args.cpus {
+        limits.insert("cpus".into(), cpus.into());
+    }
+    if !limits.is_empty() {
+        body.insert("limits".into(), limits.into());
+    }
+    if let Some(ttl) = &args.ttl {
+        body.insert("ttl_seconds".into(), duration_secs("ttl", ttl)?.into());
+    }
+    if let Some(idle) = &args.idle_timeout {
+        body.insert(
+            "idle_timeout_seconds".into(),
+            duration_secs("idle-timeout", idle)?.into(),
+        );
+    }
+    Ok(body.into())
+}
+
+fn key_cmd(client: &Client, command: KeyCommand) -> Result<u8> {
+    match command {
+        KeyCommand::Create { tenant, name } => {
+            let mut body = json!({ "tenant": tenant });
+            if let Some(name) = name {
+                body["name"] = name.into();
+            }
+            let key = client.post_json("/v1/keys", &body)?;
+            println!("{}", str_field(&key, "key"));
+            eprintln!(
+                "brig: key {} for tenant {}: store it now, it is not shown again",
+                str_field(&key, "key_id"),
+                str_field(&key, "tenant")
+            );
+        }
+        KeyCommand::Ls { json } => {
+            let list = client.get_json("/v1/keys")?;
+            if json {
+                println!("{list}");
+                return Ok(0);
+            }
+            let rows: Vec<Vec<String>> = list["keys"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|k| {
+                    ["key_id", "tenant", "name", "created_at", "revoked_at"]
+                        .iter()
+                        .map(|f| str_field(k, f).to_string())
+                        .collect()
+                })
+                .collect();
+            print!(
+                "{}",
+                table(&["KEY ID", "TENANT", "NAME", "CREATED", "REVOKED"], &rows)
+            );
+        }
+        KeyCommand::Revoke { key_id } => {
+            client.delete_ok(&format!("/v1/keys/{}", seg(&key_id)))?;
+        }
+    }
+    Ok(0)
+}
+
+// ---------------------------------------------------------------------------------
+// brig exec
+// ---------------------------------------------------------------------------------
+
+fn exec_cmd(client: &Client, args: ExecArgs) -> Result<u8> {
+    let mut body = json!({ "argv": args.command });
+    if let Some(cwd) = &args.cwd {
+        body["cwd"] = cwd.clone().into();
+    }
+    if !args.env.is_empty() {
+        body["env"] = json!(env_map(&args.env)?);
+    }
+    let timeout_ms = args
+        .timeout
+        .as_deref()
+        .map(|t| brig_policy::parse_duration_ms(t).map_err(|e| anyhow!("--timeout: {e}")))
+        .transpose()?;
+    if let Some(ms) = timeout_ms {
+        body["timeout_ms"] = ms.into();
+    }
+    // A terminal is never read: an interactive caller would have to press Ctrl-D.
+    let stdin = io::stdin();
+    if !stdin.is_terminal() {
+        let mut input = Vec::new();
+        stdin
+            .lock()
+            .read_to_end(&mut input)
+            .context("reading stdin")?;
+        if !input.is_empty() {
+            let text = String::from_utf8(input).map_err(|_| {
+                anyhow!("stdin is not UTF-8 text (the exec API takes stdin as a string)")
+            })?;
+            body["stdin"] = text.into();
+        }
+    }
+
+    if args.json {
+        let result = client.post_json(&session_path(&args.session, "/exec"), &body)?;
+        println!("{result}");
+        let (status, message) = exit_status(&result, timeout_ms);
+        if let Some(message) = message {
+            eprintln!("brig: {message}");
+        }
+        return Ok(status);
+    }
+
+    let response = client.json_request(
+        client
+            .post(&session_path(&args.session, "/exec/stream"))
+            .header("Accept", "text/event-stream"),
+        &body,
+    )?;
+    let mut events = SseReader::new(BufReader::new(response.into_body().into_reader()));
+    let (mut stdout, mut stderr) = (io::stdout().lock(), io::stderr().lock());
+    while let Some(event) = events.next_event().context("reading the output stream")? {
+        let data: Value = serde_json::from_str(&event.data)
+            .map_err(|e| anyhow!("bad '{}' event from the daemon: {e}", event.event))?;
+        match event.event.as_str() {
+            "stdout" | "stderr" => {
+                let chunk = data["data"].as_str().unwrap_or_default().as_bytes();
+                let written = if event.event == "stdout" {
+                    stdout.write_all(chunk).and_then(|_| stdout.flush())
+                } else {
+                    stderr.write_all(chunk).and_then(|_| stderr.flush())
+                };
+                match written {
+                    // The reader went away (`| head`): stop as a killed writer would.
+                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(EXIT_BROKEN_PIPE),
+                    other => other.context("writing output")?,
+                }
+            }
+            "exit" => {
+                let (status, message) = exit_status(&data, timeout_ms);
+                if let Some(message) = message {
+                    // (The stderr lock is reentrant: this does not wait on ours.)
+                    eprintln!("brig: {message}");
+                }
+                return Ok(status);
+            }
+            "error" => {
+                return Err(ApiError {
+                    status: 0,
+                    code: data["code"].as_str().unwrap_or("internal").to_string(),
+                    message: data["message"]
+                        .as_str()
+                        .unwrap_or("exec failed")
+                        .to_string(),
+                }
+                .into())
+            }
+            // Unknown events are for newer clients.
+            _ => {}
+        }
+    }
+    bail!("the daemon closed the output stream before the command ended")
+}
+
+/// The exit status for an exec result (`exit_code`, `signal`, `timed_out`,
+/// `oom_killed`, `error`) and, for abnormal ends, a one-line explanation; the same
+/// rules as `brig run`.
+pub(crate) fn exit_status(result: &Value, timeout_ms: Option<u64>) -> (u8, Option<String>) {
+    let exit_code = result["exit_code"].as_i64();
+    let signal = result["signal"].as_i64();
+    if result["timed_out"].as_bool() == Some(true) {
+        let after = timeout_ms
+            .map(|ms| format!(" after {ms}ms"))
+            .unwrap_or_default();
+        return (
+            124,
+            Some(format!("timed out{after}; the command was killed")),
+        );
+    }
+    if result["oom_killed"].as_bool() == Some(true) {
+        return (128 + 9, Some("killed: out of memory".into()));
+    }
+    let error = result["error"].as_str().map(str::to_string);
+    match (exit_code, signal) {
+        (Some(code), _) => (code.rem_euclid(256) as u8, error),
+        (None, Some(sig)) if (1..128).contains(&sig) => (128 + sig as u8, error),
+        _ => (
+            EXIT_BRIG_ERROR,
+            Some(error.unwrap_or_else(|| "the command ended without a status".into())),
+        ),
+    }
+}
+
+/// One Server-Sent Event.
+#[derive(Debug, PartialEq)]
+pub(crate) struct SseEvent {
+    pub event: String,
+    pub data: String,
+}
+
+/// A minimal Server-Sent Events parser (the WHATWG rules brig's daemon needs):
+/// `event:` and `data:` fields (one optional space after the colon), several `data`
+/// lines joined by `\n`, `:` comments, other fields ignored, a blank line ends an
+/// event, and an event with no data is not dispatched.
+pub(crate) struct SseReader<R> {
+    reader: R,
+    line: Vec<u8>,
+}
+
+impl<R: BufRead> SseReader<R> {
+    pub fn new(reader: R) -> Self {
+        SseReader {
+            reader,
+            line: Vec::new(),
+        }
+    }
+
+    /// The next event; `None` at the end of the stream (an unterminated event at the
+    /// end is dropped, as the spec says).
+    pub fn next_event(&mut self) -> io::Result<Option<SseEvent>> {
+        let mut event = String::new();
+        let mut data: Option<String> = None;
+        loop {
+            self.line.clear();
+            if self.reader.read_until(b'\n', &mut self.line)? == 0 {
+                return Ok(None);
+            }
+            let mut line = self.line.as_slice();
+            line = line.strip_suffix(b"\n").unwrap_or(line);
+            line = line.strip_suffix(b"\r").unwrap_or(line);
+            if line.is_empty() {
+                match data.take() {
+                    Some(data) => {
+                        let event = if event.is_empty() {
+                            "message".into()
+                        } else {
+                            event
+                        };
+                        return Ok(Some(SseEvent { event, data }));
+                    }
+                    None => {
+                        event.clear();
+                        continue;
+                    }
+                }
+            }
+            let line = String::from_utf8_lossy(line);
+            let (field, value) = match line.split_once(':') {
+                Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
+                None => (line.as_ref(), ""),
+            };
+            match field {
+                "" => {} // a comment (keep-alive)
+                "event" => event = value.to_string(),
+                "data" => match &mut data {
+                    Some(data) => {
+                        data.push('\n');
+                        data.push_str(value);
+                    }
+                    None => data = Some(value.to_string()),
+                },
+                _ => {}
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// brig cp
+// ---------------------------------------------------------------------------------
+
+/// One side of `brig cp`.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Location {
+    /// `-`: stdin as a source, stdout as a destination.
+    Stdio,
+    Local(PathBuf),
+    Remote {
+        session: String,
+        path: String,
+    },
+}
+
+impl Location {
+    /// `SESSION:/abs/path` names a path in a session; anything else is local. A local
+    /// path with a colon in its first component is written `./name:with:colons`.
+    pub(crate) fn parse(text: &str) -> Result<Location> {
+        if text == "-" {
+            return Ok(Location::Stdio);
+        }
+        match text.split_once(':') {
+            Some((session, path)) if !session.is_empty() && !session.contains('/') => {
+                if !path.starts_with('/') {
+                    bail!("'{text}': the path in a session must be absolute (SESSION:/path)");
+                }
+                Ok(Location::Remote {
+                    session: session.to_string(),
+                    path: path.to_string(),
+                })
+            }
+            _ if text.is_empty() => bail!("empty path"),
+            _ => Ok(Location::Local(PathBuf::from(text))),
+        }
+    }
+}
+
+/// The last component of a session path (`""` for `/`).
+fn remote_name(path: &str) -> &str {
+    path.trim_end_matches('/').rsplit('/').next().unwrap_or("")
+}
+
+fn remote_join(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
+
+fn cp_cmd(client: &Client, args: CpArgs) -> Result<u8> {
+    match (Location::parse(&args.src)?, Location::parse(&args.dst)?) {
+        (Location::Remote { .. }, Location::Remote { .. }) => {
+            bail!("copy between sessions is not supported: one side must be local")
+        }
+        (Location::Remote { session, path }, local) => {
+            download(client, &session, &path, &local, args.recursive)?
+        }
+        (local, Location::Remote { session, path }) => upload(client, &local, &session, &path)?,
+        _ => bail!("one side must be in a session: SESSION:/path"),
+    }
+    Ok(0)
+}
+
+impl Client {
+    /// Whether `path` is a directory in the session. A missing path is not; any
+    /// other refusal (unknown session, bad key) is an error.
+    fn remote_is_dir(&self, session: &str, path: &str) -> Result<bool> {
+        match self.check(
+            self.get(&session_path(session, "/dir"))
+                .query("path", path)
+                .call(),
+        ) {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.downcast_ref::<ApiError>()
+                    .is_some_and(|a| a.status == 404 || a.status == 409)
+                    && !is_api(&e, "not_found") =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Uploads start with `Expect: 100-continue` so that a refusal (unknown session, over
+/// quota) comes back as the API's error before any of the body is sent, instead of a
+/// connection reset in the middle of it.
+fn upload(client: &Client, src: &Location, session: &str, dst: &str) -> Result<()> {
+    if let Location::Stdio = src {
+        let request = client
+            .put(&session_path(session, "/files"))
+            .query("path", dst)
+            .header("Expect", "100-continue");
+        client.check(request.send(ureq::SendBody::from_owned_reader(io::stdin())))?;
+        return Ok(());
+    }
+    let Location::Local(src) = src else {
+        unreachable!()
+    };
+    let meta = fs::metadata(src).map_err(|e| anyhow!("{}: {e}", src.display()))?;
+    // Like cp: into an existing directory (or one named with a trailing slash), the
+    // source keeps its name.
+    let target = match src.file_name().and_then(|n| n.to_str()) {
+        Some(name) if dst.ends_with('/') || client.remote_is_dir(session, dst)? => {
+            remote_join(dst, name)
+        }
+        _ => dst.to_string(),
+    };
+    if meta.is_dir() {
+        return upload_dir(client, src, session, &target);
+    }
+    let file = File::open(src).map_err(|e| anyhow!("{}: {e}", src.display()))?;
+    let request = client
+        .put(&session_path(session, "/files"))
+        .query("path", &target)
+        .header("Expect", "100-continue");
+    // A File is sent with its length, read as it goes out.
+    client.check(request.send(file))?;
+    Ok(())
+}
+
+fn upload_dir(client: &Client, src: &Path, session: &str, target: &str) -> Result<()> {
+    // The tar is written by a thread into a bounded channel and read by the upload,
+    // so memory stays at a few chunks whatever the directory's size.
+    let (tx, rx) = sync_channel(8);
+    let root = src.to_path_buf();
+    let writer = std::thread::spawn(move || {
+        let mut out = ChunkWriter::new(tx.clone());
+        let result = write_tar(&root, &mut out).and_then(|_| out.flush());
+        let end = match &result {
+            Ok(()) => Ok(None),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        };
+        let _ = tx.send(end);
+        result
+    });
+    let request = client
+        .put(&session_path(session, "/archive"))
+        .query("path", target)
+        .header("Content-Type", "application/x-tar")
+        .header("Expect", "100-continue");
+    let sent = client.check(request.send(ureq::SendBody::from_owned_reader(ChunkReader::new(rx))));
+    let archived = writer
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the archive writer panicked")));
+    // The archive's own error (an unreadable file) says more than the upload's.
+    match (archived, sent) {
+        (Err(e), _) if e.kind() != io::ErrorKind::BrokenPipe => Err(anyhow!("{e}")),
+        (_, sent) => sent.map(|_| ()),
+    }
+}
+
+/// Writes `root`'s contents as a tar stream, paths relative to `root`, symlinks kept
+/// as symlinks; sockets and other special files are skipped with a warning.
+fn write_tar(root: &Path, out: &mut dyn Write) -> io::Result<()> {
+    let mut builder = tar::Builder::new(out);
+    builder.follow_symlinks(false);
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let path = root.join(&rel);
+        let context = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+        let meta = fs::symlink_metadata(&path).map_err(context)?;
+        let kind = meta.file_type();
+        if kind.is_dir() {
+            if !rel.as_os_str().is_empty() {
+                builder.append_dir(&rel, &path).map_err(context)?;
+            }
+            let mut children: Vec<PathBuf> = fs::read_dir(&path)
+                .map_err(context)?
+                .map(|e| e.map(|e| rel.join(e.file_name())))
+                .collect::<io::Result<_>>()
+                .map_err(context)?;
+            // Reversed so the stack yields them in name order.
+            children.sort_unstable_by(|a, b| b.cmp(a));
+            stack.extend(children);
+        } else if kind.is_file() || kind.is_symlink() {
+            builder
+                .append_path_with_name(&path, &rel)
+                .map_err(context)?;
+        } else {
+            eprintln!(
+                "brig: skipped {}: not a file, directory or symlink",
+                path.display()
+            );
+        }
+    }
+    builder.into_inner()?;
+    Ok(())
+}
+
+/// The writing half of the tar pipe: sends 64 KiB chunks; `Ok(None)` marks the end.
+struct ChunkWriter {
+    tx: SyncSender<io::Result<Option<Vec<u8>>>>,
+    buf: Vec<u8>,
+}
+
+const CHUNK: usize = 64 << 10;
+
+impl ChunkWriter {
+    fn new(tx: SyncSender<io::Result<Option<Vec<u8>>>>) -> Self {
+        ChunkWriter {
+            tx,
+            buf: Vec::with_capacity(CHUNK),
+        }
+    }
+
+    fn send(&mut self) -> io::Result<()> {
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK));
+        self.tx
+            .send(Ok(Some(chunk)))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the upload stopped"))
+    }
+}
+
+impl Write for ChunkWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.send()?;
+        }
+        Ok(())
+    }
+}
+
+/// The reading half: a writer that stops without the end mark is an error, so a
+/// failed archive is never uploaded as a shorter one.
+struct ChunkReader {
+    rx: Receiver<io::Result<Option<Vec<u8>>>>,
+    chunk: Vec<u8>,
+    pos: usize,
+    done: bool,
+}
+
+impl ChunkReader {
+    fn new(rx: Receiver<io::Result<Option<Vec<u8>>>>) -> Self {
+        ChunkReader {
+            rx,
+            chunk: Vec::new(),
+            pos: 0,
+            done: false,
+        }
+    }
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.chunk.len() {
+            if self.done {
+                return Ok(0);
+            }
+            match self.rx.recv() {
+                Ok(Ok(Some(chunk))) => (self.chunk, self.pos) = (chunk, 0),
+                Ok(Ok(None)) => self.done = true,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the archive writer stopped early",
+                    ))
+                }
+            }
+        }
+        let n = out.len().min(self.chunk.len() - self.pos);
+        out[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+fn download(
+    client: &Client,
+    session: &str,
+    path: &str,
+    dst: &Location,
+    recursive: bool,
+) -> Result<()> {
+    if !recursive {
+        let fetched = client.check(
+            client
+                .get(&session_path(session, "/files"))
+                .query("path", path)
+                .call(),
+        );
+        match fetched {
+            Ok(response) => return save_file(response, path, dst),
+            // Not a regular file: if it is a directory, copy it as one.
+            Err(e)
+                if e.downcast_ref::<ApiError>()
+                    .is_some_and(|a| a.status == 409 || a.status == 422)
+                    && client.remote_is_dir(session, path)? => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let response = client.check(
+        client
+            .get(&session_path(session, "/archive"))
+            .query("path", path)
+            .call(),
+    )?;
+    let reader = response.into_body().into_reader();
+    match dst {
+        Location::Stdio => {
+            io::copy(&mut { reader }, &mut io::stdout().lock()).context("writing the archive")?;
+            Ok(())
+        }
+        Location::Local(dst) => {
+            let name = remote_name(path);
+            let target = if dst.is_dir() && !name.is_empty() {
+                dst.join(name)
+            } else {
+                dst.clone()
+            };
+            fs::create_dir_all(&target).map_err(|e| anyhow!("{}: {e}", target.display()))?;
+            extract(reader, &target)
+        }
+        Location::Remote { .. } => unreachable!("checked by cp_cmd"),
+    }
+}
+
+/// Streams a session file into a local file (or stdout). The data goes to a temporary
+/// file next to the target, renamed at the end: a failed copy leaves no half file
+/// and does not clobber an existing one.
+fn save_file(response: Response<Body>, path: &str, dst: &Location) -> Result<()> {
+    let mut reader = response.into_body().into_reader();
+    let dst = match dst {
+        Location::Stdio => {
+            io::copy(&mut reader, &mut io::stdout().lock()).context("writing to stdout")?;
+            return Ok(());
+        }
+        Location::Local(dst) => dst,
+        Location::Remote { .. } => unreachable!("checked by cp_cmd"),
+    };
+    let target = if dst.is_dir() || dst.as_os_str().to_string_lossy().ends_with('/') {
+        match remote_name(path) {
+            "" => bail!("{path}: not a file"),
+            name => dst.join(name),
+        }
+    } else {
+        dst.clone()
+    };
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = target.file_name().unwrap_or_default().to_string_lossy();
+    let partial = dir.join(format!(".{file_name}.brig-partial.{}", std::process::id()));
+    let result = (|| -> Result<()> {
+        let mut file = File::create(&partial).map_err(|e| anyhow!("{}: {e}", partial.display()))?;
+        io::copy(&mut reader, &mut file).with_context(|| format!("copying {path}"))?;
+        file.sync_all()?;
+        fs::rename(&partial, &target).map_err(|e| anyhow!("{}: {e}", target.display()))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&partial);
+    }
+    result
+}
+
+/// Extracts a tar from a session beneath `target`. The archive comes from untrusted
+/// code: absolute paths and `..` are refused outright, and the tar crate's
+/// `unpack_in` also refuses to write through symlinks leading out of `target`.
+/// Device files and FIFOs are skipped (never created on the host, even as root).
+fn extract(reader: impl Read, target: &Path) -> Result<()> {
+    let target = target
+        .canonicalize()
+        .map_err(|e| anyhow!("{}: {e}", target.display()))?;
+    let mut archive = tar::Archive::new(reader);
+    archive.set_preserve_ownerships(false);
+    for entry in archive.entries().context("reading the archive")? {
+        let mut entry = entry.context("reading the archive")?;
+        let name = entry.path()?.into_owned();
+        check_entry_path(&name)?;
+        use tar::EntryType::*;
+        match entry.header().entry_type() {
+            Regular | Directory | Symlink | Continuous | GNUSparse => {}
+            // Metadata entries (pax, GNU long names) that the tar crate leaves in.
+            XGlobalHeader | XHeader | GNULongName | GNULongLink => continue,
+            Link => {
+                if let Some(link) = entry.link_name()? {
+                    check_entry_path(&link)?;
+                }
+            }
+            other => {
+                eprintln!("brig: skipped {}: a {other:?} entry", name.display());
+                continue;
+            }
+        }
+        if !entry
+            .unpack_in(&target)
+            .with_context(|| format!("extracting {}", name.display()))?
+        {
+            bail!("refusing archive entry '{}'", name.display());
+        }
+    }
+    Ok(())
+}
+
+fn check_entry_path(path: &Path) -> Result<()> {
+    let escapes = path.components().any(|c| {
+        matches!(
+            c,
+            Component::RootDir | Component::Prefix(_) | Component::ParentDir
+        )
+    });
+    if escapes {
+        bail!(
+            "refusing archive entry '{}': absolute or with '..'",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(text: &str) -> Vec<SseEvent> {
+        let mut reader = SseReader::new(text.as_bytes());
+        let mut out = Vec::new();
+        while let Some(event) = reader.next_event().unwrap() {
+            out.push(event);
+        }
+        out
+    }
+
+    fn ev(event: &str, data: &str) -> SseEvent {
+        SseEvent {
+            event: event.into(),
+            data: data.into(),
+        }
+    }
+
+    #[test]
+    fn sse_events_in_order() {
+        let text = "event: stdout\ndata: {\"data\":\"a\"}\n\n\
+                    event: stderr\ndata: {\"data\":\"b\"}\n\n\
+                    event: exit\ndata: {\"exit_code\":0}\n\n";
+        assert_eq!(
+            events(text),
+            vec![
+                ev("stdout", r#"{"data":"a"}"#),
+                ev("stderr", r#"{"data":"b"}"#),
+                ev("exit", r#"{"exit_code":0}"#),
+            ]
+        );
+    }
+
+    #[test]
+    fn sse_details() {
+        // CRLF lines, comments, no space after the colon, multi-line data, ignored
+        // fields, the default event type, an event without data, and an unterminated
+        // event at the end (dropped).
+        let text = ": keep-alive\r\n\r\n\
+                    event:stdout\r\ndata:x\r\nid: 7\r\nretry: 10\r\n\r\n\
+                    data: one\ndata:  two\ndata\n\n\
+                    event: nothing\n\n\
+                    event: exit\ndata: {}";
+        assert_eq!(
+            events(text),
+            vec![ev("stdout", "x"), ev("message", "one\n two\n")]
+        );
+        assert!(events("").is_empty());
+    }
+
+    fn env_of(pairs: &[(&str, String)]) -> impl Fn(&str) -> Option<String> {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn settings_precedence() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        fs::create_dir_all(home.join(".config/brig")).unwrap();
+        fs::write(
+            home.join(".config/brig/client.toml"),
+            "url = \"http://file:1\"\napi_key = \"file-key\"\n",
+        )
+        .unwrap();
+        let data = dir.path().join("data");
+        fs::create_dir_all(&data).unwrap();
+        let home_s = home.to_string_lossy().to_string();
+        let data_s = data.to_string_lossy().to_string();
+        let flags = ConnArgs {
+            url: Some("http://flag:1/".into()),
+            api_key: Some("flag-key".into()),
+        };
+        let none = ConnArgs::default();
+        let full_env = env_of(&[
+            ("HOME", home_s.clone()),
+            ("BRIG_DATA_DIR", data_s.clone()),
+            ("BRIG_URL", "http://env:1".into()),
+            ("BRIG_API_KEY", "env-key".into()),
+        ]);
+        // Flags beat everything (and the trailing slash goes).
+        let s = Settings::resolve(&flags, &full_env).unwrap();
+        assert_eq!(s.url, "http://flag:1");
+        assert_eq!(s.api_key.as_deref(), Some("flag-key"));
+        // Then the environment.
+        let s = Settings::resolve(&none, &full_env).unwrap();
+        assert_eq!(
+            (s.url.as_str(), s.api_key.as_deref()),
+            ("http://env:1", Some("env-key"))
+        );
+        // Then the config file; each setting on its own.
+        let env = env_of(&[
+            ("HOME", home_s.clone()),
+            ("BRIG_DATA_DIR", data_s.clone()),
+            ("BRIG_API_KEY", "env-key".into()),
+        ]);
+        let s = Settings::resolve(&none, &env).unwrap();
+        assert_eq!(
+            (s.url.as_str(), s.api_key.as_deref()),
+            ("http://file:1", Some("env-key"))
+        );
+        // $BRIG_CONFIG beats ~/.config; empty variables count as unset.
+        let other = dir.path().join("other.toml");
+        fs::write(&other, "url = \"http://other:1\"\n").unwrap();
+        fs::write(data.join("admin.key"), "admin-key\n").unwrap();
+        let env = env_of(&[
+            ("HOME", home_s.clone()),
+            ("BRIG_DATA_DIR", data_s.clone()),
+            ("BRIG_CONFIG", other.to_string_lossy().into()),
+            ("BRIG_URL", String::new()),
+        ]);
+        let s = Settings::resolve(&none, &env).unwrap();
+        // No key anywhere else: the readable admin.key.
+        assert_eq!(
+            (s.url.as_str(), s.api_key.as_deref()),
+            ("http://other:1", Some("admin-key"))
+        );
+        // Nothing at all: the default URL, no key.
+        let env = env_of(&[(
+            "BRIG_DATA_DIR",
+            dir.path().join("nope").to_string_lossy().into(),
+        )]);
+        assert_eq!(
+            Settings::resolve(&none, &env).unwrap(),
+            Settings {
+                url: DEFAULT_URL.into(),
+                api_key: None
+            }
+        );
+    }
+
+    #[test]
+    fn settings_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().to_string_lossy().to_string();
+        let missing = dir.path().join("missing.toml");
+        let env = env_of(&[
+            ("BRIG_CONFIG", missing.to_string_lossy().into()),
+            ("BRIG_DATA_DIR", data.clone()),
+        ]);
+        let e = Settings::resolve(&ConnArgs::default(), &env).unwrap_err();
+        assert!(e.to_string().contains("missing.toml"), "{e}");
+        // A broken file that is not needed is not read.
+        let flags = ConnArgs {
+            url: Some("http://x:1".into()),
+            api_key: Some("k".into()),
+        };
+        assert!(Settings::resolve(&flags, &env).is_ok());
+        let bad = dir.path().join("bad.toml");
+        fs::write(&bad, "urll = \"http://x\"\n").unwrap();
+        let env = env_of(&[
+            ("BRIG_CONFIG", bad.to_string_lossy().into()),
+            ("BRIG_DATA_DIR", data),
+        ]);
+        let e = Settings::resolve(&ConnArgs::default(), &env).unwrap_err();
+        assert!(e.to_string().contains("urll"), "{e}");
+        let flags = ConnArgs {
+            url: Some("127.0.0.1:7700".into()),
+            api_key: Some("k".into()),
+        };
+        let e = Settings::resolve(&flags, &env_of(&[])).unwrap_err();
+        assert!(e.to_string().contains("bad daemon URL"), "{e}");
+    }
+
+    #[test]
+    fn locations() {
+        let remote = |s: &str, p: &str| Location::Remote {
+            session: s.into(),
+            path: p.into(),
+        };
+        assert_eq!(
+            Location::parse("s1:/workspace/a").unwrap(),
+            remote("s1", "/workspace/a")
+        );
+        assert_eq!(Location::parse("s1:/").unwrap(), remote("s1", "/"));
+        assert_eq!(Location::parse("s1:/a:b").unwrap(), remote("s1", "/a:b"));
+        assert_eq!(Location::parse("-").unwrap(), Location::Stdio);
+        for local in ["file.txt", "./a:b", "/abs/x:y", "dir/", ":/x"] {
+            assert_eq!(
+                Location::parse(local).unwrap(),
+                Location::Local(local.into()),
+                "{local}"
+            );
+        }
+        assert!(Location::parse("s1:relative").is_err());
+        assert!(Location::parse("s1:").is_err());
+        assert!(Location::parse("").is_err());
+        assert_eq!(remote_name("/workspace/out/"), "out");
+        assert_eq!(remote_name("/"), "");
+        assert_eq!(remote_join("/", "a"), "/a");
+        assert_eq!(remote_join("/workspace/", "a"), "/workspace/a");
+    }
+
+    #[test]
+    fn exit_statuses() {
+        let status = |v: Value| exit_status(&v, Some(500)).0;
+        assert_eq!(status(json!({"exit_code": 0, "signal": null})), 0);
+        assert_eq!(status(json!({"exit_code": 3})), 3);
+        assert_eq!(status(json!({"exit_code": null, "signal": 15})), 143);
+        let (code, message) = exit_status(
+            &json!({"exit_code": null, "signal": 9, "timed_out": true}),
+            Some(500),
+        );
+        assert_eq!(code, 124);
+        assert_eq!(
+            message.unwrap(),
+            "timed out after 500ms; the command was killed"
+        );
+        let (code, message) = exit_status(
+            &json!({"exit_code": null, "signal": 9, "oom_killed": true}),
+            None,
+        );
+        assert_eq!(
+            (code, message.unwrap().as_str()),
+            (137, "killed: out of memory")
+        );
+        let (code, message) = exit_status(
+            &json!({"exit_code": 127, "error": "command not found: x"}),
+            None,
+        );
+        assert_eq!(
+            (code, message.unwrap().as_str()),
+            (127, "command not found: x")
+        );
+        assert_eq!(status(json!({})), EXIT_BRIG_ERROR);
+    }
+
+    #[test]
+    fn helpers() {
+        assert_eq!(seg("ab-c_1.~"), "ab-c_1.~");
+        assert_eq!(seg("a/b?c d"), "a%2Fb%3Fc%20d");
+        assert!(env_map(&["A=1".into(), "B=x=y".into()]).is_ok());
+        assert!(env_map(&["=1".into()]).is_err());
+        assert!(env_map(&["A".into()]).is_err());
+        assert_eq!(
+            table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]),
+            "A    BB\nxyz  1\n"
+        );
+        assert!(check_entry_path(Path::new("a/b")).is_ok());
+        assert!(check_entry_path(Path::new("/etc/passwd")).is_err());
+        assert!(check_entry_path(Path::new("a/../../b")).is_err());
+    }
+
+    #[test]
+    fn tar_pipe_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        fs::create_dir_all(src.join("sub/deep")).unwrap();
+        fs::write(src.join("a.txt"), "a").unwrap();
+        fs::write(src.join("sub/deep/b.bin"), vec![7u8; 300_000]).unwrap();
+        std::os::unix::fs::symlink("../a.txt", src.join("sub/link")).unwrap();
+        let (tx, rx) = sync_channel(2);
+        let root = src.clone();
+        let writer = std::thread::spawn(move || {
+            let mut out = ChunkWriter::new(tx.clone());
+            write_tar(&root, &mut out)
+                .and_then(|_| out.flush())
+                .unwrap();
+            tx.send(Ok(None)).unwrap();
+        });
+        let dst = dir.path().join("dst");
+        fs::create_dir(&dst).unwrap();
+        extract(ChunkReader::new(rx), &dst).unwrap();
+        writer.join().unwrap();
+        assert_eq!(fs::read(dst.join("a.txt")).unwrap(), b"a");
+        assert_eq!(fs::read(dst.join("sub/deep/b.bin")).unwrap().len(), 300_000);
+        assert_eq!(
+            fs::read_link(dst.join("sub/link")).unwrap(),
+            Path::new("../a.txt")
+        );
+        // A writer that stops without the end mark is an error, not a short archive.
+        let (tx, rx) = sync_channel(1);
+        tx.send(Ok(Some(b"partial".to_vec()))).unwrap();
+        drop(tx);
+        let mut data = Vec::new();
+        assert!(ChunkReader::new(rx).read_to_end(&mut data).is_err());
+    }
+}
