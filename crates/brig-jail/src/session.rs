@@ -113,6 +113,55 @@ impl SessionHandle {
     }
 }
 
+/// While alive, the calling thread touches files as a sandbox's user: its fsuid and
+/// fsgid are the sandbox's host ids and it has no supplementary groups. Created
+/// files belong to that user, permission checks are the user's (setting a non-zero
+/// fsuid drops the file capabilities), and the kernel accepts new inodes on the
+/// sandbox's own filesystems (tmpfs and overlay mounted in its user namespace take
+/// only owners mapped there: host root gets EOVERFLOW). Everything is restored on
+/// drop. Per thread: the raw syscalls, unlike libc's set*id wrappers, change only
+/// the calling thread's credentials.
+pub struct ActingAs {
+    groups: Vec<libc::gid_t>,
+    fsuid: libc::uid_t,
+    fsgid: libc::gid_t,
+}
+
+pub fn act_as(uid: u32, gid: u32) -> io::Result<ActingAs> {
+    let mut groups = vec![0 as libc::gid_t; 256];
+    // SAFETY: getgroups writes at most `groups.len()` ids into the buffer.
+    let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    groups.truncate(n as usize);
+    // SAFETY: setgroups with a null list and a count of 0 clears this thread's
+    // supplementary groups; it reads no memory.
+    if unsafe { libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: setfsgid/setfsuid take an id and return the previous one; they cannot
+    // fail in a way that touches memory (a refused change returns the old id).
+    let fsgid = unsafe { libc::syscall(libc::SYS_setfsgid, gid) } as libc::gid_t;
+    let fsuid = unsafe { libc::syscall(libc::SYS_setfsuid, uid) } as libc::uid_t;
+    Ok(ActingAs {
+        groups,
+        fsuid,
+        fsgid,
+    })
+}
+
+impl Drop for ActingAs {
+    fn drop(&mut self) {
+        // SAFETY: as in act_as; the groups buffer outlives the call.
+        unsafe {
+            libc::syscall(libc::SYS_setfsuid, self.fsuid);
+            libc::syscall(libc::SYS_setfsgid, self.fsgid);
+            libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr());
+        }
+    }
+}
+
 /// Makes this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER):
 /// a daemon calls it before starting sessions, so each session's init becomes its
 /// child when the launch helper exits, and is reaped by it.

@@ -25,7 +25,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson};
 use crate::rootfs::{EntryKind, SandboxRoot};
 use crate::sessions::exec::{self, Command, ExecResult, Stream};
-use crate::sessions::files::{root_of, rootfs_error, write_file};
+use crate::sessions::files::{root_of, rootfs_error, with_root, write_file};
 use crate::sessions::{self, CreateSession, FileRef, Session};
 use crate::state::AppState;
 
@@ -127,11 +127,11 @@ fn scan(root: &SandboxRoot, cwd: &str) -> Listing {
             };
             match entry.kind {
                 EntryKind::Directory => {
-                    listing.insert(path.clone(), (true, 0, entry.modified));
+                    listing.insert(path.clone(), (true, 0, entry.modified_ns()));
                     pending.push(path);
                 }
                 EntryKind::File => {
-                    listing.insert(path, (false, entry.size_bytes, entry.modified));
+                    listing.insert(path, (false, entry.size_bytes, entry.modified_ns()));
                 }
                 _ => {}
             }
@@ -151,7 +151,8 @@ async fn run(
         state,
         caller,
         CreateSession {
-            image: Some(state.args.default_image.clone()),
+            // "host": the host's read-only system dirs (and its python3).
+            image: (state.args.default_image != "host").then(|| state.args.default_image.clone()),
             files: request.files.clone(),
             // A backstop: the session is deleted right after the run.
             ttl_seconds: Some(timeout_ms / 1000 + 300),
@@ -175,17 +176,14 @@ async fn run_in(
     chunks: Option<exec::Chunks>,
 ) -> Result<ExecuteResponse, ApiError> {
     let cwd = session.sandbox().cwd.clone();
-    let root = root_of(session)?;
     let code = request.code.clone();
     let scan_cwd = cwd.clone();
-    let (root, before) = tokio::task::spawn_blocking(move || {
+    let before = with_root(session, move |root| {
         write_file(&root, DRIVER_PATH, DRIVER.as_bytes())?;
         write_file(&root, CODE_PATH, code.as_bytes())?;
-        let before = scan(&root, &scan_cwd);
-        Ok::<_, ApiError>((root, before))
+        Ok(scan(&root, &scan_cwd))
     })
-    .await
-    .map_err(ApiError::internal)??;
+    .await?;
 
     let mut env = BTreeMap::new();
     env.insert("MPLBACKEND".to_string(), "Agg".to_string());
@@ -218,12 +216,8 @@ async fn run_in(
 
     // Files the code created or changed.
     let after_cwd = cwd.clone();
-    let (root, after) = tokio::task::spawn_blocking(move || {
-        let after = scan(&root, &after_cwd);
-        (root, after)
-    })
-    .await
-    .map_err(ApiError::internal)?;
+    let after = with_root(session, move |root| Ok(scan(&root, &after_cwd))).await?;
+    let root = root_of(session)?;
     let mut files = Vec::new();
     let root = Arc::new(root);
     for (path, (is_dir, size, mtime)) in after {
@@ -284,7 +278,12 @@ async fn store_output(
                 "output file {source} is over the daemon's --max-file-size"
             )));
         }
-        let mut out = std::fs::File::create(&target).map_err(ApiError::internal)?;
+        if let Some(dir) = target.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ApiError::internal(format!("create {}: {e}", dir.display())))?;
+        }
+        let mut out = std::fs::File::create(&target)
+            .map_err(|e| ApiError::internal(format!("create {}: {e}", target.display())))?;
         std::io::copy(&mut std::io::Read::take(file, max), &mut out).map_err(ApiError::internal)?;
         Ok(())
     })

@@ -118,15 +118,21 @@ async fn audited<T>(
     result
 }
 
-/// Runs a blocking file operation on the session's root.
-async fn with_root<T: Send + 'static>(
+/// Runs a blocking file operation on the session's root, as the session's user
+/// (see `brig_jail::session::act_as`).
+pub async fn with_root<T: Send + 'static>(
     session: &Session,
     f: impl FnOnce(SandboxRoot) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let root = root_of(session)?;
-    tokio::task::spawn_blocking(move || f(root))
-        .await
-        .map_err(ApiError::internal)?
+    let handle = session.sandbox().handle.clone();
+    tokio::task::spawn_blocking(move || {
+        let _user = brig_jail::session::act_as(handle.host_uid, handle.host_gid)
+            .map_err(|e| ApiError::internal(format!("act as the sandbox's user: {e}")))?;
+        f(root)
+    })
+    .await
+    .map_err(ApiError::internal)?
 }
 
 /// A body reader that fails once more than `limit` bytes came.
@@ -150,9 +156,7 @@ impl<R: Read> Read for Capped<R> {
 }
 
 fn body_reader(body: Body, limit: u64) -> Capped<SyncIoBridge<impl tokio::io::AsyncRead + Unpin>> {
-    let stream = body
-        .into_data_stream()
-        .map_err(std::io::Error::other);
+    let stream = body.into_data_stream().map_err(std::io::Error::other);
     Capped {
         inner: SyncIoBridge::new(StreamReader::new(stream)),
         left: limit,

@@ -27,7 +27,7 @@ use utoipa_axum::routes;
 
 use super::agent::Agent;
 use super::exec::{pipe, sandbox_gone, Command, ExecRequest};
-use super::files::root_of;
+use super::files::{root_of, rootfs_error, with_root};
 use super::{ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::Caller;
@@ -144,18 +144,15 @@ async fn start(
         ..Default::default()
     };
     let command = Command::from_request(state, session, &exec)?;
-    let root = root_of(session)?;
     let tag = crate::auth::random_hex(8);
     let (out_path, err_path) = (output_path(&tag, "stdout"), output_path(&tag, "stderr"));
-    let files = tokio::task::spawn_blocking(move || {
-        let out = create_output(&root, &out_path)?;
-        let err = create_output(&root, &err_path)?;
-        Ok::<_, crate::rootfs::RootfsError>((root, out, err, out_path, err_path))
+    let paths = (out_path.clone(), err_path.clone());
+    let (out, err) = with_root(session, move |root| {
+        let out = create_output(&root, &paths.0).map_err(rootfs_error)?;
+        let err = create_output(&root, &paths.1).map_err(rootfs_error)?;
+        Ok((out, err))
     })
-    .await
-    .map_err(ApiError::internal)?
-    .map_err(super::files::rootfs_error)?;
-    let (root, out, err, out_path, err_path) = files;
+    .await?;
     let (stdin_r, stdin_w) = pipe()?;
     let sandbox = session.sandbox();
     let mut agent = Agent::connect(&sandbox.control_socket).map_err(sandbox_gone)?;
@@ -182,9 +179,10 @@ async fn start(
         }
     };
     let Some(job) = job else {
-        let _ = tokio::task::spawn_blocking(move || {
+        let _ = with_root(session, move |root| {
             let _ = root.remove(&out_path, false);
             let _ = root.remove(&err_path, false);
+            Ok(())
         })
         .await;
         let (message, code) = failed.unwrap_or_default();
