@@ -246,6 +246,7 @@ impl Sessions {
     /// gone or expired, and starts the reaper and the warm pool.
     pub async fn start(shared: &Arc<Shared>) -> anyhow::Result<Sessions> {
         brig_jail::session::become_subreaper()?;
+        raise_nofile();
         std::fs::create_dir_all(shared.data_dir.join("sessions"))?;
         let sessions = Sessions {
             live: RwLock::new(HashMap::new()),
@@ -412,6 +413,22 @@ impl Sessions {
             self.insert(Arc::new(session));
         }
         Ok(())
+    }
+}
+
+/// Each live session costs the daemon a descriptor (its exit watcher) and each exec
+/// a few more: lift the soft limit (often 1024) to the hard one.
+fn raise_nofile() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!("cannot raise the open-file limit: {e}");
+        }
     }
 }
 

@@ -18,6 +18,10 @@ use crate::state::{AppState, Shared};
 
 /// How often the filler checks the pool when nothing wakes it.
 const REFILL_INTERVAL: Duration = Duration::from_millis(500);
+/// How long after a take the filler waits before launching a replacement: a launch
+/// is a few milliseconds of CPU, and the session just taken is about to run its first
+/// exec, which should not compete with it.
+const REFILL_DELAY: Duration = Duration::from_millis(100);
 /// Pause after a failed launch, so a broken image does not spin.
 const FAILURE_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -152,7 +156,12 @@ pub fn spawn_filler(state: &AppState) {
             }
             if !launched_any {
                 let pool = &state.sessions().pool;
-                let _ = tokio::time::timeout(REFILL_INTERVAL, pool.wake.notified()).await;
+                if tokio::time::timeout(REFILL_INTERVAL, pool.wake.notified())
+                    .await
+                    .is_ok()
+                {
+                    tokio::time::sleep(REFILL_DELAY).await;
+                }
             }
         }
     });
