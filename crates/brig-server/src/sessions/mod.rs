@@ -604,7 +604,13 @@ async fn create_session(
     caller: Caller,
     ApiJson(request): ApiJson<CreateSession>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let result = create(&state, &caller, request.clone()).await;
+    // In its own task: a client that hangs up mid-launch must not leave a sandbox
+    // started but unrecorded.
+    let (task_state, task_caller, task_request) = (state.clone(), caller.clone(), request.clone());
+    let result = tokio::spawn(async move { create(&task_state, &task_caller, task_request).await })
+        .await
+        .map_err(ApiError::internal)
+        .and_then(|r| r);
     let (outcome, session_id) = match &result {
         Ok(session) => ("ok", Some(session.id.as_str())),
         Err(e) => (e.code, None),
@@ -935,11 +941,17 @@ async fn delete_session(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        delete(&state, &session).await
-    }
-    .await;
+    let result = match lookup(&state, &caller, &id) {
+        // Finished even if the client hangs up.
+        Ok(session) => {
+            let task_state = state.clone();
+            tokio::spawn(async move { delete(&task_state, &session).await })
+                .await
+                .map_err(ApiError::internal)
+                .and_then(|r| r)
+        }
+        Err(e) => Err(e),
+    };
     let outcome = result
         .as_ref()
         .map(|_| "ok")
