@@ -83,6 +83,10 @@ impl SessionHandle {
     pub fn destroy(&self) -> Result<(), JailError> {
         if let Some(pidfd) = self.pidfd().map_err(|e| JailError::sys("pidfd_open", e))? {
             let _ = pidfd_send_signal(&pidfd, libc::SIGKILL);
+            // A paused (frozen) sandbox takes the SIGKILL only once thawed.
+            if let Some(cgroup) = &self.cgroup {
+                let _ = cgroup.freeze(false);
+            }
             let deadline = Instant::now() + DESTROY_TIMEOUT;
             while !exited(&pidfd) && Instant::now() < deadline {
                 wait_readable(&pidfd, Duration::from_millis(100));
