@@ -1,6 +1,8 @@
 //! Helpers for black-box tests: they start the real `brig` binary.
 #![allow(dead_code)]
 
+pub mod daemon;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 

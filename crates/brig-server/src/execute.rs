@@ -63,7 +63,8 @@ pub struct OutputFile {
     pub path: String,
     /// "file" or "directory".
     pub kind: String,
-    /// For files: download with GET /v1/files/{file_id}. Directories have none.
+    /// For files: download with GET /v1/files/{file_id}. Directories have none, nor
+    /// files over the daemon's --max-file-size (not kept).
     pub file_id: Option<String>,
 }
 
@@ -234,18 +235,31 @@ async fn run_in(
             }
             continue;
         }
-        let file_id = store_output(
+        let file_id = match store_output(
             state,
             &session.tenant,
             &root,
             &format!("{cwd}/{path}"),
             &path,
         )
-        .await?;
+        .await
+        {
+            Ok(id) => Some(id),
+            // The code ran; a file over --max-file-size is listed but not kept,
+            // rather than losing the whole result to it.
+            Err(e) if e.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE => None,
+            Err(e) => {
+                // The run fails: the outputs stored so far would only be orphans.
+                for id in files.iter().filter_map(|f| f.file_id.as_deref()) {
+                    crate::filestore::discard(state, &session.tenant, id).await;
+                }
+                return Err(e);
+            }
+        };
         files.push(OutputFile {
             path,
             kind: "file".into(),
-            file_id: Some(file_id),
+            file_id,
         });
     }
     Ok(ExecuteResponse {

@@ -198,7 +198,9 @@ async fn receive(
 ) -> Result<FileMeta, ApiError> {
     let max_size = state.args.max_file_size_bytes;
     let max_disk = state.auth.quotas(tenant).await?.max_disk_bytes;
-    let room = max_disk.saturating_sub(state.db.file_bytes(tenant).await?);
+    let reserved = sessions_disk(state, tenant);
+    let used = state.db.file_bytes(tenant).await?.saturating_add(reserved);
+    let room = max_disk.saturating_sub(used);
     let dir = tenant_dir(state, tenant);
     create_tenant_dir(&dir).await?;
     let id = new_file_id();
@@ -243,11 +245,27 @@ async fn receive(
         created_at: now_rfc3339(),
         expires_at: rfc3339_after(Duration::from_millis(state.args.file_ttl_ms)),
     };
-    if let Err(e) = state.db.insert_file_within(row.clone(), 0, max_disk).await {
+    if let Err(e) = state
+        .db
+        .insert_file_within(row.clone(), reserved, max_disk)
+        .await
+    {
         let _ = tokio::fs::remove_file(&path).await;
         return Err(e);
     }
     Ok(row.into())
+}
+
+/// The disk the tenant's live sessions hold (their `disk` limits), which its disk
+/// quota counts together with its stored files.
+fn sessions_disk(state: &Shared, tenant: &str) -> u64 {
+    state.sessions.get().map_or(0, |sessions| {
+        sessions
+            .of_tenant(tenant)
+            .iter()
+            .map(|s| s.disk_bytes)
+            .sum()
+    })
 }
 
 /// Stores a file the daemon produced (e.g. an output of `/v1/execute`) for `tenant`.
@@ -295,7 +313,12 @@ pub async fn store_file(
         created_at: now_rfc3339(),
         expires_at: rfc3339_after(Duration::from_millis(state.args.file_ttl_ms)),
     };
-    if let Err(e) = state.db.insert_file_within(row.clone(), 0, max_disk).await {
+    let reserved = sessions_disk(state, tenant);
+    if let Err(e) = state
+        .db
+        .insert_file_within(row.clone(), reserved, max_disk)
+        .await
+    {
         let _ = tokio::fs::remove_file(&path).await;
         return Err(e);
     }
@@ -532,6 +555,15 @@ async fn remove_blob(dir: &Path, file_id: &str) {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(path = %bundle.display(), error = %e, "cannot remove an extracted bundle");
         }
+    }
+}
+
+/// Removes a stored file (row and blob), e.g. an output of a run that then failed.
+pub async fn discard(state: &Shared, tenant: &str, file_id: &str) {
+    match state.db.delete_file(tenant, file_id).await {
+        Ok(Some(row)) => remove_blob(&tenant_dir(state, tenant), &row.id).await,
+        Ok(None) => {}
+        Err(e) => tracing::warn!(file_id, error = %e.message, "cannot discard a file"),
     }
 }
 

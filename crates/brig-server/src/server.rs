@@ -6,13 +6,17 @@
 //! [`api_router`].
 
 use std::future::IntoFuture;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::body::HttpBody;
 use axum::extract::{DefaultBodyLimit, Extension};
 use axum::http::{header, HeaderValue};
-use axum::middleware::{from_fn, from_fn_with_state};
+use axum::middleware::{from_fn, from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde::{Deserialize, Serialize};
@@ -127,7 +131,8 @@ pub fn openapi(args: &ServeArgs) -> utoipa::openapi::OpenApi {
 }
 
 /// The complete HTTP service: routes, fallbacks and middleware (outermost first:
-/// tracing, request metrics, error shaping + refusal audit, JSON body limit).
+/// tracing, request metrics, `Connection: close` after unread bodies, error shaping +
+/// refusal audit, JSON body limit).
 pub fn router(state: AppState) -> Router {
     let (routes, api) = api_router(&state.args).split_for_parts();
     let doc = api.to_json().unwrap_or_else(|e| {
@@ -143,6 +148,7 @@ pub fn router(state: AppState) -> Router {
         // set their own limits (uploads: --max-file-size).
         .layer(DefaultBodyLimit::max(max_body))
         .layer(from_fn_with_state(state.clone(), crate::audit::refusals))
+        .layer(from_fn(close_if_body_unread))
         .layer(from_fn(crate::metrics::track_requests))
         // One span and one `info` line per request (method, path, status, latency);
         // headers are not logged, so keys never reach the log.
@@ -152,6 +158,60 @@ pub fn router(state: AppState) -> Router {
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
         )
         .with_state(state)
+}
+
+/// Middleware: the response to a request whose body was not read to its end (a
+/// refusal before the body, a tar read up to its end-of-archive marker, a handler
+/// that takes no body but got one) says `Connection: close`. hyper closes such a
+/// connection after the response anyway unless the rest of the body happens to have
+/// arrived already, and without the header a keep-alive client would send its next
+/// request on a connection about to be closed and fail with "connection reset".
+async fn close_if_body_unread(request: axum::extract::Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let read = Arc::new(AtomicBool::new(body.is_end_stream()));
+    let body = axum::body::Body::new(Tracked {
+        inner: body,
+        read: read.clone(),
+    });
+    let mut response = next
+        .run(axum::extract::Request::from_parts(parts, body))
+        .await;
+    if !read.load(Ordering::SeqCst) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A request body that notes when it has been read to its end.
+struct Tracked {
+    inner: axum::body::Body,
+    read: Arc<AtomicBool>,
+}
+
+impl HttpBody for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(frame, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read.store(true, Ordering::SeqCst);
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Logs to stderr, as text or JSON lines; `RUST_LOG` filters (default `info`). A
@@ -226,7 +286,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_signal().await;
         signals.begin_shutdown();
     });
-    run(listener, state).await
+    let result = run(listener, state.clone()).await;
+    // Pooled sandboxes belong to no session: none outlives the daemon (live sessions
+    // do, by design).
+    crate::sessions::pool::drain(&state).await;
+    result
 }
 
 /// Serves on `listener` until `state.begin_shutdown()` (which `serve` calls on

@@ -156,14 +156,20 @@ pub fn merged_env(
 ) -> Result<Vec<String>, ApiError> {
     let mut env = session.base_env();
     for (key, value) in extra.into_iter().flatten() {
-        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
-            return Err(ApiError::invalid(format!(
-                "invalid environment variable {key:?}"
-            )));
-        }
+        check_env_var(key, value)?;
         env.insert(key.clone(), value.clone());
     }
     Ok(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect())
+}
+
+/// An environment variable a process can be given as `K=V`.
+pub fn check_env_var(key: &str, value: &str) -> Result<(), ApiError> {
+    if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+        return Err(ApiError::invalid(format!(
+            "invalid environment variable {key:?}"
+        )));
+    }
+    Ok(())
 }
 
 pub fn pipe() -> Result<(OwnedFd, OwnedFd), ApiError> {

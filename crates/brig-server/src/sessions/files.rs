@@ -438,8 +438,14 @@ pub async fn copy_uploads(
     for file in files {
         let target = workspace_path(&file.path, &cwd)?;
         let (_, source) = crate::filestore::open(state, &session.tenant, &file.file_id).await?;
+        // Opened as the daemon: the store is private to it, and `with_root` runs as
+        // the sandbox's user, who may not read it.
+        let reader = tokio::fs::File::open(&source)
+            .await
+            .map_err(ApiError::internal)?
+            .into_std()
+            .await;
         with_root(session, move |root| {
-            let reader = std::fs::File::open(&source).map_err(ApiError::internal)?;
             write_file(&root, &target, reader).map(|_| ())
         })
         .await?;

@@ -9,7 +9,8 @@
 
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use brig_policy::{Identity, RootSource, SandboxSpec};
 use serde::{Deserialize, Serialize};
@@ -88,7 +89,43 @@ fn read_request() -> Result<LaunchRequest, Failure> {
         .map_err(|e| ("internal".to_string(), format!("bad launch request: {e}")))
 }
 
+/// The launch record beside a sandbox's socket (`agent-XXXX.json`): the helper
+/// writes what it started there before it replies, so a daemon that dies between
+/// launching a sandbox and storing it (create, restore, pool fill) leaves its
+/// successor what it needs to destroy the sandbox (see `Sessions::sweep`). The helper
+/// holds an exclusive lock on it while it works: the successor waits for a launch
+/// still under way instead of missing it.
+pub fn record_path(control_socket: &Path) -> PathBuf {
+    control_socket.with_extension("json")
+}
+
+/// How long a daemon waits for a launch under way to finish its record.
+const RECORD_WAIT: Duration = Duration::from_secs(10);
+
+/// Reads a launch record once no helper is writing it; `None` if it holds none (the
+/// launch failed before starting anything) or is still locked after [`RECORD_WAIT`].
+pub fn read_record(path: &Path) -> Option<Launched> {
+    use rustix::fs::{flock, FlockOperation};
+    let mut file = std::fs::File::open(path).ok()?;
+    let deadline = Instant::now() + RECORD_WAIT;
+    while flock(&file, FlockOperation::NonBlockingLockShared).is_err() {
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
 fn start(request: LaunchRequest) -> Result<Launched, Failure> {
+    let internal = |what: &str, e: std::io::Error| ("internal".to_string(), format!("{what}: {e}"));
+    // Created and locked before anything is started (see `record_path`).
+    let mut record = std::fs::File::create(record_path(&request.control_socket))
+        .map_err(|e| internal("create the launch record", e))?;
+    rustix::fs::flock(&record, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| internal("lock the launch record", e.into()))?;
     let mut spec = request.spec;
     let mut holds: Vec<OwnedFd> = Vec::new();
     let mut image_env = Vec::new();
@@ -146,7 +183,7 @@ fn start(request: LaunchRequest) -> Result<Launched, Failure> {
             .map_err(|e| (e.code().to_string(), e.to_string()))?;
     let enforced = serde_json::to_value(&started.enforced)
         .map_err(|e| ("internal".to_string(), e.to_string()))?;
-    Ok(Launched {
+    let launched = Launched {
         handle: started.handle,
         control_socket: request.control_socket,
         enforced,
@@ -157,7 +194,15 @@ fn start(request: LaunchRequest) -> Result<Launched, Failure> {
         gid,
         placeholders,
         timings_us: started.timings_us,
-    })
+    };
+    let written = serde_json::to_vec(&launched)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| record.write_all(&bytes));
+    if let Err(e) = written {
+        let _ = launched.handle.destroy();
+        return Err(internal("write the launch record", e));
+    }
+    Ok(launched)
 }
 
 /// The spec a session starts from when the request names no limits: the CLI's

@@ -41,6 +41,10 @@ use launch::{LaunchReply, LaunchRequest, Launched};
 /// How often the reaper looks for expired and idle sessions.
 const REAP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The longest `ttl_seconds` and `idle_timeout_seconds` (ten years): beyond any real
+/// use, and far from overflowing the unix times they are added to.
+const MAX_LIFETIME_SECONDS: u64 = 10 * 365 * 24 * 3600;
+
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_session, list_sessions))
@@ -149,6 +153,8 @@ pub struct Session {
     pub idle_timeout_seconds: Option<u64>,
     /// Unix seconds of the last request touching the session.
     last_active: AtomicI64,
+    /// `last_active` as last written to the session's row (see [`save_activity`]).
+    saved_active: AtomicI64,
     pub paused: AtomicBool,
     pub pooled: bool,
     pub disk_bytes: u64,
@@ -265,6 +271,7 @@ impl Sessions {
             loop {
                 tick.tick().await;
                 reap_expired(&reaper).await;
+                save_activity(&reaper).await;
             }
         });
         pool::spawn_filler(state);
@@ -376,7 +383,7 @@ impl Sessions {
                     let handle = launched.handle.clone();
                     let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
                 }
-                let _ = std::fs::remove_dir_all(session_dir(shared, &id));
+                // Its directory goes in `sweep`, with any sandbox recorded only there.
                 let id2 = id.clone();
                 let _ = shared
                     .db
@@ -390,6 +397,12 @@ impl Sessions {
                 continue;
             }
             let Some(launched) = launched else { continue };
+            // A daemon killed during a snapshot leaves the sandbox frozen (its init
+            // too, so nothing would answer): only a paused session stays frozen.
+            if state != "paused" {
+                let handle = launched.handle.clone();
+                let _ = tokio::task::spawn_blocking(move || handle.freeze(false)).await;
+            }
             let request: CreateSession = serde_json::from_str(&request).unwrap_or_default();
             let limits = limits_of(&request).unwrap_or_default();
             let session = Session {
@@ -403,6 +416,7 @@ impl Sessions {
                 expires_at: expires,
                 idle_timeout_seconds: idle.map(|s| s as u64),
                 last_active: AtomicI64::new(last_active),
+                saved_active: AtomicI64::new(last_active),
                 paused: AtomicBool::new(state == "paused"),
                 pooled: false,
                 gate: tokio::sync::RwLock::new(()),
@@ -412,7 +426,59 @@ impl Sessions {
             tracing::info!(session = %id, "re-attached");
             self.insert(Arc::new(session));
         }
+        self.sweep(shared).await;
         Ok(())
+    }
+
+    /// Destroys the sandboxes no row knows, found through their launch records
+    /// ([`launch::record_path`]): those of a daemon that died between a launch and
+    /// storing its result, or in the middle of a restore. Then removes every
+    /// directory that belongs to no live session.
+    async fn sweep(&self, shared: &Shared) {
+        let current: HashMap<String, PathBuf> = self
+            .all()
+            .iter()
+            .map(|s| {
+                (
+                    s.id.clone(),
+                    launch::record_path(&s.sandbox().control_socket),
+                )
+            })
+            .collect();
+        let Ok(dirs) = std::fs::read_dir(shared.data_dir.join("sessions")) else {
+            return;
+        };
+        for dir in dirs.flatten() {
+            let id = dir.file_name().to_string_lossy().into_owned();
+            let records = std::fs::read_dir(dir.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|entry| entry.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "json"));
+            for record in records {
+                if current.get(&id) == Some(&record) {
+                    continue;
+                }
+                let path = record.clone();
+                let found = tokio::task::spawn_blocking(move || launch::read_record(&path))
+                    .await
+                    .ok()
+                    .flatten();
+                if let Some(launched) = found {
+                    if launched.handle.is_alive() {
+                        tracing::info!(session = %id, "destroying a sandbox the previous daemon started but never stored");
+                    }
+                    let handle = launched.handle;
+                    let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
+                }
+                let _ = std::fs::remove_file(record.with_extension("sock"));
+                let _ = std::fs::remove_file(&record);
+            }
+            if !current.contains_key(&id) {
+                let _ = std::fs::remove_dir_all(dir.path());
+            }
+        }
     }
 }
 
@@ -467,6 +533,15 @@ pub fn limits_of(request: &CreateSession) -> Result<brig_policy::Limits, ApiErro
         limits.disk_bytes = disk.bytes()?;
     }
     if let Some(nofile) = asked.nofile {
+        // No sandbox can get more than the host's hard limit (raising it needs
+        // CAP_SYS_RESOURCE): a bad value, refused before anything is started.
+        let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum;
+        if hard.is_some_and(|hard| nofile > hard) {
+            return Err(ApiError::invalid(format!(
+                "limits.nofile {nofile} is over this host's hard limit of {} open files",
+                hard.unwrap_or_default()
+            )));
+        }
         limits.nofile = nofile;
     }
     if let Some(size) = &asked.file_size {
@@ -546,6 +621,7 @@ pub async fn launch_sandbox(
         LaunchReply::Started(launched) => Ok(*launched),
         LaunchReply::Failed { code, message } => {
             let _ = tokio::fs::remove_file(&socket).await;
+            let _ = tokio::fs::remove_file(launch::record_path(&socket)).await;
             if made_dir {
                 let _ = tokio::fs::remove_dir_all(&dir).await;
             }
@@ -641,9 +717,22 @@ pub async fn create(
         return Err(ApiError::invalid("give either image or snapshot, not both"));
     }
     if let Some(ttl) = request.ttl_seconds {
-        if ttl == 0 {
-            return Err(ApiError::invalid("ttl_seconds must be at least 1"));
+        if ttl == 0 || ttl > MAX_LIFETIME_SECONDS {
+            return Err(ApiError::invalid(format!(
+                "ttl_seconds must be between 1 and {MAX_LIFETIME_SECONDS}"
+            )));
         }
+    }
+    if request
+        .idle_timeout_seconds
+        .is_some_and(|s| s > MAX_LIFETIME_SECONDS)
+    {
+        return Err(ApiError::invalid(format!(
+            "idle_timeout_seconds must be at most {MAX_LIFETIME_SECONDS}"
+        )));
+    }
+    for (key, value) in request.env.iter().flatten() {
+        exec::check_env_var(key, value)?;
     }
     let image = match &request.snapshot {
         Some(id) => Some(snapshots::image_of(state, &caller.tenant, id).await?),
@@ -724,6 +813,7 @@ pub async fn create(
         expires_at: Some(now + ttl as i64),
         idle_timeout_seconds: idle,
         last_active: AtomicI64::new(now),
+        saved_active: AtomicI64::new(now),
         paused: AtomicBool::new(false),
         pooled: from_pool,
         gate: tokio::sync::RwLock::new(()),
@@ -785,13 +875,18 @@ pub async fn persist(state: &Shared, session: &Session, db_state: &str) -> Resul
 
 /// Kills the sandbox and removes its cgroup and directory.
 async fn destroy_sandbox(state: &Shared, session: &Session) {
-    let handle = session.sandbox().handle.clone();
+    kill_sandbox(session, &session.sandbox()).await;
+    let _ = tokio::fs::remove_dir_all(session.dir(state)).await;
+}
+
+/// Kills one sandbox of the session and removes its cgroup.
+async fn kill_sandbox(session: &Session, sandbox: &Launched) {
+    let handle = sandbox.handle.clone();
     match tokio::task::spawn_blocking(move || handle.destroy()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(session = %session.id, "cleanup: {e}"),
         Err(e) => tracing::warn!(session = %session.id, "cleanup task: {e}"),
     }
-    let _ = tokio::fs::remove_dir_all(session.dir(state)).await;
 }
 
 /// Ends a session: marks it, kills its sandbox, cleans up, records the end.
@@ -810,9 +905,18 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
             )
         })
         .await?;
+    // The sandbox ends before the gate is taken: execs running in it end with it
+    // (409) instead of holding the delete, and the reaper, up to their timeouts.
+    let sandbox = session.sandbox();
+    kill_sandbox(session, &sandbox).await;
     // Waits for running operations that hold the gate (they see `deleted` next).
     let _gate = session.gate.write().await;
-    destroy_sandbox(state, session).await;
+    if Arc::ptr_eq(&sandbox, &session.sandbox()) {
+        let _ = tokio::fs::remove_dir_all(session.dir(state)).await;
+    } else {
+        // A restore swapped in a new sandbox meanwhile.
+        destroy_sandbox(state, session).await;
+    }
     state.sessions().remove(&session.id);
     let id = session.id.clone();
     state
@@ -871,6 +975,41 @@ fn watch_exit(state: &AppState, session: &Arc<Session>) {
         )
         .await;
     });
+}
+
+/// Writes each session's last activity to its row when it has changed, so that a
+/// restarted daemon measures idle time from the last request (not from the last
+/// time the row was written, e.g. at creation) and keeps sessions in use.
+async fn save_activity(state: &AppState) {
+    let changed: Vec<(String, String)> = state
+        .sessions()
+        .all()
+        .iter()
+        .filter_map(|s| {
+            let active = s.last_active.load(Ordering::Relaxed);
+            (s.saved_active.swap(active, Ordering::Relaxed) != active)
+                .then(|| (s.id.clone(), rfc3339(active)))
+        })
+        .collect();
+    if changed.is_empty() {
+        return;
+    }
+    let saved = state
+        .db
+        .call(move |conn| {
+            let tx = conn.transaction()?;
+            for (id, active) in &changed {
+                tx.execute(
+                    "UPDATE sessions SET last_active_at = ?2 WHERE id = ?1 AND deleted_at IS NULL",
+                    rusqlite::params![id, active],
+                )?;
+            }
+            tx.commit()
+        })
+        .await;
+    if let Err(e) = saved {
+        tracing::warn!("cannot save session activity: {}", e.message);
+    }
 }
 
 async fn reap_expired(state: &AppState) {

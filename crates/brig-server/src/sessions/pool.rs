@@ -131,7 +131,9 @@ pub fn spawn_filler(state: &AppState) {
     }
     let state = state.clone();
     tokio::spawn(async move {
-        loop {
+        // Stops at shutdown, when `drain` empties the pool (a launch still running
+        // then leaves its row for the next start to clean up).
+        while !state.is_shutting_down() {
             let mut launched_any = false;
             let targets = state.sessions().pool.targets.clone();
             for (key, target) in targets {
@@ -195,7 +197,7 @@ async fn fill_one(state: &AppState, image: Key) -> Result<Ready, ApiError> {
     Ok(Ready { id, launched })
 }
 
-/// Destroys every pooled sandbox (at shutdown).
+/// Destroys every pooled sandbox (at shutdown, once the filler has stopped).
 pub async fn drain(state: &AppState) {
     let all: Vec<Ready> = state
         .sessions()

@@ -157,19 +157,28 @@ pub async fn snapshot(
     };
     let _gate = session.gate.write().await;
     let was_paused = session.paused.load(std::sync::atomic::Ordering::SeqCst);
-    // Frozen, so the layer is one consistent moment of the session's files.
-    if !was_paused {
-        freeze(session, true).await?;
+    // Init is in the sandbox's cgroup: frozen, it cannot answer. So the upper layer's
+    // descriptor is taken while it runs (a paused session is thawed for that moment).
+    if was_paused {
+        freeze(session, false).await?;
     }
-    let result = async {
+    let upper = async {
         let (reply, mut fds) = super::agent::call(&sandbox.control_socket, &AgentRequest::Upper)
             .await
             .map_err(super::exec::sandbox_gone)?;
-        let writes = match (reply, fds.pop()) {
-            (AgentReply::Done, Some(fd)) => fd,
-            (AgentReply::Error { message }, _) => return Err(ApiError::conflict(message)),
-            (other, _) => return Err(ApiError::internal(format!("unexpected agent reply {other:?}"))),
-        };
+        match (reply, fds.pop()) {
+            (AgentReply::Done, Some(fd)) => Ok(fd),
+            (AgentReply::Error { message }, _) => Err(ApiError::conflict(message)),
+            (other, _) => Err(ApiError::internal(format!(
+                "unexpected agent reply {other:?}"
+            ))),
+        }
+    }
+    .await;
+    // Frozen, so the layer is one consistent moment of the session's files.
+    freeze(session, true).await?;
+    let result = async {
+        let writes = upper?;
         let snapshot_id = format!("snap_{}", crate::auth::random_hex(12));
         let image = image_name(&snapshot_id);
         let store_dir = state.args.store.clone();
@@ -357,6 +366,7 @@ async fn restore_session(
         let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
         if old.control_socket != session.sandbox().control_socket {
             let _ = tokio::fs::remove_file(&old.control_socket).await;
+            let _ = tokio::fs::remove_file(super::launch::record_path(&old.control_socket)).await;
         }
         session
             .paused

@@ -1,0 +1,1667 @@
+//! Lifecycle guarantees of `brig serve`, tested against the real daemon: sessions
+//! survive a daemon restart (SIGKILL or SIGTERM) and are re-attached (running or
+//! paused, with their idle clocks), a SIGKILL in the middle of creates leaves no
+//! sandbox untracked, sandboxes that died or expired while the daemon was down are
+//! cleaned up at start, delete and the reaper end sessions promptly (running execs
+//! included), the warm pool fills, serves and does not leak, snapshots fork and
+//! restore, and `/v1/execute` works in the python image.
+//!
+//! Every test counts what it leaves: sandbox processes (by pid and start time),
+//! cgroup leaves, mounts and loop devices under its own temporary directory, and
+//! session directories.
+//!
+//! Process-wide state: the test process makes itself a child subreaper, so the inits
+//! of sandboxes orphaned by a killed daemon come to it (this machine's PID 1 does not
+//! reap) and are reaped here, by pid and start time only. Tests take [`serial`], so
+//! the leak counts and timings of one are not disturbed by another (`cargo test` may
+//! run them in parallel threads); the slow python test builds its image first.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, Once};
+use std::time::{Duration, Instant};
+
+use common::daemon::Daemon;
+use common::is_root;
+use serde_json::{json, Value};
+
+// Setup ---------------------------------------------------------------------------
+
+/// Serializes the tests of this file (see the module comment).
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Root (CI runs as root) and a child subreaper; false: skip the test.
+fn setup() -> bool {
+    if !is_root() {
+        eprintln!("skipped: this test needs root");
+        return false;
+    }
+    static SUBREAPER: Once = Once::new();
+    SUBREAPER.call_once(|| {
+        // SAFETY: prctl with an integer argument; it touches no memory.
+        let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        assert_eq!(rc, 0, "PR_SET_CHILD_SUBREAPER");
+    });
+    true
+}
+
+/// A data dir and store that outlive daemons (restarts), in one temporary directory.
+/// Dropping it destroys every sandbox its database still knows (a failed test leaves
+/// nothing running), unmounts the store's layers, and removes the directory.
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::Builder::new()
+            .prefix("brig-lifecycle-test-")
+            .tempdir()
+            .expect("temp dir");
+        Fixture { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.path().join("data")
+    }
+
+    fn store(&self) -> PathBuf {
+        self.path().join("store")
+    }
+
+    fn start(&self, args: &[&str]) -> Daemon {
+        Daemon::start_in(&self.data_dir(), &self.store(), args)
+    }
+
+    fn db(&self) -> rusqlite::Connection {
+        let conn =
+            rusqlite::Connection::open(self.data_dir().join("brig.db")).expect("open brig.db");
+        conn.busy_timeout(Duration::from_secs(10)).unwrap();
+        conn
+    }
+
+    /// Every sandbox the database has a record of (live or not).
+    fn rows(&self) -> Vec<Row> {
+        if !self.data_dir().join("brig.db").exists() {
+            return Vec::new();
+        }
+        let conn = self.db();
+        let mut stmt = conn
+            .prepare("SELECT id, state, runtime FROM sessions WHERE runtime IS NOT NULL")
+            .unwrap();
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            })
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        rows.into_iter()
+            .map(|(id, state, runtime)| {
+                let runtime: Value = serde_json::from_str(&runtime).unwrap();
+                Row {
+                    id,
+                    state,
+                    init: Init::of(&runtime),
+                    runtime,
+                }
+            })
+            .collect()
+    }
+
+    /// The sandbox of session (or pool entry) `id`.
+    fn init(&self, id: &str) -> Init {
+        self.rows()
+            .into_iter()
+            .find(|r| r.id == id)
+            .unwrap_or_else(|| panic!("no row for {id}"))
+            .init
+    }
+
+    fn state_of(&self, id: &str) -> String {
+        self.db()
+            .query_row("SELECT state FROM sessions WHERE id = ?1", [id], |row| {
+                row.get(0)
+            })
+            .unwrap()
+    }
+
+    /// Entries of `<data-dir>/sessions/`.
+    fn session_dirs(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.data_dir().join("sessions"))
+            .map(|dir| {
+                dir.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// Mount points in this process's mount namespace that involve this fixture's
+    /// directory (the host side of every sandbox here: layer mounts, binds).
+    fn mounts(&self) -> BTreeSet<String> {
+        let me = self.path().to_string_lossy().into_owned();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|line| line.contains(&me))
+            .map(String::from)
+            .collect()
+    }
+
+    /// Loop devices backed by a file in this fixture's directory.
+    fn loop_devices(&self) -> BTreeSet<String> {
+        let me = self.path().to_string_lossy().into_owned();
+        let mut found = BTreeSet::new();
+        for entry in std::fs::read_dir("/sys/block").unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("loop") {
+                continue;
+            }
+            let backing =
+                std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
+            if backing.contains(&me) {
+                found.insert(format!("{name}: {}", backing.trim()));
+            }
+        }
+        found
+    }
+
+    /// `brig image ARGS --store STORE`.
+    fn image(&self, args: &[&str]) -> std::process::Output {
+        common::brig()
+            .env_remove("BRIG_STORE")
+            .arg("image")
+            .args(args)
+            .arg("--store")
+            .arg(self.store())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("start brig image")
+    }
+}
+
+/// Unix socket paths a process has open (its agent socket, for a sandbox init).
+fn socket_paths(pid: i32) -> Vec<String> {
+    let inodes: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            Some(
+                link.strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (inode, path) = (fields.get(6)?, fields.get(7)?);
+            inodes.contains(*inode).then(|| path.to_string())
+        })
+        .collect()
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        // Sandboxes orphaned to this process that serve a socket in here but that no
+        // row records (what a failed test about untracked sandboxes leaves).
+        let me = self.path().to_string_lossy().into_owned();
+        for pid in orphaned_inits(&[]) {
+            if socket_paths(pid).iter().any(|p| p.starts_with(&me)) {
+                eprintln!("fixture: destroying sandbox {pid}, left behind unrecorded");
+                destroy_untracked(pid);
+            }
+        }
+        // A failed test may have left sandboxes: end them (by pid and start time,
+        // through brig's own handle) and remove their cgroups.
+        for row in self.rows() {
+            if let Ok(handle) = serde_json::from_value::<brig_jail::session::SessionHandle>(
+                row.runtime["handle"].clone(),
+            ) {
+                if row.init.alive() || row.init.leaves.iter().any(|l| Path::new(l).exists()) {
+                    eprintln!("fixture: destroying the sandbox of {} left behind", row.id);
+                }
+                let _ = handle.destroy();
+            }
+            row.init.reap();
+        }
+        if self.store().exists() {
+            let out = self.image(&["gc", "--unmount"]);
+            if !out.status.success() {
+                eprintln!("fixture: gc --unmount: {out:?}");
+            }
+        }
+        // Whatever is still mounted here would make removing the directory fail.
+        let mut left: Vec<String> = self
+            .mounts()
+            .iter()
+            .filter_map(|line| line.split(' ').nth(4).map(String::from))
+            .collect();
+        left.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for mount in left {
+            eprintln!("fixture: unmounting {mount} left by brig");
+            let _ = Command::new("umount").arg("-l").arg(&mount).status();
+        }
+    }
+}
+
+struct Row {
+    id: String,
+    state: String,
+    init: Init,
+    runtime: Value,
+}
+
+/// A sandbox's init on the host, identified by pid and start time, and its cgroup
+/// leaves.
+#[derive(Debug, Clone)]
+struct Init {
+    pid: i32,
+    start_time: u64,
+    leaves: Vec<String>,
+}
+
+/// State, parent and start time of a process, from /proc/PID/stat.
+fn proc_stat(pid: i32) -> Option<(char, i32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((
+        fields.first()?.chars().next()?,
+        fields.get(1)?.parse().ok()?,
+        fields.get(19)?.parse().ok()?,
+    ))
+}
+
+impl Init {
+    /// From a session's `runtime` record.
+    fn of(runtime: &Value) -> Init {
+        Init {
+            pid: runtime["handle"]["pid"].as_i64().expect("handle.pid") as i32,
+            start_time: runtime["handle"]["start_time"]
+                .as_u64()
+                .expect("handle.start_time"),
+            leaves: leaves_of(&runtime["enforced"]),
+        }
+    }
+
+    /// This very process (not a recycled pid) exists, zombie or not.
+    fn exists(&self) -> bool {
+        proc_stat(self.pid).is_some_and(|(_, _, start)| start == self.start_time)
+    }
+
+    fn alive(&self) -> bool {
+        proc_stat(self.pid)
+            .is_some_and(|(state, _, start)| start == self.start_time && state != 'Z')
+    }
+
+    fn parent(&self) -> Option<i32> {
+        proc_stat(self.pid)
+            .filter(|(_, _, start)| *start == self.start_time)
+            .map(|(_, ppid, _)| ppid)
+    }
+
+    /// Reaps it if it is a zombie child of this process (orphaned to us, the
+    /// subreaper); never waits for another pid.
+    fn reap(&self) {
+        if let Some((state, ppid, start)) = proc_stat(self.pid) {
+            if state == 'Z' && start == self.start_time && ppid == std::process::id() as i32 {
+                // SAFETY: waitpid on one pid that is our zombie child; status is a
+                // local out-parameter.
+                unsafe {
+                    let mut status = 0;
+                    libc::waitpid(self.pid, &mut status, libc::WNOHANG);
+                }
+            }
+        }
+    }
+
+    /// Waits until the process is gone (reaping it if it comes to us).
+    fn gone_within(&self, ms: u64) -> bool {
+        eventually(ms, || {
+            self.reap();
+            !self.exists()
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("pid {} ({:?})", self.pid, proc_stat(self.pid))
+    }
+}
+
+/// `enforced.cgroup.details.leaves` of a session (or of its runtime record).
+fn leaves_of(enforced: &Value) -> Vec<String> {
+    enforced["cgroup"]["details"]["leaves"]
+        .as_array()
+        .map(|l| {
+            l.iter()
+                .filter_map(|p| p.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn eventually(ms: u64, mut check: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + Duration::from_millis(ms);
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Direct children of `pid` (all its threads).
+fn children(pid: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            found.extend(
+                list.split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    found
+}
+
+// API helpers ---------------------------------------------------------------------
+
+fn create(d: &Daemon, key: &str, body: Value) -> Value {
+    let (status, session) = d.request("POST", "/v1/sessions", Some(key), Some(body.clone()));
+    assert_eq!(status, 201, "create {body}: {session}");
+    session
+}
+
+fn id_of(session: &Value) -> String {
+    session["session_id"]
+        .as_str()
+        .expect("session_id")
+        .to_string()
+}
+
+/// Runs a shell line in a session; asserts it ran and exited 0; returns stdout.
+#[track_caller]
+fn sh(d: &Daemon, key: &str, id: &str, cmd: &str) -> String {
+    let (status, result) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(key),
+        Some(json!({ "cmd": cmd })),
+    );
+    assert_eq!(status, 200, "exec {cmd:?} in {id}: {result}");
+    assert_eq!(result["exit_code"], 0, "exec {cmd:?} in {id}: {result}");
+    result["stdout"].as_str().unwrap().to_string()
+}
+
+#[track_caller]
+fn delete(d: &Daemon, key: &str, id: &str) {
+    let (status, body) = d.request("DELETE", &format!("/v1/sessions/{id}"), Some(key), None);
+    assert_eq!(status, 204, "delete {id}: {body}");
+}
+
+fn status_of(d: &Daemon, key: &str, id: &str) -> u16 {
+    d.request("GET", &format!("/v1/sessions/{id}"), Some(key), None)
+        .0
+}
+
+/// Session ids listed for `key` (listing does not count as activity).
+fn listed(d: &Daemon, key: &str) -> BTreeSet<String> {
+    let (status, list) = d.request("GET", "/v1/sessions", Some(key), None);
+    assert_eq!(status, 200, "{list}");
+    list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(id_of)
+        .collect()
+}
+
+fn process_output(d: &Daemon, key: &str, id: &str, process: u64) -> Vec<u8> {
+    let (status, bytes) = d.raw(
+        "GET",
+        &format!("/v1/sessions/{id}/processes/{process}/output?stream=stdout"),
+        Some(key),
+        None,
+        None,
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    bytes
+}
+
+/// `brig_pool_ready{image="..."}` from /metrics.
+fn pool_ready(d: &Daemon, image: &str) -> Option<u64> {
+    let (status, text) = d.raw("GET", "/metrics", None, None, None);
+    assert_eq!(status, 200);
+    let prefix = format!("brig_pool_ready{{image=\"{image}\"}} ");
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
+}
+
+#[track_caller]
+fn wait_pool(d: &Daemon, image: &str, n: u64) {
+    assert!(
+        eventually(60_000, || pool_ready(d, image) == Some(n)),
+        "the {image} pool did not reach {n} (now {:?}); log:\n{}",
+        pool_ready(d, image),
+        d.log_text()
+    );
+}
+
+/// After every session is deleted: no sandbox process, cgroup leaf, session
+/// directory, mount or loop device of the fixture is left.
+#[track_caller]
+fn assert_nothing_left(fx: &Fixture, inits: &[Init], mounts_before: &BTreeSet<String>) {
+    for init in inits {
+        assert!(
+            init.gone_within(10_000),
+            "sandbox init still there: {}",
+            init.describe()
+        );
+    }
+    let leaves: Vec<&String> = inits.iter().flat_map(|i| &i.leaves).collect();
+    assert!(!leaves.is_empty(), "as root, sandboxes have cgroups");
+    let left: Vec<_> = leaves.iter().filter(|l| Path::new(l).exists()).collect();
+    assert!(left.is_empty(), "cgroup leaves left: {left:?}");
+    assert_eq!(fx.session_dirs(), Vec::<String>::new(), "session dirs left");
+    let mounts: Vec<_> = fx.mounts().difference(mounts_before).cloned().collect();
+    assert!(mounts.is_empty(), "mounts left: {mounts:#?}");
+    assert_eq!(fx.loop_devices(), BTreeSet::new(), "loop devices left");
+}
+
+// 1. Restart after SIGKILL --------------------------------------------------------
+
+/// A POST that must not hang: the status, or the transport error as text.
+fn post_exec(url: &str, key: &str, cmd: &str) -> Result<(u16, String), String> {
+    post_exec_timeout(url, key, cmd, 30_000)
+}
+
+fn post_exec_timeout(
+    url: &str,
+    key: &str,
+    cmd: &str,
+    timeout_ms: u64,
+) -> Result<(u16, String), String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_millis(timeout_ms + 30_000)))
+        .build()
+        .into();
+    let body = serde_json::to_vec(&json!({ "cmd": cmd, "timeout_ms": timeout_ms })).unwrap();
+    let response = agent
+        .post(url)
+        .header("Authorization", format!("Bearer {key}"))
+        .content_type("application/json")
+        .send(&body[..])
+        .map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let mut text = String::new();
+    response
+        .into_body()
+        .into_reader()
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    Ok((status, text))
+}
+
+#[test]
+fn restart_after_sigkill_reattaches_every_session_and_delete_leaves_nothing() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+
+    let ids: Vec<String> = (0..3)
+        .map(|_| id_of(&create(&d, &key, json!({}))))
+        .collect();
+    for id in &ids {
+        sh(&d, &key, id, &format!("echo {id} > mark"));
+    }
+    let (status, process) = d.request(
+        "POST",
+        &format!("/v1/sessions/{}/processes", ids[0]),
+        Some(&key),
+        Some(json!({"cmd": "i=0; while :; do echo $i; i=$((i+1)); sleep 0.1; done"})),
+    );
+    assert_eq!(status, 201, "{process}");
+    let process_id = process["process_id"].as_u64().unwrap();
+    let inits: Vec<Init> = ids.iter().map(|id| fx.init(id)).collect();
+    let daemon_children = d.descendants();
+    for init in &inits {
+        assert!(init.alive(), "{}", init.describe());
+        assert!(
+            daemon_children.contains(&(init.pid as u32)),
+            "init {} is not the daemon's child: {daemon_children:?}",
+            init.pid
+        );
+    }
+
+    // Ten execs in flight, then SIGKILL: each fails cleanly and promptly.
+    let children_now = || inits.iter().map(|i| children(i.pid).len()).sum::<usize>();
+    let baseline = children_now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for n in 0..10 {
+        let url = d.url(&format!("/v1/sessions/{}/exec", ids[n % 3]));
+        let (key, tx) = (key.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(post_exec(&url, &key, "sleep 3; echo late"));
+        });
+    }
+    drop(tx);
+    assert!(
+        eventually(20_000, || children_now() >= baseline + 10),
+        "the ten execs did not start: {} processes",
+        children_now() - baseline
+    );
+    d.kill9();
+    let killed_at = Instant::now();
+    for _ in 0..10 {
+        let result = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("an exec request hung after the daemon was killed");
+        assert!(
+            result.is_err(),
+            "an exec in flight got an answer from a killed daemon: {result:?}"
+        );
+    }
+    eprintln!(
+        "in-flight execs failed {} ms after SIGKILL",
+        killed_at.elapsed().as_millis()
+    );
+    // The sandboxes live on, orphaned to us (the subreaper).
+    for init in &inits {
+        assert!(
+            init.alive(),
+            "a sandbox died with the daemon: {}",
+            init.describe()
+        );
+        assert_eq!(init.parent(), Some(std::process::id() as i32));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+
+    let d2 = fx.start(&[]);
+    assert_eq!(
+        listed(&d2, &key),
+        ids.iter().cloned().collect::<BTreeSet<_>>()
+    );
+    for id in &ids {
+        assert_eq!(sh(&d2, &key, id, "cat mark"), format!("{id}\n"));
+    }
+    // The background process kept running through the restart.
+    let (status, info) = d2.request(
+        "GET",
+        &format!("/v1/sessions/{}/processes/{process_id}", ids[0]),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["state"], "running", "{info}");
+    let before = process_output(&d2, &key, &ids[0], process_id);
+    assert!(
+        eventually(5_000, || process_output(&d2, &key, &ids[0], process_id)
+            .len()
+            > before.len()),
+        "the background process's output stopped growing"
+    );
+    let text = String::from_utf8(process_output(&d2, &key, &ids[0], process_id)).unwrap();
+    let numbers: Vec<u64> = text.lines().map(|l| l.parse().unwrap()).collect();
+    assert!(
+        numbers.iter().enumerate().all(|(i, n)| *n == i as u64),
+        "the counter skipped: {text}"
+    );
+    // The same sandboxes: same inits, nothing started again.
+    for (id, init) in ids.iter().zip(&inits) {
+        let now = fx.init(id);
+        assert_eq!((now.pid, now.start_time), (init.pid, init.start_time));
+        assert!(init.alive(), "{}", init.describe());
+    }
+    assert_eq!(
+        d2.descendants(),
+        Vec::<u32>::new(),
+        "re-attaching launched something"
+    );
+
+    for id in &ids {
+        delete(&d2, &key, id);
+    }
+    assert_eq!(listed(&d2, &key), BTreeSet::new());
+    assert_nothing_left(&fx, &inits, &mounts_before);
+}
+
+// 2. Restart after SIGTERM --------------------------------------------------------
+
+#[test]
+fn sigterm_is_not_a_teardown_sessions_survive_a_graceful_restart() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+    let ids: Vec<String> = (0..2)
+        .map(|_| id_of(&create(&d, &key, json!({}))))
+        .collect();
+    for id in &ids {
+        sh(&d, &key, id, &format!("echo {id} > /tmp/mark"));
+    }
+    let inits: Vec<Init> = ids.iter().map(|id| fx.init(id)).collect();
+
+    // An exec in flight when SIGTERM arrives finishes (graceful), then the daemon
+    // exits without touching the sandboxes.
+    let url = d.url(&format!("/v1/sessions/{}/exec", ids[0]));
+    let key2 = key.clone();
+    let in_flight = std::thread::spawn(move || post_exec(&url, &key2, "sleep 1; echo finished"));
+    assert!(
+        eventually(10_000, || !children(inits[0].pid).is_empty()),
+        "the exec did not start"
+    );
+    let stopping = Instant::now();
+    d.stop();
+    eprintln!("SIGTERM: stopped in {} ms", stopping.elapsed().as_millis());
+    let (status, body) = in_flight
+        .join()
+        .unwrap()
+        .expect("the exec in flight was cut");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("finished"), "{body}");
+    for (id, init) in ids.iter().zip(&inits) {
+        assert!(init.alive(), "SIGTERM ended a sandbox: {}", init.describe());
+        assert_ne!(fx.state_of(id), "deleted");
+    }
+
+    let d2 = fx.start(&[]);
+    assert_eq!(
+        listed(&d2, &key),
+        ids.iter().cloned().collect::<BTreeSet<_>>()
+    );
+    for id in &ids {
+        assert_eq!(sh(&d2, &key, id, "cat /tmp/mark"), format!("{id}\n"));
+        delete(&d2, &key, id);
+    }
+    assert_nothing_left(&fx, &inits, &mounts_before);
+}
+
+// 2b. Activity, pauses and deletes across restarts ---------------------------------
+
+#[test]
+fn a_session_in_use_is_not_idle_reaped_by_a_restarted_daemon() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+    let id = id_of(&create(&d, &key, json!({"idle_timeout_seconds": 3})));
+    let init = fx.init(&id);
+    // In use for longer than its idle timeout, up to the moment the daemon dies.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(4500) {
+        sh(&d, &key, &id, "true");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    d.kill9();
+    let d2 = fx.start(&[]);
+    assert_eq!(
+        status_of(&d2, &key, &id),
+        200,
+        "a session used a moment ago was reaped as idle at start; log:\n{}",
+        d2.log_text()
+    );
+    assert!(init.alive());
+    // Its idle clock still runs: left alone, it goes.
+    assert!(
+        eventually(8_000, || !listed(&d2, &key).contains(&id)),
+        "the session was never reaped as idle"
+    );
+    assert_nothing_left(&fx, &[init], &mounts_before);
+}
+
+#[test]
+fn a_paused_session_stays_paused_across_a_restart_and_is_deleted_promptly() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+    let paused = id_of(&create(&d, &key, json!({})));
+    let resumed = id_of(&create(&d, &key, json!({})));
+    let inits = [fx.init(&paused), fx.init(&resumed)];
+    for id in [&paused, &resumed] {
+        sh(&d, &key, id, "echo kept > /tmp/f");
+        let (status, s) = d.request(
+            "POST",
+            &format!("/v1/sessions/{id}/pause"),
+            Some(&key),
+            None,
+        );
+        assert_eq!((status, s["state"].as_str()), (200, Some("paused")), "{s}");
+    }
+    d.kill9();
+    let d2 = fx.start(&[]);
+    for id in [&paused, &resumed] {
+        let (status, s) = d2.request("GET", &format!("/v1/sessions/{id}"), Some(&key), None);
+        assert_eq!((status, s["state"].as_str()), (200, Some("paused")), "{s}");
+        let (status, e) = d2.request(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(&key),
+            Some(json!({"cmd": "true"})),
+        );
+        assert_eq!(status, 409, "exec in a paused session: {e}");
+    }
+    let (status, s) = d2.request(
+        "POST",
+        &format!("/v1/sessions/{resumed}/resume"),
+        Some(&key),
+        None,
+    );
+    assert_eq!((status, s["state"].as_str()), (200, Some("running")), "{s}");
+    assert_eq!(sh(&d2, &key, &resumed, "cat /tmp/f"), "kept\n");
+
+    // Deleting a paused (frozen) session does not wait for anything.
+    let started = Instant::now();
+    delete(&d2, &key, &paused);
+    let took = started.elapsed();
+    assert!(
+        inits[0].gone_within(5_000),
+        "paused sandbox left: {}",
+        inits[0].describe()
+    );
+    eprintln!("deleted a paused session in {} ms", took.as_millis());
+    assert!(
+        took < Duration::from_secs(2),
+        "deleting a paused session took {took:?}"
+    );
+    delete(&d2, &key, &resumed);
+    assert_nothing_left(&fx, &inits, &mounts_before);
+}
+
+#[test]
+fn delete_and_expiry_end_running_execs_instead_of_waiting_for_them() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let d = fx.start(&["--max-execute-timeout", "5m"]);
+    let key = d.admin_key().to_string();
+    let deleted = id_of(&create(&d, &key, json!({})));
+    let expiring = id_of(&create(&d, &key, json!({"ttl_seconds": 2})));
+    let other = id_of(&create(&d, &key, json!({"ttl_seconds": 3})));
+    let inits = [fx.init(&deleted), fx.init(&expiring), fx.init(&other)];
+    let long_exec = |id: &str| {
+        let url = d.url(&format!("/v1/sessions/{id}/exec"));
+        let key = key.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let result = post_exec_timeout(&url, &key, "sleep 120", 200_000);
+            (result, started.elapsed())
+        })
+    };
+    let in_deleted = long_exec(&deleted);
+    let in_expiring = long_exec(&expiring);
+    assert!(
+        eventually(10_000, || !children(inits[0].pid).is_empty()
+            && !children(inits[1].pid).is_empty()),
+        "the execs did not start"
+    );
+
+    let started = Instant::now();
+    delete(&d, &key, &deleted);
+    let took = started.elapsed();
+    eprintln!("DELETE with an exec running took {} ms", took.as_millis());
+    assert!(
+        took < Duration::from_secs(5),
+        "DELETE waited for the exec: {took:?}"
+    );
+    let (result, after) = in_deleted.join().unwrap();
+    let (status, body) = result.expect("the exec request failed at the transport level");
+    assert_ne!(status, 200, "{body}");
+    assert!(after < Duration::from_secs(10), "{after:?}");
+
+    // The TTL is a hard limit: a running exec does not keep the session alive, and
+    // reaping it does not hold up the other sessions' expiry.
+    let (result, after) = in_expiring.join().unwrap();
+    let (status, body) = result.expect("the exec request failed at the transport level");
+    assert_ne!(status, 200, "{body}");
+    assert!(
+        after < Duration::from_secs(8),
+        "the expired session lived {after:?}"
+    );
+    assert!(
+        eventually(6_000, || listed(&d, &key).is_empty()),
+        "sessions left: {:?}",
+        listed(&d, &key)
+    );
+    assert_nothing_left(&fx, &inits, &mounts_before);
+}
+
+/// Live sandbox inits that were orphaned to this process (the subreaper) and are
+/// not known to `known`: sandboxes nobody tracks any more.
+fn orphaned_inits(known: &[Init]) -> Vec<i32> {
+    children(std::process::id() as i32)
+        .into_iter()
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains("__session-start")
+                && proc_stat(*pid).is_some_and(|(state, _, _)| state != 'Z')
+                && !known.iter().any(|k| k.pid == *pid && k.alive())
+        })
+        .collect()
+}
+
+/// Kills a sandbox init orphaned to this process, reaps it and removes its cgroup
+/// leaves (read from /proc/PID/cgroup: no record of it is left anywhere else).
+fn destroy_untracked(pid: i32) {
+    let leaves: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let controller = controllers.split(',').next()?;
+            (path.contains("brig-") && !controller.is_empty())
+                .then(|| format!("/sys/fs/cgroup/{controller}{path}"))
+        })
+        .collect();
+    // SAFETY: kill and waitpid on one pid that is a live child of this process.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+    }
+    for leaf in leaves {
+        let _ = std::fs::remove_dir(&leaf);
+    }
+}
+
+#[test]
+fn sigkill_during_creates_leaves_no_untracked_sandbox() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let before = orphaned_inits(&[]);
+    let roomy = [
+        "--tenant-max-disk",
+        "1000G",
+        "--tenant-max-sessions",
+        "1000",
+    ];
+    let mut refused = None;
+    for round in 0..8 {
+        let mut d = fx.start(&roomy);
+        let key = d.admin_key().to_string();
+        let url = d.url("/v1/sessions");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let creator = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_global(Some(Duration::from_secs(30)))
+                    .build()
+                    .into();
+                let mut created = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let sent = agent
+                        .post(&url)
+                        .header("Authorization", format!("Bearer {key}"))
+                        .content_type("application/json")
+                        .send(&b"{}"[..]);
+                    match sent {
+                        Ok(r) if r.status() == 201 => created += 1,
+                        Ok(r) if !stop.load(std::sync::atomic::Ordering::SeqCst) => {
+                            let status = r.status();
+                            let body = r.into_body().read_to_string().unwrap_or_default();
+                            return Err(format!("create: {status} {body}"));
+                        }
+                        _ => break,
+                    }
+                }
+                Ok(created)
+            })
+        };
+        std::thread::sleep(Duration::from_millis(150 + 37 * round));
+        d.kill9();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let created = match creator.join().unwrap() {
+            Ok(n) => n,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        };
+        eprintln!("round {round}: {created} sessions created before SIGKILL");
+    }
+    let d = fx.start(&roomy);
+    let key = d.admin_key().to_string();
+    let live = listed(&d, &key);
+    let known: Vec<Init> = live.iter().map(|id| fx.init(id)).collect();
+    let untracked: Vec<i32> = orphaned_inits(&known)
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    for pid in &untracked {
+        destroy_untracked(*pid);
+    }
+    assert_eq!(refused, None, "a create was refused");
+    let log = d.log_text();
+    eprintln!(
+        "sandboxes found only through their launch records: {}",
+        log.matches("never stored").count()
+    );
+    assert!(
+        untracked.is_empty(),
+        "sandboxes running that no session or pool row knows: {untracked:?}"
+    );
+    for id in &live {
+        delete(&d, &key, id);
+    }
+    let every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
+    assert_nothing_left(&fx, &every, &mounts_before);
+}
+
+/// Freezes (or thaws) a sandbox's cgroup directly, as the daemon does for a pause or
+/// a snapshot (v1 freezer or v2 cgroup.freeze, whichever the leaves have).
+fn set_frozen(init: &Init, frozen: bool) {
+    for leaf in &init.leaves {
+        let v1 = Path::new(leaf).join("freezer.state");
+        let v2 = Path::new(leaf).join("cgroup.freeze");
+        if v1.exists() {
+            std::fs::write(&v1, if frozen { "FROZEN" } else { "THAWED" }).unwrap();
+            return;
+        }
+        if v2.exists() {
+            std::fs::write(&v2, if frozen { "1" } else { "0" }).unwrap();
+            return;
+        }
+    }
+    panic!("no freezer among {:?}", init.leaves);
+}
+
+#[test]
+fn a_session_left_frozen_by_a_daemon_killed_mid_snapshot_is_thawed_at_start() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+    let id = id_of(&create(&d, &key, json!({})));
+    let init = fx.init(&id);
+    // What a snapshot does for a moment: the session is frozen, its row says running.
+    d.kill9();
+    set_frozen(&init, true);
+    let d2 = fx.start(&[]);
+    let url = d2.url(&format!("/v1/sessions/{id}/exec"));
+    let started = Instant::now();
+    let result = post_exec_timeout(&url, &key, "echo thawed", 5_000);
+    assert_eq!(
+        result,
+        Ok((200, result.clone().map(|r| r.1).unwrap_or_default())),
+        "exec in a session whose row says running after {:?}",
+        started.elapsed()
+    );
+    assert!(result.unwrap().1.contains("thawed"));
+    delete(&d2, &key, &id);
+    assert_nothing_left(&fx, &[init], &mounts_before);
+}
+
+// 3. Cleanup at start --------------------------------------------------------------
+
+#[test]
+fn sessions_that_died_or_expired_while_the_daemon_was_down_are_cleaned_up_at_start() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+    let dead = id_of(&create(&d, &key, json!({})));
+    let kept = id_of(&create(&d, &key, json!({})));
+    let expiring = id_of(&create(&d, &key, json!({"ttl_seconds": 2})));
+    let created = Instant::now();
+    d.stop();
+    assert_ne!(
+        fx.state_of(&expiring),
+        "deleted",
+        "the daemon took too long to stop: the session expired while it ran"
+    );
+    let (dead_init, kept_init, expiring_init) =
+        (fx.init(&dead), fx.init(&kept), fx.init(&expiring));
+
+    // The sandbox of `dead` dies while no daemon runs; its cgroup stays behind.
+    assert!(dead_init.alive());
+    // SAFETY: kill(2) on a pid whose start time was just checked (alive above).
+    assert_eq!(unsafe { libc::kill(dead_init.pid, libc::SIGKILL) }, 0);
+    assert!(dead_init.gone_within(10_000), "{}", dead_init.describe());
+    assert!(dead_init.leaves.iter().all(|l| Path::new(l).exists()));
+    // Down for more than the TTL of `expiring`.
+    std::thread::sleep(Duration::from_millis(3200).saturating_sub(created.elapsed()));
+
+    let d2 = fx.start(&[]);
+    assert_eq!(status_of(&d2, &key, &dead), 404);
+    assert_eq!(status_of(&d2, &key, &expiring), 404);
+    assert_eq!(status_of(&d2, &key, &kept), 200);
+    assert_eq!(listed(&d2, &key), BTreeSet::from([kept.clone()]));
+    for (id, init) in [(&dead, &dead_init), (&expiring, &expiring_init)] {
+        assert!(init.gone_within(10_000), "{id}: {}", init.describe());
+        let left: Vec<_> = init
+            .leaves
+            .iter()
+            .filter(|l| Path::new(l).exists())
+            .collect();
+        assert!(left.is_empty(), "{id}: cgroup leaves left: {left:?}");
+        assert_eq!(fx.state_of(id), "deleted");
+    }
+    assert_eq!(fx.session_dirs(), vec![kept.clone()]);
+    assert!(kept_init.alive());
+    sh(&d2, &key, &kept, "true");
+    delete(&d2, &key, &kept);
+    assert_nothing_left(&fx, &[dead_init, kept_init, expiring_init], &mounts_before);
+}
+
+// 4. The reaper --------------------------------------------------------------------
+
+#[test]
+fn reaper_ends_expired_and_idle_sessions_but_not_busy_ones() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+
+    let ttl = id_of(&create(&d, &key, json!({"ttl_seconds": 2})));
+    let ttl_created = Instant::now();
+    let idle = id_of(&create(&d, &key, json!({"idle_timeout_seconds": 2})));
+    let idle_created = Instant::now();
+    let busy = id_of(&create(&d, &key, json!({"idle_timeout_seconds": 2})));
+    let inits: Vec<Init> = [&ttl, &idle, &busy].iter().map(|id| fx.init(id)).collect();
+
+    // `busy` gets a request every half second; the others none (listing is not
+    // activity). Everything is checked through the listing.
+    let mut ttl_gone = None;
+    let mut idle_gone = None;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(6) {
+        sh(&d, &key, &busy, "true");
+        let live = listed(&d, &key);
+        if ttl_gone.is_none() && !live.contains(&ttl) {
+            ttl_gone = Some(ttl_created.elapsed());
+        }
+        if idle_gone.is_none() && !live.contains(&idle) {
+            idle_gone = Some(idle_created.elapsed());
+        }
+        assert!(live.contains(&busy), "a busy session was reaped as idle");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("reaped: ttl 2 s after {ttl_gone:?}, idle 2 s after {idle_gone:?}");
+    let ttl_gone = ttl_gone.expect("the session with ttl_seconds 2 lived 6 s");
+    // Expiry is in whole seconds: at least one second after the request's second.
+    assert!(ttl_gone >= Duration::from_millis(500), "{ttl_gone:?}");
+    assert!(ttl_gone <= Duration::from_millis(4500), "{ttl_gone:?}");
+    let idle_gone = idle_gone.expect("the idle session lived 6 s");
+    assert!(idle_gone <= Duration::from_millis(6000), "{idle_gone:?}");
+    for id in [&ttl, &idle] {
+        assert_eq!(status_of(&d, &key, id), 404);
+    }
+    for init in &inits[..2] {
+        assert!(init.gone_within(5_000), "{}", init.describe());
+        let left: Vec<_> = init
+            .leaves
+            .iter()
+            .filter(|l| Path::new(l).exists())
+            .collect();
+        assert!(left.is_empty(), "cgroup leaves left: {left:?}");
+    }
+    // The audit says why.
+    let (status, audit) = d.request("GET", "/v1/audit?action=session.expire", Some(&key), None);
+    assert_eq!(status, 200, "{audit}");
+    let reasons: BTreeSet<(String, String)> = audit["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["session_id"].as_str().unwrap_or_default().to_string(),
+                e["detail"]["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert!(reasons.contains(&(ttl.clone(), "ttl".into())), "{audit}");
+    assert!(reasons.contains(&(idle.clone(), "idle".into())), "{audit}");
+
+    // Left alone, the busy one becomes idle too.
+    assert!(
+        eventually(6_000, || !listed(&d, &key).contains(&busy)),
+        "an idle session was not reaped"
+    );
+    assert_nothing_left(&fx, &inits, &mounts_before);
+}
+
+// 5. The warm pool -----------------------------------------------------------------
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+#[test]
+fn warm_pool_fills_serves_refills_and_does_not_leak_across_a_restart() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&["--pool", "host=2"]);
+    let key = d.admin_key().to_string();
+    wait_pool(&d, "host", 2);
+
+    // create + first exec, from the pool and cold (custom limits are never pooled),
+    // each with a full, idle pool so the filler does not compete.
+    let mut inits = Vec::new();
+    let mut measure = |body: Value, pooled: bool| -> Duration {
+        wait_pool(&d, "host", 2);
+        let started = Instant::now();
+        let session = create(&d, &key, body);
+        let id = id_of(&session);
+        sh(&d, &key, &id, "echo ready");
+        let took = started.elapsed();
+        assert_eq!(session["pooled"], pooled, "{session}");
+        inits.push(fx.init(&id));
+        delete(&d, &key, &id);
+        took
+    };
+    let pooled: Vec<Duration> = (0..10).map(|_| measure(json!({}), true)).collect();
+    let cold: Vec<Duration> = (0..10)
+        .map(|_| measure(json!({"limits": {"memory": "256M"}}), false))
+        .collect();
+    eprintln!(
+        "create + first exec, median of 10: pooled {:.1} ms, cold {:.1} ms",
+        median(pooled).as_secs_f64() * 1e3,
+        median(cold).as_secs_f64() * 1e3
+    );
+    // A session env is applied per exec: still pooled.
+    let session = create(&d, &key, json!({"env": {"GREETING": "hi"}}));
+    assert_eq!(session["pooled"], true, "{session}");
+    let id = id_of(&session);
+    assert_eq!(sh(&d, &key, &id, "echo $GREETING"), "hi\n");
+    inits.push(fx.init(&id));
+    wait_pool(&d, "host", 2);
+
+    // SIGKILL with a full pool and one live pooled session; the next daemon destroys
+    // the old pool's sandboxes at start, and the session lives on.
+    let pool_inits = |fx: &Fixture| -> Vec<Init> {
+        fx.rows()
+            .into_iter()
+            .filter(|r| r.state == "pooled")
+            .map(|r| r.init)
+            .collect()
+    };
+    let old_pool = pool_inits(&fx);
+    assert_eq!(old_pool.len(), 2, "pool rows in the database");
+    d.kill9();
+    assert!(old_pool.iter().all(Init::alive));
+    let mut d2 = fx.start(&["--pool", "host=1"]);
+    let gone = |pool: &[Init], when: &str| {
+        for init in pool {
+            assert!(
+                init.gone_within(10_000),
+                "pool sandbox left {when}: {}",
+                init.describe()
+            );
+            let left: Vec<_> = init
+                .leaves
+                .iter()
+                .filter(|l| Path::new(l).exists())
+                .collect();
+            assert!(left.is_empty(), "pool cgroup leaves left {when}: {left:?}");
+        }
+    };
+    gone(&old_pool, "at the next start");
+    inits.extend(old_pool);
+    wait_pool(&d2, "host", 1);
+    assert_eq!(sh(&d2, &key, &id, "echo $GREETING"), "hi\n");
+
+    // SIGTERM: the pool is emptied (it belongs to no one), the session stays.
+    let new_pool = pool_inits(&fx);
+    assert_eq!(new_pool.len(), 1, "pool rows in the database");
+    d2.stop();
+    gone(&new_pool, "after SIGTERM");
+    inits.extend(new_pool);
+    assert_eq!(fx.session_dirs(), vec![id.clone()]);
+    let d3 = fx.start(&[]);
+    assert_eq!(pool_ready(&d3, "host"), None, "no pool configured now");
+    assert_eq!(sh(&d3, &key, &id, "echo $GREETING"), "hi\n");
+    delete(&d3, &key, &id);
+    assert_nothing_left(&fx, &inits, &mounts_before);
+}
+
+// 6. Snapshots and fork -------------------------------------------------------------
+
+/// A minimal image tree: /bin/sh (dash) and a few tools with their libraries, an
+/// empty /etc and a /data directory.
+fn make_rootfs(root: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = root.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let mut libs = BTreeSet::new();
+    let tools = [
+        ("sh", "dash"),
+        ("cat", "cat"),
+        ("ls", "ls"),
+        ("true", "true"),
+        ("sleep", "sleep"),
+    ];
+    for (name, host_name) in tools {
+        let host = Path::new("/usr/bin").join(host_name);
+        std::fs::copy(&host, bin.join(name)).unwrap_or_else(|e| panic!("copy {host:?}: {e}"));
+        let ldd = Command::new("ldd").arg(&host).output().expect("ldd");
+        for token in String::from_utf8_lossy(&ldd.stdout).split_whitespace() {
+            if token.starts_with('/') {
+                libs.insert(token.to_string());
+            }
+        }
+    }
+    for lib in libs {
+        let dest = root.join(lib.trim_start_matches('/'));
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        // fs::copy reads through symlinks: libc.so.6 arrives as a file.
+        std::fs::copy(&lib, &dest).unwrap_or_else(|e| panic!("copy {lib}: {e}"));
+    }
+    for dir in ["etc", "data"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    for dir in ["", "bin", "etc", "data"] {
+        std::fs::set_permissions(root.join(dir), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+#[test]
+fn snapshots_fork_and_restore_and_belong_to_their_tenant() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let tree = fx.path().join("rootfs");
+    make_rootfs(&tree);
+    let out = fx.image(&["import", "tiny", tree.to_str().unwrap()]);
+    assert!(out.status.success(), "import: {out:?}");
+
+    let d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+    let (status, b) = d.request("POST", "/v1/keys", Some(&key), Some(json!({"tenant": "b"})));
+    assert_eq!(status, 201, "{b}");
+    let key_b = b["key"].as_str().unwrap().to_string();
+
+    let origin = id_of(&create(&d, &key, json!({"image": "tiny"})));
+    sh(&d, &key, &origin, "echo one > /data/x");
+    let (status, snap) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin}/snapshots"),
+        Some(&key),
+        Some(json!({"name": "with-x"})),
+    );
+    assert_eq!(status, 201, "{snap}");
+    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
+    assert_eq!(snap["name"], "with-x");
+    assert_eq!(snap["session_id"], origin.as_str());
+    assert_eq!(snap["image"], "tiny");
+    assert!(snap["size_bytes"].as_u64().unwrap() > 0, "{snap}");
+    // The session goes on after the snapshot (it was paused only meanwhile).
+    assert_eq!(sh(&d, &key, &origin, "cat /data/x"), "one\n");
+
+    // Fork: two sessions from the snapshot, each with its own copy.
+    let forks: Vec<String> = (0..2)
+        .map(|_| {
+            let s = create(&d, &key, json!({"snapshot": snap_id}));
+            assert_eq!(s["snapshot"], snap_id.as_str(), "{s}");
+            id_of(&s)
+        })
+        .collect();
+    for fork in &forks {
+        assert_eq!(sh(&d, &key, fork, "cat /data/x"), "one\n");
+    }
+    sh(
+        &d,
+        &key,
+        &forks[0],
+        "echo two > /data/x; echo new > /data/y",
+    );
+    assert_eq!(sh(&d, &key, &forks[0], "cat /data/x"), "two\n");
+    assert_eq!(sh(&d, &key, &forks[1], "cat /data/x; ls /data"), "one\nx\n");
+    assert_eq!(sh(&d, &key, &origin, "cat /data/x; ls /data"), "one\nx\n");
+
+    // Restore: the session's files are the snapshot's again, under the same id.
+    sh(
+        &d,
+        &key,
+        &origin,
+        "echo changed > /data/x; echo extra > /data/z",
+    );
+    let replaced = fx.init(&origin);
+    let (status, restored) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin}/restore"),
+        Some(&key),
+        Some(json!({"snapshot_id": snap_id})),
+    );
+    assert_eq!(status, 200, "{restored}");
+    assert_eq!(restored["session_id"], origin.as_str());
+    assert_eq!(restored["state"], "running");
+    assert_eq!(sh(&d, &key, &origin, "cat /data/x; ls /data"), "one\nx\n");
+    assert!(replaced.gone_within(10_000), "{}", replaced.describe());
+    assert!(replaced.leaves.iter().all(|l| !Path::new(l).exists()));
+    assert_ne!(fx.init(&origin).pid, replaced.pid);
+
+    // List and get.
+    let (status, list) = d.request("GET", "/v1/snapshots", Some(&key), None);
+    assert_eq!(status, 200);
+    let listed_ids: Vec<&str> = list["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["snapshot_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed_ids, vec![snap_id.as_str()]);
+    let (status, got) = d.request("GET", &format!("/v1/snapshots/{snap_id}"), Some(&key), None);
+    assert_eq!((status, &got), (200, &snap));
+
+    // Another tenant neither sees nor uses it.
+    let (status, list) = d.request("GET", "/v1/snapshots", Some(&key_b), None);
+    assert_eq!(status, 200);
+    assert_eq!(list["snapshots"], json!([]));
+    let (status, _) = d.request(
+        "GET",
+        &format!("/v1/snapshots/{snap_id}"),
+        Some(&key_b),
+        None,
+    );
+    assert_eq!(status, 404);
+    let (status, e) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key_b),
+        Some(json!({"snapshot": snap_id})),
+    );
+    assert_eq!(status, 404, "{e}");
+    assert_eq!(e["error"]["code"], "not_found");
+    let own_b = id_of(&create(&d, &key_b, json!({"image": "tiny"})));
+    let (status, _) = d.request(
+        "POST",
+        &format!("/v1/sessions/{own_b}/restore"),
+        Some(&key_b),
+        Some(json!({"snapshot_id": snap_id})),
+    );
+    assert_eq!(status, 404);
+    let (status, _) = d.request(
+        "DELETE",
+        &format!("/v1/snapshots/{snap_id}"),
+        Some(&key_b),
+        None,
+    );
+    assert_eq!(status, 404);
+    // ... nor snapshots another tenant's session.
+    let (status, _) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin}/snapshots"),
+        Some(&key_b),
+        Some(json!({})),
+    );
+    assert_eq!(status, 404);
+
+    // A paused session can be snapshotted, and stays paused.
+    let fork = &forks[1];
+    let (status, s) = d.request(
+        "POST",
+        &format!("/v1/sessions/{fork}/pause"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 200, "{s}");
+    let (status, paused_snap) = d.request(
+        "POST",
+        &format!("/v1/sessions/{fork}/snapshots"),
+        Some(&key),
+        Some(json!({})),
+    );
+    assert_eq!(status, 201, "{paused_snap}");
+    let (status, s) = d.request("GET", &format!("/v1/sessions/{fork}"), Some(&key), None);
+    assert_eq!((status, s["state"].as_str()), (200, Some("paused")), "{s}");
+    let (status, s) = d.request(
+        "POST",
+        &format!("/v1/sessions/{fork}/resume"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(sh(&d, &key, fork, "cat /data/x"), "one\n");
+    let paused_snap_id = paused_snap["snapshot_id"].as_str().unwrap();
+    let (status, _) = d.request(
+        "DELETE",
+        &format!("/v1/snapshots/{paused_snap_id}"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 204);
+
+    // A session on the host's dirs has no layers to snapshot.
+    let host = id_of(&create(&d, &key, json!({})));
+    let (status, e) = d.request(
+        "POST",
+        &format!("/v1/sessions/{host}/snapshots"),
+        Some(&key),
+        Some(json!({})),
+    );
+    assert_eq!(status, 409, "{e}");
+    assert_eq!(e["error"]["code"], "conflict");
+    sh(&d, &key, &host, "true");
+
+    // Delete: gone for new sessions; the forks keep running on their layers.
+    let (status, _) = d.request(
+        "DELETE",
+        &format!("/v1/snapshots/{snap_id}"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 204);
+    let (status, _) = d.request("GET", &format!("/v1/snapshots/{snap_id}"), Some(&key), None);
+    assert_eq!(status, 404);
+    let (status, _) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key),
+        Some(json!({"snapshot": snap_id})),
+    );
+    assert_eq!(status, 404);
+    assert_eq!(sh(&d, &key, &forks[1], "cat /data/x"), "one\n");
+
+    for id in [vec![origin, host], forks].concat() {
+        delete(&d, &key, &id);
+    }
+    delete(&d, &key_b, &own_b);
+    // Every sandbox started here, the one replaced by the restore included.
+    let mut every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
+    every.push(replaced);
+    let out = fx.image(&["gc", "--unmount"]);
+    assert!(out.status.success(), "gc --unmount: {out:?}");
+    assert_nothing_left(&fx, &every, &mounts_before);
+}
+
+// 7. The python image and /v1/execute ---------------------------------------------
+
+#[test]
+fn root_slow_execute_draws_a_matplotlib_plot_in_the_python_image() {
+    if !setup() {
+        return;
+    }
+    // Built before taking the lock: minutes of CPU and network, no daemon yet.
+    let fx = Fixture::new();
+    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("images/python.toml");
+    let started = Instant::now();
+    let out = fx.image(&["build", "python", "-f", recipe.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "build python: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("built python in {:.0} s", started.elapsed().as_secs_f64());
+
+    let _serial = serial();
+    let mounts_before = fx.mounts();
+    let d = fx.start(&["--default-image", "python"]);
+    let key = d.admin_key().to_string();
+    let code = r#"
+import matplotlib.pyplot as plt
+plt.plot([1, 2, 3], [1, 4, 9])
+plt.title("squares")
+plt.savefig("plot.png")
+print("saved")
+"#;
+    let (status, result) = d.request(
+        "POST",
+        "/v1/execute",
+        Some(&key),
+        Some(json!({"code": code, "timeout_ms": 60_000})),
+    );
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(result["exit_code"], 0, "{result}");
+    assert_eq!(result["stdout"], "saved\n", "{result}");
+    let files = result["files"].as_array().unwrap();
+    let plot = files
+        .iter()
+        .find(|f| f["path"] == "plot.png")
+        .unwrap_or_else(|| panic!("plot.png not listed: {result}"));
+    assert_eq!(plot["kind"], "file");
+    let file_id = plot["file_id"].as_str().unwrap();
+    let (status, png) = d.raw(
+        "GET",
+        &format!("/v1/files/{file_id}"),
+        Some(&key),
+        None,
+        None,
+    );
+    assert_eq!(status, 200);
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "not a PNG: {:?}",
+        &png[..png.len().min(16)]
+    );
+    assert!(png.len() > 1000, "{} bytes", png.len());
+
+    // The last line is shown as the REPL shows it (sys.displayhook: repr, as onyx's
+    // sandbox does), so with numpy 2 the sum reads `np.int64(3)`.
+    let execute = |code: &str| -> String {
+        let (status, result) = d.request(
+            "POST",
+            "/v1/execute",
+            Some(&key),
+            Some(json!({"code": code, "timeout_ms": 60_000})),
+        );
+        assert_eq!(status, 200, "{result}");
+        assert_eq!(result["exit_code"], 0, "{result}");
+        result["stdout"].as_str().unwrap().to_string()
+    };
+    let shown = execute("import numpy as np, pandas\nnp.arange(3).sum()");
+    assert_eq!(
+        shown,
+        execute("import numpy as np\nprint(repr(np.arange(3).sum()))")
+    );
+    assert!(
+        ["3\n", "np.int64(3)\n"].contains(&shown.as_str()),
+        "{shown:?}"
+    );
+    assert_eq!(
+        execute("import numpy as np\nint(np.arange(3).sum())"),
+        "3\n"
+    );
+    assert_eq!(
+        execute("import pandas as pd\npd.Series([1, 2, 3]).sum().item()"),
+        "6\n"
+    );
+    let (status, result) = d.request(
+        "POST",
+        "/v1/execute",
+        Some(&key),
+        Some(json!({
+            "code": "import numpy as np\nnp.arange(3).sum()",
+            "last_line_interactive": false,
+            "timeout_ms": 60_000,
+        })),
+    );
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(result["stdout"], "", "{result}");
+
+    // /v1/execute leaves no session behind (each is deleted right after its run).
+    assert!(
+        eventually(10_000, || listed(&d, &key).is_empty()),
+        "sessions left: {:?}",
+        listed(&d, &key)
+    );
+    drop(d);
+    let every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
+    let out = fx.image(&["gc", "--unmount"]);
+    assert!(out.status.success(), "gc --unmount: {out:?}");
+    for init in &every {
+        assert!(init.gone_within(10_000), "{}", init.describe());
+    }
+    assert_eq!(fx.session_dirs(), Vec::<String>::new());
+    let mounts: Vec<_> = fx.mounts().difference(&mounts_before).cloned().collect();
+    assert!(mounts.is_empty(), "mounts left: {mounts:#?}");
+}
