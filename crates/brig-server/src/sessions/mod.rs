@@ -651,6 +651,14 @@ pub fn spec_for(
     let mut spec = launch::base_spec();
     spec.limits = limits.clone();
     spec.limits.output_limit_bytes = shared.output_limit_bytes();
+    if request.mounts.as_ref().is_some_and(|m| !m.is_empty()) {
+        // The sandbox opens bind sources as its own user, which cannot enter the
+        // daemon's private data dir; until the parent hands them over (as it does
+        // image layers) bundles are refused rather than failing half-way.
+        return Err(ApiError::invalid(
+            "mounts (read-only bundles) are not supported yet by this daemon",
+        ));
+    }
     for mount in request.mounts.iter().flatten() {
         let target = brig_policy::normalize_sandbox_path(&mount.path)
             .map_err(|e| ApiError::invalid(format!("mount path: {e}")))?;
