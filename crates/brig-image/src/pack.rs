@@ -87,11 +87,21 @@ pub fn pack(
         use std::io::Read;
         let _ = pipe.read_to_string(&mut stderr);
     }
-    let detail = stderr
+    // erofs-utils reports errors as "<E> ..." lines, sometimes followed by its usage
+    // text: keep the errors, else the last line.
+    let errors: Vec<&str> = stderr
         .lines()
-        .rfind(|l| !l.trim().is_empty())
-        .unwrap_or("no message")
-        .to_string();
+        .filter(|l| l.trim_start().starts_with("<E>"))
+        .collect();
+    let detail = if errors.is_empty() {
+        stderr
+            .lines()
+            .rfind(|l| !l.trim().is_empty())
+            .unwrap_or("no message")
+            .to_string()
+    } else {
+        errors.join("; ")
+    };
     Err(ImageError::Tool {
         tool: MKFS.into(),
         detail: format!("{status}: {detail}"),
