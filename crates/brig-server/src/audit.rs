@@ -104,6 +104,14 @@ fn truncate_str(text: &str) -> std::borrow::Cow<'_, str> {
 /// Bounds a detail value: every string at most 1 KiB (cut at a character boundary,
 /// ending with `…`), every array and object at most 100 items (an array gets a last
 /// string item `… N more`, an object a `"…"` key with the count left out).
+/// The audit outcome of a request's result: "ok", or the error's stable code.
+pub fn outcome<T>(result: &Result<T, crate::error::ApiError>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(e) => e.code,
+    }
+}
+
 pub fn truncate_detail(value: Value) -> Value {
     match value {
         Value::String(s) => match truncate_str(&s) {

@@ -102,10 +102,7 @@ async fn audited<T>(
     path: &str,
     result: Result<T, ApiError>,
 ) -> Result<T, ApiError> {
-    let outcome = result
-        .as_ref()
-        .map(|_| "ok")
-        .unwrap_or_else(|e: &ApiError| e.code);
+    let outcome = audit::outcome(&result);
     audit::record(
         state,
         caller,

@@ -1099,10 +1099,7 @@ async fn delete_session(
         }
         Err(e) => Err(e),
     };
-    let outcome = result
-        .as_ref()
-        .map(|_| "ok")
-        .unwrap_or_else(|e: &ApiError| e.code);
+    let outcome = audit::outcome(&result);
     audit::record(
         &state,
         &caller,
@@ -1159,10 +1156,7 @@ async fn set_paused(
     } else {
         "session.resume"
     };
-    let outcome = result
-        .as_ref()
-        .map(|_| "ok")
-        .unwrap_or_else(|e: &ApiError| e.code);
+    let outcome = audit::outcome(&result);
     audit::record(
         state,
         caller,
@@ -1192,8 +1186,4 @@ pub fn ensure_running(session: &Session) -> Result<(), ApiError> {
         )));
     }
     Ok(())
-}
-
-pub fn control_socket(session: &Session) -> PathBuf {
-    session.sandbox().control_socket.clone()
 }

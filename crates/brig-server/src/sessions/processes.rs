@@ -121,10 +121,7 @@ async fn start_process(
         start(&state, &session, &request).await
     }
     .await;
-    let outcome = result
-        .as_ref()
-        .map(|_| "ok")
-        .unwrap_or_else(|e: &ApiError| e.code);
+    let outcome = audit::outcome(&result);
     let detail = serde_json::json!({"argv": request.argv, "cmd": request.cmd,
         "process_id": result.as_ref().ok().map(|p| p.process_id)});
     audit::record(&state, &caller, Some(&id), "process.start", detail, outcome).await;
@@ -615,16 +612,12 @@ pub fn parse_signal(value: &serde_json::Value) -> Result<i32, ApiError> {
             } else {
                 format!("SIG{upper}")
             };
-            full.parse::<nix_signal::Signal>()
+            full.parse::<brig_jail::agent::Signal>()
                 .map(|s| s as i32)
                 .map_err(|_| bad())
         }
         _ => Err(bad()),
     }
-}
-
-mod nix_signal {
-    pub use brig_jail::agent::Signal;
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/signal", tag = "processes",
@@ -656,10 +649,7 @@ async fn process_signal(
         }
     }
     .await;
-    let outcome = result
-        .as_ref()
-        .map(|_| "ok")
-        .unwrap_or_else(|e: &ApiError| e.code);
+    let outcome = audit::outcome(&result);
     audit::record(
         &state,
         &caller,

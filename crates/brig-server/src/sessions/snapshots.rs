@@ -123,10 +123,7 @@ async fn create_snapshot(
         snapshot(&state, &session, request.name.clone()).await
     }
     .await;
-    let outcome = result
-        .as_ref()
-        .map(|_| "ok")
-        .unwrap_or_else(|e: &ApiError| e.code);
+    let outcome = audit::outcome(&result);
     let detail = serde_json::json!({
         "name": request.name,
         "snapshot_id": result.as_ref().ok().map(|s| s.snapshot_id.clone()),
@@ -327,10 +324,7 @@ async fn delete_snapshot(
         Ok(())
     }
     .await;
-    let outcome = result
-        .as_ref()
-        .map(|_| "ok")
-        .unwrap_or_else(|e: &ApiError| e.code);
+    let outcome = audit::outcome(&result);
     audit::record(
         &state,
         &caller,
@@ -376,10 +370,7 @@ async fn restore_session(
         Ok(session.info())
     }
     .await;
-    let outcome = result
-        .as_ref()
-        .map(|_| "ok")
-        .unwrap_or_else(|e: &ApiError| e.code);
+    let outcome = audit::outcome(&result);
     audit::record(
         &state,
         &caller,
