@@ -271,6 +271,7 @@ fn step_spec(
             source: bundle.to_path_buf(),
             target: HOST_CA_TARGET.into(),
             writable: false,
+            idmapped: false,
         });
         for variable in CA_VARIABLES {
             spec.env.insert(variable.into(), HOST_CA_TARGET.into());

@@ -230,6 +230,29 @@ fn root_binds_and_workspace() {
 }
 
 #[test]
+fn root_binds_reach_sources_only_root_can_enter() {
+    require_root!();
+    // brig clones bind sources as the caller (root here), not as the sandbox's host
+    // uid: a source under a 0700 directory must still be bound, and stay read-only.
+    let private = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        private.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let inner = private.path().join("bundle");
+    std::fs::create_dir(&inner).unwrap();
+    std::fs::write(inner.join("tool.txt"), "tool").unwrap();
+    let bind = format!("{}:/opt/bundle", inner.display());
+    let (out, code) = sh_with(
+        &["--bind", &bind],
+        "cat /opt/bundle/tool.txt; echo; touch /opt/bundle/x 2>/dev/null || echo ro-refused",
+    );
+    assert_eq!(out, "tool\nro-refused\n", "code {code}");
+    assert!(!inner.join("x").exists());
+}
+
+#[test]
 fn root_rootfs_directory_becomes_root() {
     require_root!();
     // A tiny rootfs: the host's /usr bound in, its own /etc/os-release and a marker.

@@ -552,6 +552,7 @@ impl Step {
                 source: item.src.clone(),
                 target: format!("{COPY_STAGE}/{i}"),
                 writable: false,
+                idmapped: false,
             })
             .collect()
     }

@@ -98,6 +98,8 @@ pub enum FsOp {
         path: String,
         kind: NodeKind,
         access: Access,
+        /// Host root's files appear as the sandbox user's (see `BindMount::idmapped`).
+        idmapped: bool,
     },
     /// A directory of the scratch tmpfs attached at `path`.
     Scratch {
@@ -301,6 +303,7 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
                 path: path.clone(),
                 kind: NodeKind::File,
                 access: Access::Device,
+                idmapped: false,
             });
             devices.push(path);
         }
@@ -384,6 +387,7 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
             path: defaults::WORKSPACE.into(),
             kind: NodeKind::Dir,
             access: Access::ReadWrite,
+            idmapped: false,
         }),
         // In an image the workspace is a directory of the root itself, so snapshots
         // keep it.
@@ -428,6 +432,7 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
             } else {
                 Access::ReadOnly
             },
+            idmapped: bind.idmapped,
         });
         if bind.writable {
             writable.push(bind.target.clone());
@@ -512,6 +517,7 @@ fn add_entry(ops: &mut Vec<FsOp>, source: &Path, path: &str) -> Result<(), JailE
             path: path.to_string(),
             kind: NodeKind::Dir,
             access: Access::ReadOnly,
+            idmapped: false,
         });
     } else if file_type.is_file() {
         let world_readable = meta.permissions().mode() & 0o004 != 0;
@@ -527,6 +533,7 @@ fn add_entry(ops: &mut Vec<FsOp>, source: &Path, path: &str) -> Result<(), JailE
                 path: path.to_string(),
                 kind: NodeKind::File,
                 access: Access::ReadOnly,
+                idmapped: false,
             })
         }
     }
@@ -849,6 +856,7 @@ mod tests {
             path: "/usr".into(),
             kind: NodeKind::Dir,
             access: Access::ReadOnly,
+            idmapped: false,
         }));
         assert!(plan.ops.contains(&FsOp::Symlink {
             path: "/bin".into(),
@@ -994,6 +1002,7 @@ mod tests {
             path: "/workspace".into(),
             kind: NodeKind::Dir,
             access: Access::ReadWrite,
+            idmapped: false,
         }));
         assert!(plan.writable.contains(&"/in".to_string()));
         assert!(!plan.writable.contains(&"/in/deeper/x".to_string()));

@@ -21,23 +21,35 @@ use crate::{Context, JailError};
 
 const LAYER_ATTRS: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 
-/// Detached, read-only clones of the layer mounts at `layers`, in the same order.
-pub(crate) fn layer_mounts(
+/// The user namespace idmapped mounts of a sandbox go through, if any of its mounts
+/// needs one: image layers under the single mapping, and binds marked `idmapped`.
+pub(crate) fn squash_for(
     layers: &[PathBuf],
+    binds_idmapped: bool,
     mapping: IdMapping,
     host_uid: u32,
     host_gid: u32,
+) -> Result<Option<OwnedFd>, JailError> {
+    let needed = binds_idmapped || (!layers.is_empty() && mapping == IdMapping::Single);
+    if needed {
+        squash_userns(host_uid, host_gid).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// Detached, read-only clones of the layer mounts at `layers`, in the same order,
+/// idmapped through `squash` when given.
+pub(crate) fn layer_mounts(
+    layers: &[PathBuf],
+    squash: Option<&OwnedFd>,
 ) -> Result<Vec<OwnedFd>, JailError> {
-    let squash = match mapping {
-        IdMapping::Single => Some(squash_userns(host_uid, host_gid)?),
-        IdMapping::Build => None,
-    };
     layers
         .iter()
         .map(|layer| {
             let tree = sys::open_tree_clone(layer)
                 .context(|| format!("clone layer mount {}", layer.display()))?;
-            match &squash {
+            match squash {
                 Some(userns) => sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd(), LAYER_ATTRS)
                     .context(|| format!("idmap layer {}", layer.display()))?,
                 None => sys::mount_setattr_fd(tree.as_fd(), LAYER_ATTRS)

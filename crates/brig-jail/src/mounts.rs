@@ -2,8 +2,9 @@
 //!
 //! Order (each step depends on the one before):
 //! 1. make every mount private, so nothing propagates back to the host;
-//! 2. clone every host source into a detached mount (`open_tree`) and set its flags,
-//!    before anything is mounted over host paths that a source might live under;
+//! 2. get every host source as a detached mount with its flags set: cloned by the
+//!    parent (see [`BindSources`]), or here (`open_tree`) before anything is mounted
+//!    over host paths that a source might live under;
 //! 3. mount the new root (a small tmpfs) on the staging directory and the scratch
 //!    tmpfs beside it;
 //! 4. run the plan's steps, resolving every target with `RESOLVE_IN_ROOT` so a
@@ -66,6 +67,54 @@ fn attrs(access: Access) -> u64 {
     }
 }
 
+/// Where the sources of a plan's binds come from.
+pub enum BindSources<'a> {
+    /// Cloned here, as the sandbox user, before the root is built: rootless brig,
+    /// whose unprivileged parent may not clone mounts.
+    Here,
+    /// Cloned by the parent (root): it can reach paths the sandbox user cannot (the
+    /// daemon's private data dir), can idmap them, and does it while this process
+    /// builds the rest of the root. The function receives them, in plan order.
+    FromParent(&'a mut dyn FnMut() -> Result<Vec<OwnedFd>, JailError>),
+}
+
+/// Detached clones of the sources of `plan`'s binds, in plan order, with their flags
+/// set; binds marked `idmapped` go through `squash` (`idmap::squash_for`).
+pub fn open_bind_sources(
+    plan: &FsPlan,
+    squash: Option<&OwnedFd>,
+) -> Result<Vec<OwnedFd>, JailError> {
+    let mut sources = Vec::new();
+    for op in &plan.ops {
+        if let FsOp::Bind {
+            source,
+            access,
+            idmapped,
+            ..
+        } = op
+        {
+            let tree = sys::open_tree_clone(source)
+                .context(|| format!("bind source {}", source.display()))?;
+            match squash.filter(|_| *idmapped) {
+                Some(userns) => {
+                    sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd(), attrs(*access))
+                        .context(|| format!("idmap {}", source.display()))?
+                }
+                None if *idmapped => {
+                    return Err(JailError::Unsupported(format!(
+                        "{} needs an idmapped mount, which needs brig to run as root",
+                        source.display()
+                    )))
+                }
+                None => sys::mount_setattr_fd(tree.as_fd(), attrs(*access))
+                    .context(|| format!("set flags on {}", source.display()))?,
+            }
+            sources.push(tree);
+        }
+    }
+    Ok(sources)
+}
+
 /// Builds the root and pivots into it. On return the process's root and cwd are the
 /// sandbox's `/`. `layers` are the image's layer mounts (bottom first), detached and
 /// prepared by the parent; with them the root is an overlay whose upper layer is
@@ -73,6 +122,7 @@ fn attrs(access: Access) -> u64 {
 pub fn build_root(
     plan: &FsPlan,
     layers: Vec<OwnedFd>,
+    bind_sources: BindSources<'_>,
     capture_writes: bool,
 ) -> Result<Option<OwnedFd>, JailError> {
     mount(
@@ -84,16 +134,13 @@ pub fn build_root(
     )
     .context(|| "make mounts private".into())?;
 
-    let mut sources: Vec<OwnedFd> = Vec::new();
-    for op in &plan.ops {
-        if let FsOp::Bind { source, access, .. } = op {
-            let tree = sys::open_tree_clone(source)
-                .context(|| format!("bind source {}", source.display()))?;
-            sys::mount_setattr_fd(tree.as_fd(), attrs(*access))
-                .context(|| format!("set flags on {}", source.display()))?;
-            sources.push(tree);
+    let receive = match bind_sources {
+        BindSources::Here => {
+            let sources = open_bind_sources(plan, None)?;
+            Box::new(move || Ok(sources)) as Box<dyn FnOnce() -> Result<Vec<OwnedFd>, JailError>>
         }
-    }
+        BindSources::FromParent(receive) => Box::new(receive),
+    };
 
     // Copied files are read now too, for the same reason as the clones above.
     let mut copies = Vec::new();
@@ -169,7 +216,13 @@ pub fn build_root(
         generated: 0,
     };
 
-    let mut sources = sources.into_iter();
+    let mut sources = receive()?.into_iter();
+    let binds = plan.ops.iter().filter(|op| matches!(op, FsOp::Bind { .. }));
+    if sources.len() != binds.count() {
+        return Err(JailError::Setup(
+            "the parent sent the wrong number of bind sources".into(),
+        ));
+    }
     for op in &plan.ops {
         run_op(&staging, &mut tree, op, &mut sources, &mut copies)?;
     }

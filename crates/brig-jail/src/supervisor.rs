@@ -32,6 +32,7 @@ use crate::fsplan;
 use crate::idmap;
 use crate::ids::{self, IdRange};
 use crate::init::{self, ChildPlan};
+use crate::mounts;
 use crate::proto::{drain_messages, ChildMessage};
 use crate::report::*;
 use crate::rlimits;
@@ -395,6 +396,7 @@ fn run_sandbox(
         stdout_fd: capture.as_ref().map(|((_, w), _)| w.as_raw_fd()),
         stderr_fd: capture.as_ref().map(|(_, (_, w))| w.as_raw_fd()),
         drop_groups: !rootless,
+        binds_from_parent: !rootless,
         cpus: nix::sched::sched_getaffinity(Pid::from_raw(0)).ok(),
         started: timeline.started,
         session: session.map(|control| init::SessionFds {
@@ -733,14 +735,32 @@ fn prepare_child(
         gid_map: read_map("gid_map")?,
         rootless,
     };
+    let binds_idmapped = plan
+        .ops
+        .iter()
+        .any(|op| matches!(op, fsplan::FsOp::Bind { idmapped: true, .. }));
+    let squash = if rootless {
+        None
+    } else {
+        idmap::squash_for(&plan.layers, binds_idmapped, id.mapping, host_uid, host_gid)?
+    };
     if !plan.layers.is_empty() {
-        let layers = idmap::layer_mounts(&plan.layers, id.mapping, host_uid, host_gid)?;
+        let layers = idmap::layer_mounts(&plan.layers, squash.as_ref())?;
         for chunk in layers.chunks(init::MAX_FDS_PER_MESSAGE) {
             init::send_msg(sync_w.as_raw_fd(), init::GO_LAYERS, chunk)?;
         }
     }
     sys::write_all_fd(sync_w.as_raw_fd(), &[init::GO_MAPS_WRITTEN])
         .context(|| "start the sandbox".into())?;
+    if !rootless {
+        // Cloned while the child sets up its identity and namespaces, which it does
+        // before it needs them.
+        let sources = mounts::open_bind_sources(plan, squash.as_ref())?;
+        for chunk in sources.chunks(init::MAX_FDS_PER_MESSAGE) {
+            init::send_msg(sync_w.as_raw_fd(), init::GO_BINDS, chunk)?;
+        }
+        init::send_msg(sync_w.as_raw_fd(), init::GO_BINDS_DONE, &[])?;
+    }
     Ok(identity)
 }
 

@@ -266,6 +266,12 @@ pub struct BindMount {
     pub target: String,
     #[serde(default)]
     pub writable: bool,
+    /// Files the host's root owns appear as the sandbox user's, and the sandbox
+    /// user's writes land on the host as root's: an idmapped mount, as image layers
+    /// are. For directories brig keeps for sandboxes (a session's volume); needs brig
+    /// to run as root.
+    #[serde(default)]
+    pub idmapped: bool,
 }
 
 impl BindMount {
@@ -287,6 +293,7 @@ impl BindMount {
             source: PathBuf::from(source),
             target: normalize_sandbox_path(target)?,
             writable,
+            idmapped: false,
         })
     }
 }
@@ -605,6 +612,7 @@ mod tests {
                 source: "/data".into(),
                 target: target.into(),
                 writable: false,
+                idmapped: false,
             });
             assert!(
                 matches!(s.validate(), Err(PolicyError::ReservedTarget(_))),

@@ -667,6 +667,7 @@ pub fn spec_for(
             source,
             target,
             writable: false,
+            idmapped: false,
         });
     }
     // A session runs no command of its own; validation still wants one.
