@@ -537,7 +537,11 @@ fn supervise(command: Command) -> i32 {
 /// The command is gone: everything else in the sandbox goes with it.
 fn finish(code: Option<i32>, signal: Option<i32>) -> i32 {
     let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
-    send(&ChildMessage::Exited { code, signal });
+    send(&ChildMessage::Exited {
+        code,
+        signal,
+        init_cpu_us: crate::sys::cpu_time_us(nix::sys::resource::UsageWho::RUSAGE_SELF),
+    });
     match (code, signal) {
         (Some(code), _) => code,
         (None, Some(sig)) => 128 + sig,

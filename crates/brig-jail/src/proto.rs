@@ -27,6 +27,10 @@ pub enum ChildMessage {
     Exited {
         code: Option<i32>,
         signal: Option<i32>,
+        /// CPU time init itself used (setup included), so the parent can tell the
+        /// command's share from its own rusage of the whole tree.
+        #[serde(default)]
+        init_cpu_us: u64,
     },
 }
 
@@ -59,6 +63,7 @@ mod tests {
         let a = ChildMessage::Exited {
             code: Some(3),
             signal: None,
+            init_cpu_us: 1200,
         };
         let b = ChildMessage::ExecFailed {
             message: "x: not found".into(),

@@ -171,6 +171,7 @@ fn launch(
         host,
         limits: &spec.limits,
         rootless,
+        session: session.is_some(),
         lease_fd: lease.as_ref().map(|l| l.as_raw_fd()),
         cgroup: None,
         reason: None,
@@ -258,6 +259,8 @@ struct Limiter<'a> {
     host: &'a HostConfig,
     limits: &'a brig_policy::Limits,
     rootless: bool,
+    /// A session's cgroup also accounts CPU time and can be frozen.
+    session: bool,
     lease_fd: Option<RawFd>,
     cgroup: Option<Cgroup>,
     /// Why no cgroup is used (rootless without a delegated parent).
@@ -272,9 +275,14 @@ impl Limiter<'_> {
     /// the opener's credentials, so the child may be any user by then.
     fn prepare(&mut self, child: Pid, sync: &OwnedFd) -> Result<(), JailError> {
         let name = format!("brig-{:016x}", ids::random_u64());
-        match Layout::detect()
-            .and_then(|layout| Cgroup::create(&layout, &self.host.cgroup, &name, self.limits))
-        {
+        // A one-shot run takes its CPU time from rusage and is never paused.
+        let uses = crate::cgroup::Uses {
+            cpu_accounting: self.session,
+            freezer: self.session,
+        };
+        match Layout::detect().and_then(|layout| {
+            Cgroup::create_for(&layout, &self.host.cgroup, &name, self.limits, uses)
+        }) {
             Ok(cgroup) => {
                 // Recorded first, so it is removed even if a later step fails.
                 self.cgroup = Some(cgroup);
@@ -530,7 +538,11 @@ fn run_sandbox(
         // init itself was killed (timeout, OOM, a signal to brig): so was the command.
         None => (None, watch.init_signal.or(Some(libc::SIGKILL))),
     };
-    let cpu_time_ms = rusage_children_ms();
+    // Everything in the sandbox was reaped into init and init into us; without its
+    // report (init was killed) its setup stays in the count.
+    let cpu_time_ms = sys::cpu_time_us(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .saturating_sub(watch.init_cpu_us)
+        / 1000;
     let outcome = Outcome {
         exit_code,
         signal,
@@ -764,18 +776,6 @@ fn prepare_child(
     Ok(identity)
 }
 
-fn rusage_children_ms() -> u64 {
-    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN) {
-        Ok(usage) => {
-            let ms = |tv: nix::sys::time::TimeVal| {
-                tv.tv_sec() as u64 * 1000 + tv.tv_usec() as u64 / 1000
-            };
-            ms(usage.user_time()) + ms(usage.system_time())
-        }
-        Err(_) => 0,
-    }
-}
-
 #[derive(Default)]
 struct Captured {
     data: Vec<u8>,
@@ -826,6 +826,8 @@ struct Watch {
     exec_error: Option<String>,
     exited: Option<(Option<i32>, Option<i32>)>,
     exited_at: Option<Instant>,
+    /// init's own CPU time when the command ended (see `ChildMessage::Exited`).
+    init_cpu_us: u64,
     init_signal: Option<i32>,
     timed_out: bool,
 }
@@ -856,6 +858,7 @@ impl Watch {
             exec_error: None,
             exited: None,
             exited_at: None,
+            init_cpu_us: 0,
             init_signal: None,
             timed_out: false,
         }
@@ -976,9 +979,14 @@ impl Watch {
                 self.failed = Some(JailError::InSandbox { code, message })
             }
             ChildMessage::ExecFailed { message, .. } => self.exec_error = Some(message),
-            ChildMessage::Exited { code, signal } => {
+            ChildMessage::Exited {
+                code,
+                signal,
+                init_cpu_us,
+            } => {
                 self.exited = Some((code, signal));
                 self.exited_at = Some(Instant::now());
+                self.init_cpu_us = init_cpu_us;
             }
         }
     }

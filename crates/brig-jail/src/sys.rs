@@ -347,3 +347,15 @@ pub fn exit_now(code: i32) -> ! {
     // what a cloned child that must not touch the parent's state wants.
     unsafe { libc::_exit(code) }
 }
+
+/// User plus system CPU time of `who`, in microseconds (0 if unknown).
+pub fn cpu_time_us(who: nix::sys::resource::UsageWho) -> u64 {
+    match nix::sys::resource::getrusage(who) {
+        Ok(usage) => {
+            let us =
+                |tv: nix::sys::time::TimeVal| tv.tv_sec() as u64 * 1_000_000 + tv.tv_usec() as u64;
+            us(usage.user_time()) + us(usage.system_time())
+        }
+        Err(_) => 0,
+    }
+}

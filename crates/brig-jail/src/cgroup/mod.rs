@@ -100,6 +100,33 @@ pub struct Cgroup {
     backend: Backend,
 }
 
+/// What a sandbox uses its cgroup for besides its limits. Memory accounting (peak,
+/// OOM kills) is always wanted; on v1, where every controller is a hierarchy of its
+/// own, each unneeded one saves a leaf to create and remove per sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Uses {
+    /// CPU time from `cpuacct` (a one-shot run gets it from rusage instead).
+    pub cpu_accounting: bool,
+    /// Pause and resume (sessions).
+    pub freezer: bool,
+}
+
+impl Uses {
+    pub const ALL: Uses = Uses {
+        cpu_accounting: true,
+        freezer: true,
+    };
+
+    fn wants(self, controller: Controller, limits: &Limits) -> bool {
+        match controller {
+            Controller::Memory => true,
+            Controller::Cpuacct => self.cpu_accounting,
+            Controller::Freezer => self.freezer,
+            Controller::Pids | Controller::Cpu => limit(controller, limits).is_some(),
+        }
+    }
+}
+
 impl Cgroup {
     /// Creates the leaf named `name` in every hierarchy used and writes every limit
     /// before any process joins. Fails, removing what it created, if a requested limit
@@ -110,6 +137,17 @@ impl Cgroup {
         config: &CgroupConfig,
         name: &str,
         limits: &Limits,
+    ) -> Result<Cgroup, JailError> {
+        Self::create_for(layout, config, name, limits, Uses::ALL)
+    }
+
+    /// [`Cgroup::create`], skipping v1 hierarchies that neither a limit nor `uses` needs.
+    pub fn create_for(
+        layout: &Layout,
+        config: &CgroupConfig,
+        name: &str,
+        limits: &Limits,
+        uses: Uses,
     ) -> Result<Cgroup, JailError> {
         validate_name(name)?;
         let parent = parse_parent(config.parent.as_deref())?;
@@ -131,7 +169,7 @@ impl Cgroup {
                 notes: Vec::new(),
             },
         };
-        match builder.build(layout, parent.as_deref(), name, limits) {
+        match builder.build(layout, parent.as_deref(), name, limits, uses) {
             Ok(()) => {
                 builder.enforced.leaves = builder.created.clone();
                 tracing::debug!(leaves = ?builder.created, "cgroup created");
@@ -466,6 +504,7 @@ impl Builder {
         parent: Option<&Path>,
         name: &str,
         limits: &Limits,
+        uses: Uses,
     ) -> Result<(), JailError> {
         if layout.uses_v2_leaf() {
             let hierarchy = layout.v2().expect("a v2 leaf implies a v2 hierarchy");
@@ -475,7 +514,9 @@ impl Builder {
             let roles: Vec<Controller> = Controller::ALL
                 .into_iter()
                 .filter(|&c| {
-                    layout.source(c) == Some(Hierarchy::V1) && layout.v1_index(c) == Some(index)
+                    layout.source(c) == Some(Hierarchy::V1)
+                        && layout.v1_index(c) == Some(index)
+                        && uses.wants(c, limits)
                 })
                 .collect();
             if !roles.is_empty() {

@@ -582,27 +582,24 @@ fn failure_after_some_leaves_removes_them() {
 #[test]
 fn existing_leaf_is_refused_and_left_alone() {
     let tree = v1_tree();
-    tree.cgroup(
-        "sys/fs/cgroup/pids/user/1/sb",
-        &[("marker", "someone else's")],
-    );
+    tree.cgroup("sys/fs/cgroup/freezer/sb", &[("marker", "someone else's")]);
     let layout = tree.layout(V1_MOUNTINFO, V1_CGROUP);
-    // pids is optional here: an existing leaf is still an error.
+    // The freezer is optional here: an existing leaf is still an error.
     let message = cgroup_error(Cgroup::create(
         &layout,
         &DEFAULT,
         "sb",
         &limits(Some(MIB_64), None, None),
     ));
-    assert!(message.contains("pids/user/1/sb"), "{message}");
+    assert!(message.contains("freezer/sb"), "{message}");
     assert!(message.contains("pick another name"), "{message}");
     assert_eq!(
-        tree.read("sys/fs/cgroup/pids/user/1/sb/marker"),
+        tree.read("sys/fs/cgroup/freezer/sb/marker"),
         "someone else's"
     );
     assert_eq!(
         tree.dirs_named("sb"),
-        vec![tree.path("sys/fs/cgroup/pids/user/1/sb")]
+        vec![tree.path("sys/fs/cgroup/freezer/sb")]
     );
 }
 
@@ -750,6 +747,65 @@ fn hybrid_like_the_ci_host_uses_v1_for_everything() {
     assert_eq!(cgroup.stats().cpu_time_ns, Some(42));
     cgroup.remove().unwrap();
     assert!(tree.dirs_named("sb").is_empty());
+}
+
+#[test]
+fn v1_leaves_only_for_what_limits_and_uses_need() {
+    let tree = hybrid_tree("hugetlb\n");
+    let layout = tree.layout(HYBRID_MOUNTINFO, HYBRID_CGROUP);
+    let one_shot = Uses {
+        cpu_accounting: false,
+        freezer: false,
+    };
+    // A one-shot run with every default limit: no cpuacct or freezer leaf.
+    let cgroup = Cgroup::create_for(
+        &layout,
+        &DEFAULT,
+        "run",
+        &limits(Some(MIB_64), Some(16), Some(500)),
+        one_shot,
+    )
+    .unwrap();
+    let leaves = [
+        "sys/fs/cgroup/cpu/run",
+        "sys/fs/cgroup/memory/process_api/8b73/run",
+        "sys/fs/cgroup/pids/run",
+    ];
+    assert_eq!(cgroup.leaf_paths(), leaves.map(|l| tree.path(l)).to_vec());
+    assert_eq!(tree.dirs_named("run").len(), leaves.len());
+    assert!(cgroup.freeze(true).is_err(), "froze without a freezer");
+    cgroup.remove().unwrap();
+    // No limits at all: memory stays for peak and OOM accounting.
+    let cgroup = Cgroup::create_for(
+        &layout,
+        &DEFAULT,
+        "bare",
+        &limits(None, None, None),
+        one_shot,
+    )
+    .unwrap();
+    assert_eq!(
+        cgroup.leaf_paths(),
+        vec![tree.path("sys/fs/cgroup/memory/process_api/8b73/bare")]
+    );
+    cgroup.remove().unwrap();
+    // A session keeps CPU accounting and the freezer even without CPU limits.
+    let cgroup = Cgroup::create_for(
+        &layout,
+        &DEFAULT,
+        "session",
+        &limits(Some(MIB_64), None, None),
+        Uses::ALL,
+    )
+    .unwrap();
+    let leaves = [
+        "sys/fs/cgroup/cpuacct/session",
+        "sys/fs/cgroup/memory/process_api/8b73/session",
+        "sys/fs/cgroup/freezer/session",
+    ];
+    assert_eq!(cgroup.leaf_paths(), leaves.map(|l| tree.path(l)).to_vec());
+    cgroup.remove().unwrap();
+    assert!(tree.dirs_named("session").is_empty());
 }
 
 #[test]
