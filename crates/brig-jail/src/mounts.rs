@@ -27,24 +27,18 @@ use crate::fsplan::{Access, FsOp, FsPlan, NodeKind, ScratchDir};
 use crate::sys;
 use crate::{Context, JailError};
 
-/// Where the root is assembled and where the scratch tmpfs sits meanwhile.
-///
-/// For a tmpfs root, the root is staged at /tmp (mounting over it in our private
-/// namespace is harmless: every host source was cloned before) and scratch sits
-/// inside it until it is detached before the pivot. For an image, scratch (which
-/// holds the overlay's upper layer) is mounted at /tmp first and the overlay root
-/// inside it; scratch leaves with the old root at the pivot, while the overlay and
-/// the binds keep what they use of it alive.
+/// Where the root is assembled and where the scratch tmpfs sits meanwhile: scratch
+/// (which holds /tmp, /workspace, /dev/shm and an image's upper layer) is mounted
+/// over /tmp of the namespace's copy of the host tree (harmless in our private
+/// namespace: every host source was cloned before) and the root inside it. Scratch
+/// thus leaves with the old root at the pivot, in the same detach, while the binds
+/// of its directories (and an overlay) keep what they use of it alive.
 struct Staging {
     root: &'static str,
     scratch: &'static str,
 }
 
-const TMPFS_ROOT: Staging = Staging {
-    root: "/tmp",
-    scratch: "/tmp/.brig-scratch",
-};
-const IMAGE_ROOT: Staging = Staging {
+const STAGING: Staging = Staging {
     root: "/tmp/root",
     scratch: "/tmp",
 };
@@ -152,22 +146,8 @@ pub fn build_root(
     let mut copies = copies.into_iter();
 
     let layered = !plan.layers.is_empty();
-    let staging = if layered { IMAGE_ROOT } else { TMPFS_ROOT };
+    let staging = STAGING;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    if !layered {
-        mount(
-            Some("brig"),
-            staging.root,
-            Some("tmpfs"),
-            flags,
-            Some("mode=0755,size=16m,nr_inodes=16384"),
-        )
-        .context(|| "mount root tmpfs".into())?;
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(staging.scratch)
-            .context(|| "create scratch mount point".into())?;
-    }
     let inodes = (plan.scratch_bytes / 4096).max(4096);
     mount(
         Some("brig-scratch"),
@@ -188,6 +168,20 @@ pub fn build_root(
         .create(staging.scratch("gen"))
         .context(|| "create scratch gen".into())?;
 
+    if !layered {
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(staging.root)
+            .context(|| "create root mount point".into())?;
+        mount(
+            Some("brig"),
+            staging.root,
+            Some("tmpfs"),
+            flags,
+            Some("mode=0755,size=16m,nr_inodes=16384"),
+        )
+        .context(|| "mount root tmpfs".into())?;
+    }
     let upper = if layered {
         mount_overlay(&staging, layers)?;
         if capture_writes {
@@ -227,17 +221,12 @@ pub fn build_root(
         run_op(&staging, &mut tree, op, &mut sources, &mut copies)?;
     }
 
-    if !layered {
-        umount2(staging.scratch, MntFlags::MNT_DETACH)
-            .context(|| "detach scratch staging".into())?;
-        std::fs::remove_dir(staging.scratch).context(|| "remove scratch mount point".into())?;
-    }
     drop(tree);
 
     nix::unistd::chdir(staging.root).context(|| "enter new root".into())?;
     sys::pivot_root(Path::new("."), Path::new(".")).context(|| "pivot_root".into())?;
     // The old root now sits on top of the new one at "."; detaching it removes every
-    // host mount from this namespace.
+    // host mount from this namespace, and scratch with them.
     umount2(".", MntFlags::MNT_DETACH).context(|| "detach old root".into())?;
     nix::unistd::chdir("/").context(|| "chdir /".into())?;
     let root_attrs = if layered {
