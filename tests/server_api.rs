@@ -2302,6 +2302,8 @@ const DOCUMENTED: &[(&str, &str)] = &[
     ("GET", "/v1/files"),
     ("GET", "/v1/files/{}"),
     ("DELETE", "/v1/files/{}"),
+    ("GET", "/v1/volumes"),
+    ("DELETE", "/v1/volumes/{}"),
     ("GET", "/v1/audit"),
 ];
 
@@ -3337,14 +3339,8 @@ fn root_delete_ends_running_execs_at_once() {
     assert!(status == 409 || status == 404, "{status}");
 }
 
-#[test]
-#[ignore = "not supported yet (the daemon answers 422): bind sources are opened by the \
-            sandbox's child after it became the sandbox user (brig-jail mounts.rs), which \
-            cannot traverse the daemon's 0700 data dir where bundles are extracted"]
-fn root_bundles_mount_read_only() {
-    require_root!();
-    let d = daemon(&[]);
-    let key = d.admin_key().to_string();
+/// A tar bundle with `lib/tool.py`.
+fn tool_bundle() -> Vec<u8> {
     let mut bundle = Vec::new();
     tar_entry(&mut bundle, "lib/", tar::EntryType::Directory, "", b"");
     tar_entry(
@@ -3355,21 +3351,53 @@ fn root_bundles_mount_read_only() {
         b"print('from the bundle')\n",
     );
     tar_end(&mut bundle);
-    let file = upload_file(&d, &key, "bundle.tar", &bundle);
-    let id = sid(&create(
+    bundle
+}
+
+/// The line of `/proc/self/mountinfo` inside the session for the mount at `path`.
+fn mountinfo_line(d: &Daemon, key: &str, id: &str, path: &str) -> String {
+    let info = sh(d, key, id, "cat /proc/self/mountinfo");
+    info.lines()
+        .find(|l| l.split(' ').nth(4) == Some(path))
+        .unwrap_or_else(|| panic!("no mount at {path}:\n{info}"))
+        .to_string()
+}
+
+#[test]
+fn root_bundles_mount_read_only() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let file = upload_file(&d, &key, "bundle.tar", &tool_bundle());
+    let s = create(
         &d,
         &key,
         json!({"mounts": [{"file_id": file, "path": "/opt/bundle"}]}),
-    ));
+    );
+    assert_eq!(
+        s["mounts"],
+        json!([{"file_id": file, "path": "/opt/bundle"}]),
+        "{s}"
+    );
+    let id = sid(&s);
     assert_eq!(
         sh(&d, &key, &id, "python3 /opt/bundle/lib/tool.py"),
         "from the bundle\n"
     );
+    // Read-only, nosuid, nodev: nothing in it can be changed from inside.
+    let line = mountinfo_line(&d, &key, &id, "/opt/bundle");
+    let options = line.split(' ').nth(5).unwrap();
+    for option in ["ro", "nosuid", "nodev"] {
+        assert!(options.split(',').any(|o| o == option), "{line}");
+    }
     let r = exec(
         &d,
         &key,
         &id,
-        json!({"cmd": "echo x > /opt/bundle/lib/new; echo x >> /opt/bundle/lib/tool.py"}),
+        json!({"cmd": "echo x > /opt/bundle/lib/new; echo x >> /opt/bundle/lib/tool.py; \
+                        rm -f /opt/bundle/lib/tool.py; chmod 777 /opt/bundle/lib; \
+                        mv /opt/bundle/lib /opt/bundle/moved; \
+                        test -e /opt/bundle/lib/new || test -e /opt/bundle/moved"}),
     );
     assert_ne!(r["exit_code"], 0, "the bundle is writable: {r}");
     let (status, _) = d.raw(
@@ -3383,25 +3411,42 @@ fn root_bundles_mount_read_only() {
         (400..500).contains(&status),
         "the API wrote into the bundle: {status}"
     );
-    // Another session sees the same, unchanged bundle.
+    // Another session sees the same, unchanged bundle (here twice, once inside its
+    // workspace, where an agent's skills would go).
     let other = sid(&create(
         &d,
         &key,
-        json!({"mounts": [{"file_id": file, "path": "/opt/bundle"}]}),
+        json!({"mounts": [
+            {"file_id": file, "path": "/opt/bundle"},
+            {"file_id": file, "path": "/workspace/skills/tool"},
+        ]}),
     ));
     assert_eq!(
         sh(
             &d,
             &key,
             &other,
-            "cat /opt/bundle/lib/tool.py; ls /opt/bundle/lib"
+            "cat /opt/bundle/lib/tool.py; ls /opt/bundle/lib; stat -c %a /opt/bundle/lib; \
+             cat skills/tool/lib/tool.py"
         ),
-        "print('from the bundle')\ntool.py\n"
+        "print('from the bundle')\ntool.py\n755\nprint('from the bundle')\n"
     );
-    // Bad mounts: unknown file, relative path, another tenant's file.
+    // Bad mounts: unknown file, relative path, reserved targets (what brig builds
+    // itself, and /volume), a path with `..`: nothing is created.
+    let before = session_count(&d, &key);
     for mount in [
         json!({"file_id": "0123456789abcdef0123456789abcdef", "path": "/opt/x"}),
+        json!({"file_id": "../../admin.key", "path": "/opt/x"}),
         json!({"file_id": file, "path": "relative"}),
+        json!({"file_id": file, "path": "/opt/../etc"}),
+        json!({"file_id": file, "path": "/"}),
+        json!({"file_id": file, "path": "/proc/x"}),
+        json!({"file_id": file, "path": "/dev"}),
+        json!({"file_id": file, "path": "/sys"}),
+        json!({"file_id": file, "path": "/tmp"}),
+        json!({"file_id": file, "path": "/workspace"}),
+        json!({"file_id": file, "path": "/volume"}),
+        json!({"file_id": file, "path": "/volume/x"}),
     ] {
         let (status, body) = d.request(
             "POST",
@@ -3411,6 +3456,15 @@ fn root_bundles_mount_read_only() {
         );
         assert!(status == 404 || status == 422, "{mount}: {status} {body}");
     }
+    let (status, body) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key),
+        Some(json!({"mounts": [{"file_id": file, "path": "/opt/a"}, {"file_id": file, "path": "/opt/a/"}]})),
+    );
+    assert_eq!(status, 422, "the same target twice: {body}");
+    assert_eq!(session_count(&d, &key), before);
+    // Another tenant's file is unknown to it.
     let (other_key, _) = tenant_key(&d, "other");
     let (status, _) = d.request(
         "POST",
@@ -3419,25 +3473,632 @@ fn root_bundles_mount_read_only() {
         Some(json!({"mounts": [{"file_id": file, "path": "/opt/b"}]})),
     );
     assert_eq!(status, 404);
+    // A mounted file cannot be deleted (its sessions would lose their files).
+    let (status, body) = d.request("DELETE", &format!("/v1/files/{file}"), Some(&key), None);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(sh(&d, &key, &other, "ls /opt/bundle/lib"), "tool.py\n");
     delete_session(&d, &key, &id);
     delete_session(&d, &key, &other);
+    let (status, body) = d.request("DELETE", &format!("/v1/files/{file}"), Some(&key), None);
+    assert_eq!(status, 204, "{body}");
 }
 
 #[test]
-#[ignore = "`volume` (docs/API.md: a per-tenant persistent directory at /volume) is not implemented: POST /v1/sessions refuses the field"]
+fn root_bundles_follow_snapshots_forks_and_restore() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    import_tiny_image(&d, "tiny");
+    let file = upload_file(&d, &key, "bundle.tar", &tool_bundle());
+    let mounts = json!([{"file_id": file, "path": "/opt/bundle"}]);
+    let read = |id: &str, path: &str| {
+        let (status, body) = d.raw("GET", &files_url(id, path), Some(&key), None, None);
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    let tool = (200, "print('from the bundle')\n".to_string());
+    let origin = sid(&create(
+        &d,
+        &key,
+        json!({"image": "tiny", "mounts": mounts}),
+    ));
+    assert_eq!(read(&origin, "/opt/bundle/lib/tool.py"), tool);
+    let (status, _) = d.raw(
+        "PUT",
+        &files_url(&origin, "/etc/mine"),
+        Some(&key),
+        None,
+        Some(b"mine".to_vec()),
+    );
+    assert_eq!(status, 201);
+    let (status, snap) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin}/snapshots"),
+        Some(&key),
+        Some(json!({})),
+    );
+    assert_eq!(status, 201, "{snap}");
+    assert_eq!(snap["mounts"], mounts, "{snap}");
+    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
+    // The bundle is not part of the snapshot's layer; a fork mounts it again.
+    let fork = create(&d, &key, json!({"snapshot": snap_id}));
+    assert_eq!(fork["mounts"], mounts, "{fork}");
+    let fork = sid(&fork);
+    assert_eq!(read(&fork, "/opt/bundle/lib/tool.py"), tool);
+    assert_eq!(read(&fork, "/etc/mine"), (200, "mine".to_string()));
+    // A fork that names its own mounts gets those (here: none).
+    let bare = create(&d, &key, json!({"snapshot": snap_id, "mounts": []}));
+    assert_eq!(bare["mounts"], json!([]), "{bare}");
+    let bare = sid(&bare);
+    assert_eq!(read(&bare, "/opt/bundle/lib/tool.py").0, 404);
+    assert_eq!(read(&bare, "/etc/mine"), (200, "mine".to_string()));
+    // Restore keeps the session's own mounts.
+    let (status, restored) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin}/restore"),
+        Some(&key),
+        Some(json!({"snapshot_id": snap_id})),
+    );
+    assert_eq!(status, 200, "{restored}");
+    assert_eq!(restored["mounts"], mounts);
+    assert_eq!(read(&origin, "/opt/bundle/lib/tool.py"), tool);
+    for id in [&origin, &fork, &bare] {
+        delete_session(&d, &key, id);
+    }
+    // Once the file is gone, a fork that would mount it is refused, not started
+    // without it.
+    let (status, _) = d.request("DELETE", &format!("/v1/files/{file}"), Some(&key), None);
+    assert_eq!(status, 204);
+    let (status, body) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key),
+        Some(json!({"snapshot": snap_id})),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(session_count(&d, &key), 0);
+    let (status, _) = d.request(
+        "DELETE",
+        &format!("/v1/snapshots/{snap_id}"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 204);
+}
+
+// ---------------------------------------------------------------------------------
+// Volumes
+
+fn volumes(d: &Daemon, key: &str) -> Vec<Value> {
+    let (status, list) = d.request("GET", "/v1/volumes", Some(key), None);
+    assert_eq!(status, 200, "{list}");
+    let list = list["volumes"].as_array().unwrap().clone();
+    for v in &list {
+        assert_fields(v, &["name", "size_bytes", "created_at", "sessions"]);
+    }
+    list
+}
+
+fn volume(d: &Daemon, key: &str, name: &str) -> Option<Value> {
+    volumes(d, key).into_iter().find(|v| v["name"] == name)
+}
+
+/// Where the daemon keeps a tenant's volume on the host.
+fn volume_dir(d: &Daemon, tenant: &str, name: &str) -> PathBuf {
+    d.data_dir().join("volumes").join(tenant).join(name)
+}
+
+fn mode_uid_gid(path: &Path) -> (u32, u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    (meta.mode() & 0o7777, meta.uid(), meta.gid())
+}
+
+#[test]
 fn root_volumes_persist_across_sessions() {
     require_root!();
     let d = daemon(&[]);
     let key = d.admin_key().to_string();
-    let first = sid(&create(&d, &key, json!({"volume": "data"})));
+    let s = create(&d, &key, json!({"volume": "data"}));
+    assert_eq!(s["volume"], "data", "{s}");
+    let first = sid(&s);
+    assert_eq!(sh(&d, &key, &first, "stat -c %u:%a /volume"), "1000:755\n");
     sh(&d, &key, &first, "echo kept > /volume/file");
-    delete_session(&d, &key, &first);
+    // On the host: root's files in the daemon's private directory.
+    let host = volume_dir(&d, "admin", "data");
+    assert_eq!(
+        std::fs::read_to_string(host.join("file")).unwrap(),
+        "kept\n"
+    );
+    assert_eq!(mode_uid_gid(&host.join("file")), (0o644, 0, 0));
+    assert_eq!(mode_uid_gid(&host), (0o755, 0, 0));
+    assert_eq!(mode_uid_gid(&d.data_dir().join("volumes")), (0o700, 0, 0));
+    assert_eq!(mode_uid_gid(host.parent().unwrap()), (0o700, 0, 0));
+    // Files written through the API land there too, also as root's.
+    let (status, _) = d.raw(
+        "PUT",
+        &files_url(&first, "/volume/sub/api.txt"),
+        Some(&key),
+        None,
+        Some(b"api".to_vec()),
+    );
+    assert_eq!(status, 201);
+    assert_eq!(mode_uid_gid(&host.join("sub/api.txt")).1, 0);
+    assert_eq!(sh(&d, &key, &first, "cat /volume/sub/api.txt"), "api");
+
+    // Two live sessions may share a volume: each sees the other's writes at once.
     let second = sid(&create(&d, &key, json!({"volume": "data"})));
     assert_eq!(sh(&d, &key, &second, "cat /volume/file"), "kept\n");
+    sh(&d, &key, &second, "echo more >> /volume/file");
+    assert_eq!(sh(&d, &key, &first, "cat /volume/file"), "kept\nmore\n");
+    let listed = volume(&d, &key, "data").unwrap();
+    let mut users = vec![first.clone(), second.clone()];
+    users.sort();
+    assert_eq!(listed["sessions"], json!(users), "{listed}");
+    // In use: not deleted.
+    let (status, body) = d.request("DELETE", "/v1/volumes/data", Some(&key), None);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(error_code(&body), "conflict");
+    delete_session(&d, &key, &first);
     delete_session(&d, &key, &second);
+
+    let third = sid(&create(&d, &key, json!({"volume": "data"})));
+    assert_eq!(sh(&d, &key, &third, "cat /volume/file"), "kept\nmore\n");
+    delete_session(&d, &key, &third);
+    // Measured once no session uses it.
+    assert!(
+        common::eventually(10_000, || volume(&d, &key, "data").unwrap()["size_bytes"]
+            .as_u64()
+            .unwrap()
+            > 0),
+        "{:?}",
+        volume(&d, &key, "data")
+    );
+    assert_eq!(volume(&d, &key, "data").unwrap()["sessions"], json!([]));
+
     // Another tenant's volume of the same name is another directory.
     let (other, _) = tenant_key(&d, "other");
-    let third = sid(&create(&d, &other, json!({"volume": "data"})));
-    assert_eq!(sh(&d, &other, &third, "ls -A /volume"), "");
-    delete_session(&d, &other, &third);
+    let fourth = sid(&create(&d, &other, json!({"volume": "data"})));
+    assert_eq!(sh(&d, &other, &fourth, "ls -A /volume"), "");
+    sh(&d, &other, &fourth, "echo theirs > /volume/file");
+    assert_eq!(
+        volume(&d, &other, "data").unwrap()["sessions"],
+        json!([fourth])
+    );
+    delete_session(&d, &other, &fourth);
+    let (status, _) = d.request("DELETE", "/v1/volumes/data", Some(&other), None);
+    assert_eq!(status, 204);
+    assert!(volume(&d, &other, "data").is_none());
+    assert!(!volume_dir(&d, "other", "data").exists());
+    assert_eq!(
+        std::fs::read_to_string(host.join("file")).unwrap(),
+        "kept\nmore\n"
+    );
+
+    let (status, _) = d.request("DELETE", "/v1/volumes/data", Some(&key), None);
+    assert_eq!(status, 204);
+    assert!(volumes(&d, &key).is_empty());
+    assert!(!host.exists());
+    let (status, body) = d.request("DELETE", "/v1/volumes/data", Some(&key), None);
+    assert_eq!(status, 404, "{body}");
+    // Deleted means gone: the name starts empty again.
+    let fifth = sid(&create(&d, &key, json!({"volume": "data"})));
+    assert_eq!(sh(&d, &key, &fifth, "ls -A /volume"), "");
+    delete_session(&d, &key, &fifth);
+    // The audit log has the volume's life.
+    let (_, audit) = d.request("GET", "/v1/audit?action=volume.delete", Some(&key), None);
+    assert!(!audit["events"].as_array().unwrap().is_empty(), "{audit}");
+}
+
+#[test]
+fn root_volumes_resist_attacks_from_inside() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    // A host directory the sandbox must never reach through its volume.
+    let outside = tempfile::Builder::new()
+        .prefix("vol-outside-")
+        .tempdir()
+        .unwrap();
+    let secret = "host secret\n";
+    std::fs::write(outside.path().join("secret"), secret).unwrap();
+    std::fs::write(outside.path().join("big"), vec![7u8; 8 << 20]).unwrap();
+    let out = outside.path().display().to_string();
+    let id = sid(&create(&d, &key, json!({"volume": "v"})));
+    sh(
+        &d,
+        &key,
+        &id,
+        &format!(
+            "ln -s {out} /volume/dirlink; ln -s {out}/secret /volume/filelink; \
+             ln -s ../../../../../../../..{out}/secret /volume/rel; ln -s {out}/big /volume/biglink; \
+             mkdir /volume/d; ln -s {out} /volume/d/up; head -c 1000000 /dev/zero > /volume/data"
+        ),
+    );
+    // The files API resolves symlinks inside the sandbox's root, volume included.
+    for path in [
+        "/volume/filelink",
+        "/volume/rel",
+        "/volume/dirlink/secret",
+        "/volume/d/up/secret",
+    ] {
+        let (status, body) = d.raw("GET", &files_url(&id, path), Some(&key), None, None);
+        assert_ne!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
+        assert!(!String::from_utf8_lossy(&body).contains("host secret"));
+    }
+    let (status, body) = d.request(
+        "GET",
+        &format!("/v1/sessions/{id}/dir?path={}", q("/volume/dirlink")),
+        Some(&key),
+        None,
+    );
+    assert_ne!(status, 200, "{body}");
+    for path in ["/volume/dirlink/new", "/volume/d/up/new"] {
+        let _ = d.raw(
+            "PUT",
+            &files_url(&id, path),
+            Some(&key),
+            None,
+            Some(b"x".to_vec()),
+        );
+    }
+    let (status, _) = d.raw(
+        "PUT",
+        &format!("/v1/sessions/{id}/archive?path={}", q("/volume/dirlink")),
+        Some(&key),
+        Some("application/x-tar"),
+        Some({
+            let mut t = Vec::new();
+            tar_entry(&mut t, "planted", tar::EntryType::Regular, "", b"x");
+            tar_end(&mut t);
+            t
+        }),
+    );
+    let _ = status;
+    let (status, _) = d.raw(
+        "PUT",
+        &files_url(&id, "/volume/filelink"),
+        Some(&key),
+        None,
+        Some(b"overwritten".to_vec()),
+    );
+    let _ = status;
+    let mut names: Vec<String> = std::fs::read_dir(outside.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["big", "secret"],
+        "the API wrote outside the sandbox"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("secret")).unwrap(),
+        secret
+    );
+
+    // nosuid and nodev: set-id bits in a volume give nothing inside, and on the
+    // host the volumes directory is root's alone.
+    let line = mountinfo_line(&d, &key, &id, "/volume");
+    let options = line.split(' ').nth(5).unwrap();
+    for option in ["rw", "nosuid", "nodev"] {
+        assert!(options.split(',').any(|o| o == option), "{line}");
+    }
+    let r = exec(&d, &key, &id, json!({"cmd": "mknod /volume/null c 1 3"}));
+    assert_ne!(r["exit_code"], 0, "a device node in a volume: {r}");
+    assert_eq!(mode_uid_gid(&d.data_dir().join("volumes")).0, 0o700);
+    assert_eq!(mode_uid_gid(d.data_dir()).0 & 0o077, 0);
+    delete_session(&d, &key, &id);
+
+    // The size is measured without following links (the 8 MiB host file is not
+    // counted).
+    assert!(
+        common::eventually(10_000, || volume(&d, &key, "v").unwrap()["size_bytes"]
+            .as_u64()
+            .unwrap()
+            >= 1_000_000),
+        "{:?}",
+        volume(&d, &key, "v")
+    );
+    let size = volume(&d, &key, "v").unwrap()["size_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(size < 4 << 20, "a link was followed: {size}");
+    // Deleting the volume removes its links, never what they point to.
+    let (status, _) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204);
+    assert!(!volume_dir(&d, "admin", "v").exists());
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("secret")).unwrap(),
+        secret
+    );
+    assert_eq!(
+        std::fs::metadata(outside.path().join("big")).unwrap().len(),
+        8 << 20
+    );
+
+    // Bad names: 422, and nothing on disk or in the list.
+    let on_disk = || -> Vec<String> {
+        let mut all = Vec::new();
+        for tenant in std::fs::read_dir(d.data_dir().join("volumes")).unwrap() {
+            let tenant = tenant.unwrap();
+            for v in std::fs::read_dir(tenant.path()).unwrap() {
+                all.push(format!(
+                    "{}/{}",
+                    tenant.file_name().to_string_lossy(),
+                    v.unwrap().file_name().to_string_lossy()
+                ));
+            }
+        }
+        all
+    };
+    let before = on_disk();
+    for bad in [
+        "../x",
+        "../../admin.key",
+        "a/b",
+        "/abs",
+        "..",
+        ".",
+        ".hidden",
+        "",
+        "a b",
+        "a\u{0}b",
+        &"x".repeat(65),
+    ] {
+        let (status, body) = d.request(
+            "POST",
+            "/v1/sessions",
+            Some(&key),
+            Some(json!({"volume": bad})),
+        );
+        assert_eq!(status, 422, "{bad:?}: {body}");
+        assert_eq!(error_code(&body), "invalid_request");
+    }
+    for bad in ["..x", ".hidden", "a%2Fb", "%2E%2E"] {
+        let (status, body) = d.request("DELETE", &format!("/v1/volumes/{bad}"), Some(&key), None);
+        assert!(status == 422 || status == 404, "{bad}: {status} {body}");
+    }
+    // A create that fails after making a new volume removes it again.
+    let (status, body) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key),
+        Some(json!({"image": "no-such-image", "volume": "fresh"})),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(on_disk(), before);
+    assert!(volumes(&d, &key).is_empty());
+    assert_eq!(session_count(&d, &key), 0);
+
+    // Another tenant cannot list, delete or mount this tenant's volume.
+    let id = sid(&create(&d, &key, json!({"volume": "mine"})));
+    sh(&d, &key, &id, "echo mine > /volume/f");
+    let (other, _) = tenant_key(&d, "other");
+    assert!(volumes(&d, &other).is_empty());
+    let (status, _) = d.request("DELETE", "/v1/volumes/mine", Some(&other), None);
+    assert_eq!(status, 404);
+    let theirs = sid(&create(&d, &other, json!({"volume": "mine"})));
+    assert_eq!(sh(&d, &other, &theirs, "ls -A /volume"), "");
+    delete_session(&d, &other, &theirs);
+    assert_eq!(sh(&d, &key, &id, "cat /volume/f"), "mine\n");
+    delete_session(&d, &key, &id);
+    let (status, _) = d.request("DELETE", "/v1/volumes/mine", Some(&other), None);
+    assert_eq!(status, 204, "its own volume of that name");
+    assert_eq!(
+        std::fs::read_to_string(volume_dir(&d, "admin", "mine").join("f")).unwrap(),
+        "mine\n"
+    );
+    let (status, _) = d.request("DELETE", "/v1/volumes/mine", Some(&key), None);
+    assert_eq!(status, 204);
+}
+
+#[test]
+fn root_volumes_count_in_the_disk_quota() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "q");
+    let id = sid(&create(&d, &key, json!({"volume": "v"})));
+    sh(&d, &key, &id, "head -c 3000000 /dev/urandom > /volume/f");
+    delete_session(&d, &key, &id);
+    assert!(common::eventually(10_000, || {
+        volume(&d, &key, "v").unwrap()["size_bytes"]
+            .as_u64()
+            .unwrap()
+            >= 3_000_000
+    }));
+    let (status, tenants) = d.request("GET", "/v1/tenants", Some(d.admin_key()), None);
+    assert_eq!(status, 200);
+    let q = tenants["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tenant"] == "q")
+        .unwrap()
+        .clone();
+    assert!(
+        q["usage"]["volume_bytes"].as_u64().unwrap() >= 3_000_000,
+        "{q}"
+    );
+    // Room for one default session (512 MiB of disk) and 1 MiB more: the volume's
+    // 3 MB do not fit beside it.
+    let (status, body) = d.request(
+        "PUT",
+        "/v1/tenants/q/quotas",
+        Some(d.admin_key()),
+        Some(json!({"max_disk_bytes": (512u64 << 20) + (1 << 20)})),
+    );
+    assert_eq!(status, 200, "{body}");
+    for body in [json!({}), json!({"volume": "new"})] {
+        let (status, body) = d.request("POST", "/v1/sessions", Some(&key), Some(body));
+        assert_eq!(status, 429, "{body}");
+        assert_eq!(error_code(&body), "quota_exceeded");
+    }
+    assert_eq!(volumes(&d, &key).len(), 1, "a refused create made a volume");
+    let (status, body) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204, "{body}");
+    let id = sid(&create(&d, &key, json!({})));
+    delete_session(&d, &key, &id);
+}
+
+#[test]
+fn root_volumes_survive_a_daemon_restart() {
+    require_root!();
+    let dir = tempfile::Builder::new()
+        .prefix("vol-restart-")
+        .tempdir()
+        .unwrap();
+    let (data, store) = (dir.path().join("data"), dir.path().join("store"));
+    let args = ["--default-image", "host"];
+    let mut d = Daemon::start_in(&data, &store, &args);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({"volume": "keep"})));
+    sh(&d, &key, &id, "echo before > /volume/f");
+    // The session lives on without the daemon (SIGTERM does not end sessions).
+    d.stop();
+    drop(d);
+    let d = Daemon::start_in(&data, &store, &args);
+    d.remember_key(&key);
+    let listed = volume(&d, &key, "keep").expect("the volume is still listed");
+    assert_eq!(listed["sessions"], json!([id]), "{listed}");
+    let (status, _) = d.request("DELETE", "/v1/volumes/keep", Some(&key), None);
+    assert_eq!(status, 409, "the re-attached session still uses it");
+    assert_eq!(sh(&d, &key, &id, "cat /volume/f"), "before\n");
+    delete_session(&d, &key, &id);
+    let again = sid(&create(&d, &key, json!({"volume": "keep"})));
+    assert_eq!(sh(&d, &key, &again, "cat /volume/f"), "before\n");
+    delete_session(&d, &key, &again);
+    let (status, _) = d.request("DELETE", "/v1/volumes/keep", Some(&key), None);
+    assert_eq!(status, 204);
+    drop(d);
+}
+
+/// Unmounts (lazily) a host mount the test made, also when the test fails.
+struct HostMount(PathBuf);
+
+impl Drop for HostMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn root_volume_submounts_get_the_volume_flags() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({"volume": "v"})));
+    sh(&d, &key, &id, "mkdir /volume/sub");
+    delete_session(&d, &key, &id);
+    // A mount inside a volume on the host (an operator's doing), with the default
+    // suid,dev: the sandbox gets it nosuid,nodev like the volume itself.
+    let sub = volume_dir(&d, "admin", "v").join("sub");
+    let status = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=1m,mode=0755",
+            "brig-test",
+            sub.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mounted = HostMount(sub);
+    let id = sid(&create(&d, &key, json!({"volume": "v"})));
+    let line = mountinfo_line(&d, &key, &id, "/volume/sub");
+    let options = line.split(' ').nth(5).unwrap();
+    for option in ["nosuid", "nodev"] {
+        assert!(options.split(',').any(|o| o == option), "{line}");
+    }
+    delete_session(&d, &key, &id);
+    drop(mounted);
+    let (status, _) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204);
+}
+
+#[test]
+fn root_mounted_bundles_do_not_expire_under_their_sessions() {
+    require_root!();
+    let dir = tempfile::Builder::new()
+        .prefix("vol-expiry-")
+        .tempdir()
+        .unwrap();
+    let (data, store) = (dir.path().join("data"), dir.path().join("store"));
+    let args = ["--default-image", "host", "--file-ttl", "1s"];
+    let mut d = Daemon::start_in(&data, &store, &args);
+    let key = d.admin_key().to_string();
+    let mounted = upload_file(&d, &key, "bundle.tar", &tool_bundle());
+    let unused = upload_file(&d, &key, "other.tar", &tool_bundle());
+    let id = sid(&create(
+        &d,
+        &key,
+        json!({"mounts": [{"file_id": mounted, "path": "/opt/bundle"}]}),
+    ));
+    std::thread::sleep(Duration::from_millis(1500));
+    // A restart runs the expiry pass at once (then every minute).
+    d.stop();
+    drop(d);
+    let d = Daemon::start_in(&data, &store, &args);
+    let files = data.join("files").join("admin");
+    assert!(
+        common::eventually(10_000, || !files.join(&unused).exists()),
+        "the unused file did not expire"
+    );
+    assert!(files.join(&mounted).exists());
+    assert!(files.join(format!("{mounted}.bundle")).is_dir());
+    assert_eq!(
+        sh(&d, &key, &id, "cat /opt/bundle/lib/tool.py"),
+        "print('from the bundle')\n"
+    );
+    // Expired for everything else: not listed, not mountable by a new session.
+    let (status, _) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key),
+        Some(json!({"mounts": [{"file_id": mounted, "path": "/opt/b"}]})),
+    );
+    assert_eq!(status, 404);
+    delete_session(&d, &key, &id);
+    drop(d);
+}
+
+#[test]
+fn root_mounts_and_volumes_never_take_a_pooled_sandbox() {
+    require_root!();
+    let d = daemon(&["--pool", "host=1"]);
+    let key = d.admin_key().to_string();
+    let pool_ready = || {
+        let (_, text) = d.raw("GET", "/metrics", None, None, None);
+        String::from_utf8_lossy(&text).lines().find_map(|l| {
+            l.strip_prefix("brig_pool_ready{image=\"host\"} ")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+    };
+    assert!(common::eventually(60_000, || pool_ready() == Some(1)));
+    let file = upload_file(&d, &key, "bundle.tar", &tool_bundle());
+    for (body, check) in [
+        (json!({"volume": "v"}), "test -d /volume && touch /volume/x"),
+        (
+            json!({"mounts": [{"file_id": file, "path": "/opt/bundle"}]}),
+            "test -f /opt/bundle/lib/tool.py",
+        ),
+    ] {
+        let s = create(&d, &key, body.clone());
+        assert_eq!(s["pooled"], false, "{body}: {s}");
+        let id = sid(&s);
+        sh(&d, &key, &id, check);
+        delete_session(&d, &key, &id);
+    }
+    assert_eq!(pool_ready(), Some(1), "a pooled sandbox was taken");
+    // The pool still serves plain requests.
+    let s = create(&d, &key, json!({}));
+    assert_eq!(s["pooled"], true, "{s}");
+    delete_session(&d, &key, &sid(&s));
+    let (status, _) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204);
 }

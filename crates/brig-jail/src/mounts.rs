@@ -91,6 +91,11 @@ pub fn open_bind_sources(
                 .context(|| format!("bind source {}", source.display()))?;
             match squash.filter(|_| *idmapped) {
                 Some(userns) => {
+                    // The idmap applies to the top mount only (a mount inside the
+                    // source may not support one): its flags go on every mount of
+                    // the clone first, as for a plain bind.
+                    sys::mount_setattr_fd(tree.as_fd(), attrs(*access))
+                        .context(|| format!("set flags on {}", source.display()))?;
                     sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd(), attrs(*access))
                         .context(|| format!("idmap {}", source.display()))?
                 }

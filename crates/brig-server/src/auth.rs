@@ -559,6 +559,8 @@ pub struct Usage {
     pub concurrent_execs: u64,
     /// Bytes of stored files (`/v1/files`).
     pub file_bytes: u64,
+    /// Bytes of volumes, as last measured (`/v1/volumes`).
+    pub volume_bytes: u64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -604,6 +606,7 @@ async fn tenant_info(state: &AppState, row: TenantRow) -> Result<TenantInfo, Api
         sessions: state.db.live_session_count(&row.name).await?,
         concurrent_execs: state.auth.running_execs(&row.name),
         file_bytes: state.db.file_bytes(&row.name).await?,
+        volume_bytes: crate::volumes::usage(state, &row.name).await?,
     };
     Ok(TenantInfo {
         quotas: state.auth.quotas(&row.name).await?,

@@ -112,6 +112,19 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE processes ADD COLUMN output TEXT NULL;
     "#,
+    // 3: per-tenant volumes (directories under <data-dir>/volumes), and the bundle
+    // mounts of the session a snapshot was taken from (inherited by its forks).
+    r#"
+    CREATE TABLE volumes (
+        tenant TEXT,
+        name TEXT,
+        created_at TEXT,
+        size_bytes INTEGER DEFAULT 0,
+        measured_at TEXT NULL,
+        PRIMARY KEY(tenant, name)
+    );
+    ALTER TABLE snapshots ADD COLUMN mounts TEXT NULL;
+    "#,
 ];
 
 // ---------------------------------------------------------------------------------
@@ -625,8 +638,13 @@ impl Db {
         .await
     }
 
-    /// Deletes the rows of files expired at `now` and returns them (for their blobs).
-    pub async fn take_expired_files(&self, now: String) -> Result<Vec<FileRow>, ApiError> {
+    /// Deletes the rows of files expired at `now`, except those in `keep` (mounted by
+    /// a live session: they go once unused), and returns them (for their blobs).
+    pub async fn take_expired_files(
+        &self,
+        now: String,
+        keep: HashSet<String>,
+    ) -> Result<Vec<FileRow>, ApiError> {
         self.call(move |conn| {
             let tx = conn.transaction()?;
             let rows = {
@@ -636,7 +654,10 @@ impl Db {
                 let rows = stmt.query_map([&now], FileRow::from_row)?;
                 rows.collect::<rusqlite::Result<Vec<_>>>()?
             };
-            tx.execute("DELETE FROM files WHERE expires_at <= ?1", [&now])?;
+            let rows: Vec<FileRow> = rows.into_iter().filter(|r| !keep.contains(&r.id)).collect();
+            for row in &rows {
+                tx.execute("DELETE FROM files WHERE id = ?1", [&row.id])?;
+            }
             tx.commit()?;
             Ok(rows)
         })
@@ -968,7 +989,8 @@ mod tests {
                 "processes",
                 "sessions",
                 "snapshots",
-                "tenants"
+                "tenants",
+                "volumes"
             ]
         );
         // A database from a newer brig is refused with a clear message.

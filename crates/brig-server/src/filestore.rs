@@ -83,7 +83,7 @@ fn is_file_id(text: &str) -> bool {
 /// The directory name of a tenant's files: the tenant name itself (validated names
 /// are safe path components); anything else is hex-encoded behind a `~`, which no
 /// valid name contains.
-fn tenant_dir_name(tenant: &str) -> String {
+pub(crate) fn tenant_dir_name(tenant: &str) -> String {
     if validate_tenant_name(tenant).is_ok() {
         tenant.to_string()
     } else {
@@ -198,7 +198,7 @@ async fn receive(
 ) -> Result<FileMeta, ApiError> {
     let max_size = state.args.max_file_size_bytes;
     let max_disk = state.auth.quotas(tenant).await?.max_disk_bytes;
-    let reserved = sessions_disk(state, tenant);
+    let reserved = reserved_disk(state, tenant).await?;
     let used = state.db.file_bytes(tenant).await?.saturating_add(reserved);
     let room = max_disk.saturating_sub(used);
     let dir = tenant_dir(state, tenant);
@@ -256,16 +256,19 @@ async fn receive(
     Ok(row.into())
 }
 
-/// The disk the tenant's live sessions hold (their `disk` limits), which its disk
-/// quota counts together with its stored files.
-fn sessions_disk(state: &Shared, tenant: &str) -> u64 {
-    state.sessions.get().map_or(0, |sessions| {
+/// The disk the tenant's live sessions hold (their `disk` limits) and its volumes
+/// use (as last measured), which its disk quota counts together with its stored
+/// files.
+async fn reserved_disk(state: &Shared, tenant: &str) -> Result<u64, ApiError> {
+    let sessions: u64 = state.sessions.get().map_or(0, |sessions| {
         sessions
             .of_tenant(tenant)
             .iter()
             .map(|s| s.disk_bytes)
             .sum()
-    })
+    });
+    let volumes = crate::volumes::usage(state, tenant).await?;
+    Ok(sessions.saturating_add(volumes))
 }
 
 /// Stores a file the daemon produced (e.g. an output of `/v1/execute`) for `tenant`.
@@ -313,7 +316,7 @@ pub async fn store_file(
         created_at: now_rfc3339(),
         expires_at: rfc3339_after(Duration::from_millis(state.args.file_ttl_ms)),
     };
-    let reserved = sessions_disk(state, tenant);
+    let reserved = reserved_disk(state, tenant).await?;
     if let Err(e) = state
         .db
         .insert_file_within(row.clone(), reserved, max_disk)
@@ -429,6 +432,15 @@ pub async fn open(
 const MAX_BUNDLE_ENTRIES: u64 = 100_000;
 const BUNDLE_SUFFIX: &str = ".bundle";
 
+/// Where [`bundle_dir`] extracts a tenant's uploaded tar file (404 for an id that
+/// cannot be one).
+pub fn bundle_path(shared: &Shared, tenant: &str, file_id: &str) -> Result<PathBuf, ApiError> {
+    if !is_file_id(file_id) {
+        return Err(ApiError::not_found(format!("no file {file_id}")));
+    }
+    Ok(tenant_dir(shared, tenant).join(format!("{file_id}{BUNDLE_SUFFIX}")))
+}
+
 /// The directory holding the extracted contents of an uploaded tar file (for
 /// read-only session mounts), extracting it on first use into
 /// `<data-dir>/files/<tenant>/<file_id>.bundle`. Blocking (call from a blocking
@@ -442,12 +454,9 @@ const BUNDLE_SUFFIX: &str = ".bundle";
 /// size is capped at `--max-file-size`.
 pub fn bundle_dir(shared: &Shared, tenant: &str, file_id: &str) -> Result<PathBuf, ApiError> {
     let not_found = || ApiError::not_found(format!("no file {file_id}"));
-    if !is_file_id(file_id) {
-        return Err(not_found());
-    }
+    let target = bundle_path(shared, tenant, file_id)?;
     let dir = tenant_dir(shared, tenant);
     let blob = dir.join(file_id);
-    let target = dir.join(format!("{file_id}{BUNDLE_SUFFIX}"));
     if target.is_dir() {
         return Ok(target);
     }
@@ -592,7 +601,11 @@ pub fn file_body(file: tokio::fs::File) -> Body {
 
 /// Deletes expired files (rows, then blobs); returns how many.
 pub async fn expire_now(state: &Shared) -> Result<usize, ApiError> {
-    let rows = state.db.take_expired_files(now_rfc3339()).await?;
+    // Files that live sessions mount stay until they are unused (the next pass).
+    let lock = state.holds.lock().await;
+    let in_use = crate::sessions::files_in_use(state);
+    let rows = state.db.take_expired_files(now_rfc3339(), in_use).await?;
+    drop(lock);
     for row in &rows {
         remove_blob(&tenant_dir(state, &row.tenant), &row.id).await;
         audit::record_system(
@@ -867,6 +880,7 @@ async fn download(
         (status = 204, description = "Deleted"),
         (status = 401, body = crate::error::ErrorBody),
         (status = 404, body = crate::error::ErrorBody),
+        (status = 409, description = "Mounted by a live session", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []), ("api_key" = []))
 )]
@@ -879,11 +893,24 @@ async fn delete(
     if !is_file_id(&file_id) {
         return Err(not_found());
     }
+    let held = crate::sessions::Held::File {
+        tenant: caller.tenant.clone(),
+        file_id: file_id.clone(),
+    };
+    // Held while checking and deleting: no session create can claim it in between.
+    let lock = state.holds.lock().await;
+    let users = crate::sessions::users(&state, &held);
+    if !users.is_empty() || state.holds.pending(&held) > 0 {
+        return Err(ApiError::conflict(format!(
+            "file {file_id} is mounted by sessions {users:?}; delete them first"
+        )));
+    }
     let row = state
         .db
         .delete_file(&caller.tenant, &file_id)
         .await?
         .ok_or_else(not_found)?;
+    drop(lock);
     remove_blob(&tenant_dir(&state, &caller.tenant), &row.id).await;
     audit::record(
         &state,

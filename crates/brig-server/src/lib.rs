@@ -11,6 +11,7 @@
 //! | `filestore` | uploaded files (`/v1/files`) and their expiry |
 //! | `rootfs` | files inside a sandbox's root, resolved as with RESOLVE_IN_ROOT |
 //! | `sessions` | live sandboxes: create, exec, processes, pause, snapshots, re-attach |
+//! | `volumes` | per-tenant persistent directories mounted at `/volume` (`/v1/volumes`) |
 //! | `server` | startup, the router and middleware, graceful shutdown |
 //! | `execute` | one-shot Python execution (onyx-compatible `/v1/execute`) |
 //!
@@ -29,5 +30,6 @@ pub mod rootfs;
 pub mod server;
 pub mod sessions;
 pub mod state;
+pub mod volumes;
 
 pub use config::ServeArgs;

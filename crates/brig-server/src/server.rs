@@ -122,6 +122,7 @@ pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
         .merge(crate::audit::routes())
         .merge(crate::filestore::routes(args))
         .merge(crate::sessions::routes())
+        .merge(crate::volumes::routes())
         .merge(crate::execute::routes())
 }
 
@@ -249,6 +250,7 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<AppState> {
     }
     state.auth.bootstrap_admin(&state.data_dir).await?;
     crate::filestore::sweep_orphans(&state).await?;
+    crate::volumes::sweep(&state).await;
     let sessions = crate::sessions::Sessions::start(&state)
         .await
         .context("cannot start sessions")?;

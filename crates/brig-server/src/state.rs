@@ -16,7 +16,7 @@ use crate::config::ServeArgs;
 use crate::db::Db;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::sessions::Sessions;
+use crate::sessions::{Holds, Sessions};
 
 /// What every handler shares.
 pub struct Shared {
@@ -28,6 +28,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Set once by `server::start` after `Sessions::start`; see [`Shared::sessions`].
     pub sessions: OnceCell<Sessions>,
+    /// Volumes and bundles claimed by session creates under way.
+    pub holds: Holds,
     shutdown: watch::Sender<bool>,
 }
 
@@ -54,6 +56,7 @@ impl Shared {
             auth,
             metrics: Metrics::global(),
             sessions: OnceCell::new(),
+            holds: Holds::default(),
             shutdown,
         }))
     }

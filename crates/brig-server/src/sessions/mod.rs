@@ -114,10 +114,141 @@ pub struct CreateSession {
     pub snapshot: Option<String>,
     pub env: Option<BTreeMap<String, String>>,
     pub limits: Option<SessionLimits>,
+    /// Uploaded tar bundles bound read-only. A fork (`snapshot`) without `mounts`
+    /// gets the mounts of the session its snapshot was taken from.
     pub mounts: Option<Vec<BundleMount>>,
+    /// The tenant's persistent volume of that name, read-write at `/volume`
+    /// (created on first use).
+    pub volume: Option<String>,
     pub files: Option<Vec<FileRef>>,
     pub ttl_seconds: Option<u64>,
     pub idle_timeout_seconds: Option<u64>,
+}
+
+impl CreateSession {
+    /// What a session of this request holds on the host for `tenant`.
+    pub fn held(&self, tenant: &str) -> Vec<Held> {
+        let files = self.mounts.iter().flatten().map(|m| Held::File {
+            tenant: tenant.to_string(),
+            file_id: m.file_id.clone(),
+        });
+        let volume = self.volume.iter().map(|name| Held::Volume {
+            tenant: tenant.to_string(),
+            name: name.clone(),
+        });
+        files.chain(volume).collect()
+    }
+}
+
+/// Something on the host that a session uses besides its sandbox and that must
+/// not be deleted while the session lives: its volume, the bundles it mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Held {
+    Volume { tenant: String, name: String },
+    File { tenant: String, file_id: String },
+}
+
+/// What creates under way hold before they are live sessions, and the lock that
+/// makes "nobody uses it, delete it" atomic with respect to new claims: a create
+/// claims under the lock (then checks that the thing still exists), a delete checks
+/// live sessions and claims and removes under it.
+#[derive(Default)]
+pub struct Holds {
+    pending: Mutex<HashMap<Held, usize>>,
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl Holds {
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.lock.lock().await
+    }
+
+    /// Holds `held` until the returned claim is dropped (once the session is live,
+    /// or the create failed).
+    pub async fn claim(&self, held: Vec<Held>) -> Claim<'_> {
+        let _lock = self.lock.lock().await;
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for h in &held {
+            *pending.entry(h.clone()).or_default() += 1;
+        }
+        Claim { holds: self, held }
+    }
+
+    /// How many creates under way hold `held`.
+    pub fn pending(&self, held: &Held) -> usize {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(held)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn pending_files(&self) -> Vec<String> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .filter_map(|h| match h {
+                Held::File { file_id, .. } => Some(file_id.clone()),
+                Held::Volume { .. } => None,
+            })
+            .collect()
+    }
+}
+
+/// See [`Holds::claim`].
+pub struct Claim<'a> {
+    holds: &'a Holds,
+    held: Vec<Held>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut pending = self.holds.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for h in &self.held {
+            if let Some(n) = pending.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    pending.remove(h);
+                }
+            }
+        }
+    }
+}
+
+/// The live sessions that hold `held`, by id.
+pub fn users(shared: &Shared, held: &Held) -> Vec<String> {
+    let Some(sessions) = shared.sessions.get() else {
+        return Vec::new();
+    };
+    let mut ids: Vec<String> = sessions
+        .all()
+        .iter()
+        .filter(|s| s.request.held(&s.tenant).contains(held))
+        .map(|s| s.id.clone())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Ids of the files that live sessions mount or creates under way claim.
+pub fn files_in_use(shared: &Shared) -> std::collections::HashSet<String> {
+    let mut ids: std::collections::HashSet<String> =
+        shared.holds.pending_files().into_iter().collect();
+    if let Some(sessions) = shared.sessions.get() {
+        for session in sessions.all() {
+            ids.extend(
+                session
+                    .request
+                    .mounts
+                    .iter()
+                    .flatten()
+                    .map(|m| m.file_id.clone()),
+            );
+        }
+    }
+    ids
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -133,6 +264,10 @@ pub struct SessionInfo {
     pub last_active_at: String,
     /// Whether the sandbox came ready-made from the warm pool.
     pub pooled: bool,
+    /// Bundles bound read-only.
+    pub mounts: Vec<BundleMount>,
+    /// The volume mounted at `/volume`.
+    pub volume: Option<String>,
     #[schema(value_type = Object)]
     pub limits: serde_json::Value,
     /// What isolation the sandbox really has (as `brig run --json`'s `enforced`).
@@ -205,6 +340,8 @@ impl Session {
             idle_timeout_seconds: self.idle_timeout_seconds,
             last_active_at: rfc3339(self.last_active.load(Ordering::Relaxed)),
             pooled: self.pooled,
+            mounts: self.request.mounts.clone().unwrap_or_default(),
+            volume: self.request.volume.clone(),
             limits: serde_json::to_value(&self.limits).unwrap_or_default(),
             enforced: sandbox.enforced.clone(),
         }
@@ -382,6 +519,16 @@ impl Sessions {
                 if let Some(launched) = launched {
                     let handle = launched.handle.clone();
                     let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
+                }
+                // Its volume gets measured, now that (perhaps) nothing uses it.
+                if let Ok(CreateSession {
+                    volume: Some(name), ..
+                }) = serde_json::from_str::<CreateSession>(&request)
+                {
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        crate::volumes::settle(&shared, &tenant, &name).await;
+                    });
                 }
                 // Its directory goes in `sweep`, with any sandbox recorded only there.
                 let id2 = id.clone();
@@ -641,7 +788,11 @@ fn helper_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/proc/self/exe"))
 }
 
-/// Builds the sandbox spec of a session request.
+/// Most bundles one session mounts.
+const MAX_MOUNTS: usize = 32;
+
+/// Builds the sandbox spec of a session request. Checks paths only: the bundles
+/// are extracted by [`prepare_bundles`], the volume made by `volumes::ensure`.
 pub fn spec_for(
     shared: &Shared,
     tenant: &str,
@@ -651,23 +802,39 @@ pub fn spec_for(
     let mut spec = launch::base_spec();
     spec.limits = limits.clone();
     spec.limits.output_limit_bytes = shared.output_limit_bytes();
-    if request.mounts.as_ref().is_some_and(|m| !m.is_empty()) {
-        // The sandbox opens bind sources as its own user, which cannot enter the
-        // daemon's private data dir; until the parent hands them over (as it does
-        // image layers) bundles are refused rather than failing half-way.
-        return Err(ApiError::invalid(
-            "mounts (read-only bundles) are not supported yet by this daemon",
-        ));
+    let mounts = request.mounts.as_deref().unwrap_or_default();
+    if mounts.len() > MAX_MOUNTS {
+        return Err(ApiError::invalid(format!(
+            "at most {MAX_MOUNTS} mounts per session"
+        )));
     }
-    for mount in request.mounts.iter().flatten() {
+    for mount in mounts {
         let target = brig_policy::normalize_sandbox_path(&mount.path)
             .map_err(|e| ApiError::invalid(format!("mount path: {e}")))?;
-        let source = crate::filestore::bundle_dir(shared, tenant, &mount.file_id)?;
+        let volume = crate::volumes::MOUNT_PATH;
+        if target == volume || target.starts_with(&format!("{volume}/")) {
+            return Err(ApiError::invalid(format!(
+                "mount path {target}: {volume} is reserved for the session's volume"
+            )));
+        }
+        // The sandbox's parent clones bind sources as root: the daemon's private
+        // data dir is no obstacle. Not idmapped: the extracted files are root's and
+        // world-readable, so the sandbox reads them as `nobody`'s, read-only.
+        let source = crate::filestore::bundle_path(shared, tenant, &mount.file_id)?;
         spec.filesystem.binds.push(brig_policy::BindMount {
             source,
             target,
             writable: false,
             idmapped: false,
+        });
+    }
+    if let Some(name) = &request.volume {
+        crate::volumes::validate_name(name)?;
+        spec.filesystem.binds.push(brig_policy::BindMount {
+            source: crate::volumes::path(shared, tenant, name),
+            target: crate::volumes::MOUNT_PATH.into(),
+            writable: true,
+            idmapped: true,
         });
     }
     // A session runs no command of its own; validation still wants one.
@@ -677,6 +844,35 @@ pub fn spec_for(
         .validate()
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     Ok(spec)
+}
+
+/// Extracts the request's bundles (once per file; later calls find them done).
+pub async fn prepare_bundles(
+    state: &AppState,
+    tenant: &str,
+    request: &CreateSession,
+) -> Result<(), ApiError> {
+    for mount in request.mounts.iter().flatten() {
+        let (state, tenant, file_id) = (state.clone(), tenant.to_string(), mount.file_id.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::filestore::bundle_dir(&state, &tenant, &file_id)
+        })
+        .await
+        .map_err(ApiError::internal)??;
+    }
+    Ok(())
+}
+
+/// Each mounted file must be one of the tenant's stored files (404 otherwise).
+async fn check_bundles(
+    state: &AppState,
+    tenant: &str,
+    request: &CreateSession,
+) -> Result<(), ApiError> {
+    for mount in request.mounts.iter().flatten() {
+        crate::filestore::open(state, tenant, &mount.file_id).await?;
+    }
+    Ok(())
 }
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
@@ -705,7 +901,13 @@ async fn create_session(
         &caller,
         session_id,
         "session.create",
-        serde_json::json!({"image": request.image, "snapshot": request.snapshot, "limits": request.limits}),
+        serde_json::json!({
+            "image": request.image,
+            "snapshot": request.snapshot,
+            "limits": request.limits,
+            "mounts": request.mounts,
+            "volume": request.volume,
+        }),
         outcome,
     )
     .await;
@@ -718,7 +920,7 @@ async fn create_session(
 pub async fn create(
     state: &AppState,
     caller: &Caller,
-    request: CreateSession,
+    mut request: CreateSession,
 ) -> Result<Arc<Session>, ApiError> {
     let shared: &Shared = state;
     let limits = limits_of(&request)?;
@@ -743,8 +945,24 @@ pub async fn create(
     for (key, value) in request.env.iter().flatten() {
         exec::check_env_var(key, value)?;
     }
+    if let Some(name) = &request.volume {
+        crate::volumes::validate_name(name)?;
+        if !rustix::process::geteuid().is_root() {
+            return Err(ApiError::invalid(
+                "volumes need the daemon to run as root (they are idmapped mounts)",
+            ));
+        }
+    }
     let image = match &request.snapshot {
-        Some(id) => Some(snapshots::image_of(state, &caller.tenant, id).await?),
+        Some(id) => {
+            let (image, mounts) = snapshots::image_and_mounts(state, &caller.tenant, id).await?;
+            // A fork keeps the bundles of the session it was snapshotted from (its
+            // files expect them), unless it names its own.
+            if request.mounts.is_none() && !mounts.is_empty() {
+                request.mounts = Some(mounts);
+            }
+            Some(image)
+        }
         None => request
             .image
             .clone()
@@ -757,6 +975,9 @@ pub async fn create(
         }
     }
     let spec = spec_for(shared, &caller.tenant, &request, &limits)?;
+    check_bundles(state, &caller.tenant, &request).await?;
+    // Extracted before the admission lock: a large bundle takes a while.
+    prepare_bundles(state, &caller.tenant, &request).await?;
 
     // Quotas: checked and the session inserted under one lock, so concurrent creates
     // cannot both pass the last free slot.
@@ -777,7 +998,8 @@ pub async fn create(
         )));
     }
     let disk_used: u64 = mine.iter().map(|s| s.disk_bytes).sum::<u64>()
-        + crate::filestore::tenant_usage(state, &caller.tenant).await?;
+        + crate::filestore::tenant_usage(state, &caller.tenant).await?
+        + crate::volumes::usage(state, &caller.tenant).await?;
     if disk_used + limits.disk_bytes > quotas.max_disk_bytes {
         return Err(ApiError::quota(format!(
             "tenant {} would use {} of its {} bytes of disk",
@@ -787,6 +1009,63 @@ pub async fn create(
         )));
     }
 
+    // From here until the session is live, its volume and bundles cannot be deleted.
+    let claim = state.holds.claim(request.held(&caller.tenant)).await;
+    // One of them may have been deleted before the claim.
+    check_bundles(state, &caller.tenant, &request).await?;
+    prepare_bundles(state, &caller.tenant, &request).await?;
+    let made_volume = match &request.volume {
+        Some(name) => crate::volumes::ensure(state, &caller.tenant, name).await?,
+        None => false,
+    };
+    let started = start_session(state, caller, &request, image, spec, limits).await;
+    let session = match started {
+        Ok(session) => session,
+        Err(e) => {
+            if let (true, Some(name)) = (made_volume, &request.volume) {
+                crate::volumes::discard_new(state, &caller.tenant, name, 1).await;
+            }
+            return Err(e);
+        }
+    };
+    sessions.insert(session.clone());
+    drop(claim);
+    drop(admission);
+    watch_exit(state, &session);
+    crate::metrics::set_sessions("running", sessions.count() as f64);
+    if let (true, Some(name)) = (made_volume, &request.volume) {
+        audit::record(
+            state,
+            caller,
+            Some(&session.id),
+            "volume.create",
+            serde_json::json!({"volume": name}),
+            "ok",
+        )
+        .await;
+    }
+
+    if let Some(files) = &request.files {
+        if let Err(e) = files::copy_uploads(state, &session, files).await {
+            let _ = delete(state, &session).await;
+            return Err(e);
+        }
+    }
+    Ok(session)
+}
+
+/// The part of [`create`] that starts the sandbox (from the pool or launched) and
+/// records the session; on error nothing of it is left.
+async fn start_session(
+    state: &AppState,
+    caller: &Caller,
+    request: &CreateSession,
+    image: Option<String>,
+    spec: SandboxSpec,
+    limits: brig_policy::Limits,
+) -> Result<Arc<Session>, ApiError> {
+    let shared: &Shared = state;
+    let sessions = state.sessions();
     let id = format!("ses_{}", crate::auth::random_hex(12));
     let now = unix_now();
     let ttl = request
@@ -796,7 +1075,7 @@ pub async fn create(
         .idle_timeout_seconds
         .or(Some(shared.args.session_idle_timeout_ms / 1000))
         .filter(|s| *s > 0);
-    let pooled = if pool::fits(&request, &limits) {
+    let pooled = if pool::fits(request, &limits) {
         sessions.pool.take(image.as_deref())
     } else {
         None
@@ -832,17 +1111,6 @@ pub async fn create(
     if let Err(e) = persist(state, &session, "running").await {
         destroy_sandbox(state, &session).await;
         return Err(e);
-    }
-    sessions.insert(session.clone());
-    drop(admission);
-    watch_exit(state, &session);
-    crate::metrics::set_sessions("running", sessions.count() as f64);
-
-    if let Some(files) = &request.files {
-        if let Err(e) = files::copy_uploads(state, &session, files).await {
-            let _ = delete(state, &session).await;
-            return Err(e);
-        }
     }
     Ok(session)
 }
@@ -938,6 +1206,10 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
         })
         .await?;
     crate::metrics::set_sessions("running", state.sessions().count() as f64);
+    if let Some(name) = session.request.volume.clone() {
+        let (state, tenant) = (state.clone(), session.tenant.clone());
+        tokio::spawn(async move { crate::volumes::settle(&state, &tenant, &name).await });
+    }
     Ok(())
 }
 

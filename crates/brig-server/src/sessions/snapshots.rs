@@ -17,7 +17,10 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{freeze, launch_sandbox, limits_of, lookup, persist, spec_for, Session};
+use super::{
+    freeze, launch_sandbox, limits_of, lookup, persist, prepare_bundles, spec_for, BundleMount,
+    Session,
+};
 use crate::audit;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath};
@@ -47,6 +50,9 @@ pub struct SnapshotInfo {
     pub created_at: String,
     /// Size of the new layer (compressed).
     pub size_bytes: u64,
+    /// The session's bundle mounts (not part of the layer): a fork that gives no
+    /// `mounts` gets these. Volumes are never part of a snapshot.
+    pub mounts: Vec<BundleMount>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -74,6 +80,16 @@ pub async fn image_of(
     Ok(image_name(snapshot_id))
 }
 
+/// [`image_of`] and the bundle mounts of the snapshotted session.
+pub async fn image_and_mounts(
+    state: &AppState,
+    tenant: &str,
+    snapshot_id: &str,
+) -> Result<(String, Vec<BundleMount>), ApiError> {
+    let info = get(state, tenant, snapshot_id).await?;
+    Ok((image_name(snapshot_id), info.mounts))
+}
+
 async fn get(state: &AppState, tenant: &str, id: &str) -> Result<SnapshotInfo, ApiError> {
     let (tenant, id) = (tenant.to_string(), id.to_string());
     let missing = ApiError::not_found(format!("no snapshot {id}"));
@@ -81,7 +97,7 @@ async fn get(state: &AppState, tenant: &str, id: &str) -> Result<SnapshotInfo, A
         .db
         .call(move |conn| {
             conn.query_row(
-                "SELECT id, name, session_id, image, created_at, size_bytes FROM snapshots
+                "SELECT id, name, session_id, image, created_at, size_bytes, mounts FROM snapshots
                  WHERE id = ?1 AND tenant = ?2",
                 rusqlite::params![id, tenant],
                 row_to_info,
@@ -104,6 +120,10 @@ fn row_to_info(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotInfo> {
         image: row.get(3)?,
         created_at: row.get(4)?,
         size_bytes: row.get::<_, i64>(5)? as u64,
+        mounts: row
+            .get::<_, Option<String>>(6)?
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default(),
     })
 }
 
@@ -221,15 +241,17 @@ pub async fn snapshot(
             image: base,
             created_at: crate::db::now_rfc3339(),
             size_bytes,
+            mounts: session.request.mounts.clone().unwrap_or_default(),
         };
-        let row = (info.clone(), session.tenant.clone());
+        let mounts = serde_json::to_string(&info.mounts).map_err(ApiError::internal)?;
+        let row = (info.clone(), session.tenant.clone(), mounts);
         state
             .db
             .call(move |conn| {
-                let (info, tenant) = row;
+                let (info, tenant, mounts) = row;
                 conn.execute(
-                    "INSERT INTO snapshots (id, tenant, name, session_id, image, created_at, size_bytes)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    "INSERT INTO snapshots (id, tenant, name, session_id, image, created_at, size_bytes, mounts)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                     rusqlite::params![
                         info.snapshot_id,
                         tenant,
@@ -237,7 +259,8 @@ pub async fn snapshot(
                         info.session_id,
                         info.image,
                         info.created_at,
-                        info.size_bytes as i64
+                        info.size_bytes as i64,
+                        mounts
                     ],
                 )
             })
@@ -262,7 +285,7 @@ async fn list_snapshots(
         .db
         .call(move |conn| {
             let mut stmt = conn.prepare(
-                "SELECT id, name, session_id, image, created_at, size_bytes FROM snapshots
+                "SELECT id, name, session_id, image, created_at, size_bytes, mounts FROM snapshots
                  WHERE tenant = ?1 ORDER BY created_at, id",
             )?;
             let rows = stmt
@@ -352,7 +375,9 @@ async fn restore_session(
         let image = image_of(&state, &caller.tenant, &request.snapshot_id).await?;
         let _gate = session.gate.write().await;
         let limits = limits_of(&session.request)?;
+        // The session keeps its own mounts and volume (held while it lives).
         let spec = spec_for(&state, &caller.tenant, &session.request, &limits)?;
+        prepare_bundles(&state, &caller.tenant, &session.request).await?;
         // The new sandbox gets its own socket beside the old one, then replaces it.
         let launched = launch_sandbox(&state, &session.id, spec, Some(image)).await?;
         let old = session.replace_sandbox(launched);
