@@ -149,6 +149,10 @@ pub struct FsPlan {
     pub writable: Vec<String>,
     /// Device files the sandbox may read, write and ioctl (Landlock rules).
     pub devices: Vec<String>,
+    /// A `--rootfs` directory: whoever owns it may swap its entries for symlinks
+    /// between the plan and the mounts, so sources below it are opened with the
+    /// sandbox user's rights only (see `mounts::open_sources`).
+    pub untrusted_root: Option<PathBuf>,
 }
 
 /// Host system directories visible in host mode.
@@ -450,6 +454,10 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
         scratch_bytes: spec.limits.disk_bytes,
         writable,
         devices,
+        untrusted_root: match &spec.filesystem.root {
+            RootSource::Directory(dir) => Some(host(&dir.to_string_lossy())),
+            _ => None,
+        },
     })
 }
 

@@ -295,15 +295,15 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, Option<std::os::fd::OwnedFd>)
             }
         }
     };
-    let bind_sources = if plan.binds_from_parent {
-        mounts::BindSources::FromParent(&mut receive_binds)
+    let sources = if plan.binds_from_parent {
+        mounts::Sources::FromParent(&mut receive_binds)
     } else {
-        mounts::BindSources::Here
+        mounts::Sources::Here
     };
     let mut writes = mounts::build_root(
         plan.plan,
         layers,
-        bind_sources,
+        sources,
         plan.spec.filesystem.capture_writes,
     )?;
     if plan.session.is_none() {

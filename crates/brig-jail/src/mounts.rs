@@ -61,23 +61,37 @@ fn attrs(access: Access) -> u64 {
     }
 }
 
-/// Where the sources of a plan's binds come from.
-pub enum BindSources<'a> {
-    /// Cloned here, as the sandbox user, before the root is built: rootless brig,
+/// Where the sources of a plan's binds and copies come from.
+pub enum Sources<'a> {
+    /// Opened here, as the sandbox user, before the root is built: rootless brig,
     /// whose unprivileged parent may not clone mounts.
     Here,
-    /// Cloned by the parent (root): it can reach paths the sandbox user cannot (the
+    /// Opened by the parent (root): it can reach paths the sandbox user cannot (the
     /// daemon's private data dir), can idmap them, and does it while this process
-    /// builds the rest of the root. The function receives them, in plan order.
+    /// builds the rest of the root. The function receives them ([`open_sources`]).
     FromParent(&'a mut dyn FnMut() -> Result<Vec<OwnedFd>, JailError>),
 }
 
-/// Detached clones of the sources of `plan`'s binds, in plan order, with their flags
-/// set; binds marked `idmapped` go through `squash` (`idmap::squash_for`).
-pub fn open_bind_sources(
+/// The sources of `plan`'s binds (detached clones with their flags set; those marked
+/// `idmapped` through `squash`, see `idmap::squash_for`) followed by its copies (read
+/// descriptors), each in plan order. Sources below the plan's untrusted root are
+/// opened as `as_user` (the sandbox's host uid and gid) when given, so a symlink
+/// raced in there reaches nothing that user could not read anyway.
+pub fn open_sources(
     plan: &FsPlan,
     squash: Option<&OwnedFd>,
+    as_user: Option<(u32, u32)>,
 ) -> Result<Vec<OwnedFd>, JailError> {
+    let guarded = |source: &Path| -> Result<Option<crate::session::ActingAs>, JailError> {
+        match (as_user, &plan.untrusted_root) {
+            (Some((uid, gid)), Some(root)) if source.starts_with(root) => {
+                crate::session::act_as(uid, gid)
+                    .map(Some)
+                    .context(|| "take the sandbox user's file access rights".into())
+            }
+            _ => Ok(None),
+        }
+    };
     let mut sources = Vec::new();
     for op in &plan.ops {
         if let FsOp::Bind {
@@ -87,8 +101,10 @@ pub fn open_bind_sources(
             ..
         } = op
         {
+            let acting = guarded(source)?;
             let tree = sys::open_tree_clone(source)
                 .context(|| format!("bind source {}", source.display()))?;
+            drop(acting);
             match squash.filter(|_| *idmapped) {
                 Some(userns) => {
                     // The idmap applies to the top mount only (a mount inside the
@@ -111,6 +127,20 @@ pub fn open_bind_sources(
             sources.push(tree);
         }
     }
+    for op in &plan.ops {
+        if let FsOp::Copy { source, .. } = op {
+            let acting = guarded(source)?;
+            // The plan saw a regular file: a symlink there now is refused.
+            let file = nix::fcntl::open(
+                source.as_path(),
+                OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .context(|| format!("open {}", source.display()))?;
+            drop(acting);
+            sources.push(unsafe_owned(file));
+        }
+    }
     Ok(sources)
 }
 
@@ -121,7 +151,7 @@ pub fn open_bind_sources(
 pub fn build_root(
     plan: &FsPlan,
     layers: Vec<OwnedFd>,
-    bind_sources: BindSources<'_>,
+    sources: Sources<'_>,
     capture_writes: bool,
 ) -> Result<Option<OwnedFd>, JailError> {
     mount(
@@ -133,22 +163,13 @@ pub fn build_root(
     )
     .context(|| "make mounts private".into())?;
 
-    let receive = match bind_sources {
-        BindSources::Here => {
-            let sources = open_bind_sources(plan, None)?;
-            Box::new(move || Ok(sources)) as Box<dyn FnOnce() -> Result<Vec<OwnedFd>, JailError>>
+    let receive = match sources {
+        Sources::Here => {
+            let opened = open_sources(plan, None, None)?;
+            Box::new(move || Ok(opened)) as Box<dyn FnOnce() -> Result<Vec<OwnedFd>, JailError>>
         }
-        BindSources::FromParent(receive) => Box::new(receive),
+        Sources::FromParent(receive) => Box::new(receive),
     };
-
-    // Copied files are read now too, for the same reason as the clones above.
-    let mut copies = Vec::new();
-    for op in &plan.ops {
-        if let FsOp::Copy { source, .. } = op {
-            copies.push(std::fs::read(source).context(|| format!("read {}", source.display()))?);
-        }
-    }
-    let mut copies = copies.into_iter();
 
     let layered = !plan.layers.is_empty();
     let staging = STAGING;
@@ -215,13 +236,17 @@ pub fn build_root(
         generated: 0,
     };
 
-    let mut sources = receive()?.into_iter();
+    let mut sources = receive()?;
     let binds = plan.ops.iter().filter(|op| matches!(op, FsOp::Bind { .. }));
-    if sources.len() != binds.count() {
+    let copies = plan.ops.iter().filter(|op| matches!(op, FsOp::Copy { .. }));
+    let bind_count = binds.count();
+    if sources.len() != bind_count + copies.count() {
         return Err(JailError::Setup(
-            "the parent sent the wrong number of bind sources".into(),
+            "the parent sent the wrong number of sources".into(),
         ));
     }
+    let mut copies = sources.split_off(bind_count).into_iter();
+    let mut sources = sources.into_iter();
     for op in &plan.ops {
         run_op(&staging, &mut tree, op, &mut sources, &mut copies)?;
     }
@@ -351,7 +376,7 @@ fn run_op(
     tree: &mut Tree,
     op: &FsOp,
     sources: &mut impl Iterator<Item = OwnedFd>,
-    copies: &mut impl Iterator<Item = Vec<u8>>,
+    copies: &mut impl Iterator<Item = OwnedFd>,
 ) -> Result<(), JailError> {
     match op {
         FsOp::Dir { path, mode } => {
@@ -363,8 +388,8 @@ fn run_op(
                 .context(|| format!("symlink {path}"))?;
         }
         FsOp::Copy { path, mode, .. } => {
-            let contents = copies.next().expect("one read per copy, in plan order");
-            write_file(tree, path, &contents, *mode)?;
+            let source = copies.next().expect("one source per copy, in plan order");
+            copy_file(tree, path, &source, *mode)?;
         }
         FsOp::File {
             path,
@@ -639,6 +664,26 @@ fn write_file(tree: &mut Tree, path: &str, contents: &[u8], mode: u32) -> Result
     file.write_all(contents).context(|| format!("write {path}"))
 }
 
+/// Copies what `source` holds into a new file at `path`, in the kernel.
+fn copy_file(tree: &mut Tree, path: &str, source: &OwnedFd, mode: u32) -> Result<(), JailError> {
+    let (parent, name) = tree.parent_of(path)?;
+    let fd = nix::fcntl::openat(
+        Some(parent),
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(mode),
+    )
+    .context(|| format!("create {path}"))?;
+    let target = unsafe_owned(fd);
+    loop {
+        match nix::sys::sendfile::sendfile(&target, source, None, 1 << 20) {
+            Ok(0) => return Ok(()),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(JailError::sys(format!("copy {path}"), e.into())),
+        }
+    }
+}
+
 fn split(path: &str) -> (&str, &str) {
     match path.rsplit_once('/') {
         Some(("", name)) => ("/", name),
@@ -650,4 +695,56 @@ fn split(path: &str) -> (&str, &str) {
 fn unsafe_owned(fd: std::os::fd::RawFd) -> OwnedFd {
     // SAFETY: only called with descriptors just returned by the kernel to this code.
     unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn copy_plan(source: &Path, untrusted_root: Option<&Path>) -> FsPlan {
+        FsPlan {
+            layers: Vec::new(),
+            ops: vec![FsOp::Copy {
+                source: source.to_path_buf(),
+                path: "/etc/x".into(),
+                mode: 0o644,
+            }],
+            scratch_bytes: 0,
+            writable: Vec::new(),
+            devices: Vec::new(),
+            untrusted_root: untrusted_root.map(Path::to_path_buf),
+        }
+    }
+
+    /// Root brig opens sources for the sandbox; below a `--rootfs` directory, whose
+    /// owner could swap a checked file for a symlink to a host secret, it must do so
+    /// with the sandbox user's rights, and refuse a symlink outright.
+    #[test]
+    fn sources_below_an_untrusted_root_are_opened_as_the_sandbox_user() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let rootfs = tempfile::tempdir().unwrap();
+        let secret = rootfs.path().join("secret");
+        std::fs::write(&secret, "root only").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let nobody = Some((65534, 65534));
+        // Outside an untrusted root (host /etc, explicit binds) root's rights apply.
+        assert_eq!(
+            open_sources(&copy_plan(&secret, None), None, nobody)
+                .unwrap()
+                .len(),
+            1
+        );
+        let err = open_sources(&copy_plan(&secret, Some(rootfs.path())), None, nobody)
+            .expect_err("opened a root-only file as the sandbox user");
+        assert!(err.to_string().contains("Permission denied"), "{err}");
+        // Root's rights are back afterwards.
+        assert!(std::fs::read(&secret).is_ok());
+        let link = rootfs.path().join("link");
+        std::os::unix::fs::symlink("/etc/hostname", &link).unwrap();
+        assert!(open_sources(&copy_plan(&link, None), None, nobody).is_err());
+    }
 }

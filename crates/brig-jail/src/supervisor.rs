@@ -767,7 +767,7 @@ fn prepare_child(
     if !rootless {
         // Cloned while the child sets up its identity and namespaces, which it does
         // before it needs them.
-        let sources = mounts::open_bind_sources(plan, squash.as_ref())?;
+        let sources = mounts::open_sources(plan, squash.as_ref(), Some((host_uid, host_gid)))?;
         for chunk in sources.chunks(init::MAX_FDS_PER_MESSAGE) {
             init::send_msg(sync_w.as_raw_fd(), init::GO_BINDS, chunk)?;
         }
