@@ -112,8 +112,20 @@ fn start_sleeper(marker: &str, extra: &str) -> (std::process::Child, u32, Vec<St
         .spawn()
         .unwrap();
     let brig_pid = child.id();
+    // brig, its watchdog and the sandbox's init carry the marker in their command
+    // lines from the start: wait for the two sleeps themselves, which only run once
+    // the sandbox (its cgroup included) is complete.
+    let sleeping = || {
+        processes_with(marker)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|comm| comm.trim() == "sleep")
+            })
+            .count()
+    };
     assert!(
-        eventually(5000, || processes_with(marker).len() >= 2),
+        eventually(5000, || sleeping() >= 2),
         "sandbox did not start"
     );
     let init = sandbox_init(brig_pid).expect("sandbox init");
