@@ -1939,6 +1939,53 @@ fn root_quotas_refuse_with_429_and_create_nothing() {
     assert_eq!(status, 204);
 }
 
+/// The session cap is exact under concurrent creates, pooled and cold alike: of twelve
+/// creates at once, exactly the cap succeed, and deletes free exactly their slots.
+#[test]
+fn root_session_quota_is_exact_under_concurrent_creates() {
+    require_root!();
+    let d = daemon(&["--pool", "host=3"]);
+    let (key, _) = tenant_key(&d, "burst");
+    let (status, t) = d.request(
+        "PUT",
+        "/v1/tenants/burst/quotas",
+        Some(d.admin_key()),
+        Some(json!({"max_sessions": 4})),
+    );
+    assert_eq!(status, 200, "{t}");
+    let attempt = || {
+        std::thread::scope(|scope| {
+            let creates: Vec<_> = (0..12)
+                .map(|_| {
+                    scope.spawn(|| d.request("POST", "/v1/sessions", Some(&key), Some(json!({}))))
+                })
+                .collect();
+            creates
+                .into_iter()
+                .map(|c| c.join().unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    for round in 0..2 {
+        let results = attempt();
+        let created: Vec<String> = results
+            .iter()
+            .filter(|(status, _)| *status == 201)
+            .map(|(_, s)| sid(s))
+            .collect();
+        assert_eq!(created.len(), 4, "round {round}: {results:?}");
+        for (status, body) in results.iter().filter(|(status, _)| *status != 201) {
+            assert_eq!(*status, 429, "{body}");
+            assert_eq!(error_code(body), "quota_exceeded");
+        }
+        assert_eq!(session_count(&d, &key), 4);
+        for id in &created {
+            delete_session(&d, &key, id);
+        }
+        assert_eq!(session_count(&d, &key), 0);
+    }
+}
+
 /// The daemon's sandbox processes, as a set (other tests run their own daemons, so
 /// host-wide cgroup listings would race with them).
 fn sandboxes(d: &Daemon) -> BTreeSet<u32> {

@@ -1004,6 +1004,106 @@ fn sigkill_during_creates_leaves_no_untracked_sandbox() {
     assert_nothing_left(&fx, &every, &mounts_before);
 }
 
+/// A create answered 201 is durable, with its audit event: SIGKILLs in the middle of
+/// creates (from the warm pool and cold) lose none of those the client was told
+/// about. The create path writes its rows on the request's thread and its event in
+/// the same transaction; this catches a change that acknowledges first and writes
+/// later (a queue, a deferred flush).
+#[test]
+fn acknowledged_creates_and_their_audit_events_survive_sigkill() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let roomy = [
+        "--tenant-max-disk",
+        "1000G",
+        "--tenant-max-sessions",
+        "1000",
+    ];
+    let pooled_args = [&roomy[..], &["--pool", "host=2"]].concat();
+    let mut acknowledged = BTreeSet::new();
+    let mut pooled = 0;
+    for round in 0..4 {
+        let mut d = fx.start(&pooled_args);
+        let key = d.admin_key().to_string();
+        wait_pool(&d, "host", 2);
+        let url = d.url("/v1/sessions");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let creator = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_global(Some(Duration::from_secs(30)))
+                    .build()
+                    .into();
+                let mut created = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let sent = agent
+                        .post(&url)
+                        .header("Authorization", format!("Bearer {key}"))
+                        .content_type("application/json")
+                        .send(&b"{}"[..]);
+                    let Ok(response) = sent else { break };
+                    let status = response.status();
+                    let Ok(body) = response.into_body().read_to_string() else {
+                        break;
+                    };
+                    assert_eq!(status, 201, "create: {body}");
+                    let session: Value = serde_json::from_str(&body).unwrap();
+                    created.push((id_of(&session), session["pooled"] == true));
+                }
+                created
+            })
+        };
+        std::thread::sleep(Duration::from_millis(60 + 29 * round));
+        d.kill9();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let created = creator.join().unwrap();
+        eprintln!(
+            "round {round}: {} creates acknowledged before SIGKILL",
+            created.len()
+        );
+        pooled += created.iter().filter(|(_, p)| *p).count();
+        acknowledged.extend(created.into_iter().map(|(id, _)| id));
+    }
+    assert!(pooled > 0, "no create was served from the pool");
+    let d = fx.start(&roomy);
+    let key = d.admin_key().to_string();
+    let live = listed(&d, &key);
+    let lost: Vec<_> = acknowledged.difference(&live).collect();
+    assert!(lost.is_empty(), "acknowledged creates lost: {lost:?}");
+    let (status, events) = d.request(
+        "GET",
+        "/v1/audit?action=session.create&outcome=ok&limit=1000",
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 200, "{events}");
+    let audited: BTreeSet<String> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["session_id"].as_str().map(str::to_string))
+        .collect();
+    let unaudited: Vec<_> = acknowledged.difference(&audited).collect();
+    assert!(
+        unaudited.is_empty(),
+        "acknowledged creates without their audit event: {unaudited:?}"
+    );
+    for id in acknowledged.iter().take(3) {
+        assert_eq!(sh(&d, &key, id, "echo ok"), "ok\n");
+    }
+    for id in &live {
+        delete(&d, &key, id);
+    }
+    let every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
+    assert_nothing_left(&fx, &every, &mounts_before);
+}
+
 /// Freezes (or thaws) a sandbox's cgroup directly, as the daemon does for a pause or
 /// a snapshot (v1 freezer or v2 cgroup.freeze, whichever the leaves have).
 fn set_frozen(init: &Init, frozen: bool) {

@@ -115,6 +115,11 @@ impl SessionHandle {
     pub fn stats(&self) -> Option<CgroupStats> {
         self.cgroup.as_ref().map(|c| c.stats())
     }
+
+    /// `stats().oom_kills` without reading the rest.
+    pub fn oom_kills(&self) -> Option<u64> {
+        self.cgroup.as_ref().map(|c| c.oom_kills())
+    }
 }
 
 /// While alive, the calling thread touches files as a sandbox's user: its fsuid and

@@ -75,7 +75,22 @@ pub async fn record_in(
     detail: Value,
     outcome: &str,
 ) {
-    let event = NewAuditEvent {
+    let event = event(caller, session_id, action, detail, outcome);
+    if let Err(e) = db.insert_audit(event).await {
+        tracing::error!(action, tenant = %caller.tenant, error = %e, "cannot write an audit event");
+    }
+}
+
+/// An event as [`record`] stores it, for writing in a transaction of the caller's
+/// own (see [`crate::db::insert_audit_in`]).
+pub fn event(
+    caller: &Caller,
+    session_id: Option<&str>,
+    action: &str,
+    detail: Value,
+    outcome: &str,
+) -> NewAuditEvent {
+    NewAuditEvent {
         time: now_rfc3339(),
         tenant: caller.tenant.clone(),
         key_id: caller.key_id.clone(),
@@ -83,9 +98,6 @@ pub async fn record_in(
         action: truncate_str(action).into_owned(),
         detail: truncate_detail(detail),
         outcome: truncate_str(outcome).into_owned(),
-    };
-    if let Err(e) = db.insert_audit(event).await {
-        tracing::error!(action, tenant = %caller.tenant, error = %e, "cannot write an audit event");
     }
 }
 

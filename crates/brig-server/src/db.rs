@@ -3,14 +3,18 @@
 //!
 //! SQLite runs in WAL mode so readers never block the writer, with
 //! `synchronous=NORMAL` (durable across a daemon crash; a power loss may lose the last
-//! transactions, never corrupt the file). rusqlite is blocking, so every query runs on
-//! tokio's blocking pool through [`Db::call`], on one of a few pooled connections.
+//! transactions, never corrupt the file). rusqlite is blocking, so queries run on
+//! tokio's blocking pool through [`Db::call`], on one of a few pooled connections;
+//! the short statements of the hot paths (a row by key, an audit event) run at once
+//! on the caller's thread through [`Db::quick`] instead, unless they would have to
+//! wait for another writer.
 //!
 //! Times are stored as RFC 3339 UTC strings of fixed width (millisecond precision,
 //! `Z`), so comparing the strings compares the times.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -25,6 +29,18 @@ use crate::error::ApiError;
 /// queue on SQLite's lock (up to `BUSY_TIMEOUT`).
 const POOL_SIZE: usize = 4;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the WAL is checkpointed when [`Db::quick`] has written to it (that
+/// connection never checkpoints by itself, see [`Db::spawn_checkpoints`]) ...
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+/// ... or after this many of its writes, whichever comes first: an audit event or a
+/// session row is a handful of pages, so this is about the 1000 pages at which
+/// SQLite checkpoints by itself.
+const CHECKPOINT_WRITES: u64 = 128;
+/// WAL frames (4 KiB pages) past which a checkpoint also waits for the writers and
+/// has the WAL start over. Under sustained writes a passive checkpoint never sees
+/// every frame copied at the start of a write, which is when SQLite rewinds the WAL,
+/// so the file would grow without bound.
+const WAL_RESTART_FRAMES: i64 = 4 << 10;
 
 /// The schema, one entry per version (`PRAGMA user_version` counts the entries
 /// applied). Never edit an entry once released: append a new one.
@@ -186,6 +202,13 @@ struct Pool {
     /// One permit per connection: a holder of a permit always finds an idle one.
     permits: Arc<Semaphore>,
     path: PathBuf,
+    /// The connection of [`Db::quick`]: never waits for a lock (busy timeout 0) and
+    /// never checkpoints, so holding this mutex is only ever as long as a statement.
+    quick: Mutex<Connection>,
+    /// Writes through `quick` since the last checkpoint.
+    quick_commits: AtomicU64,
+    /// Wakes the checkpointer after [`CHECKPOINT_WRITES`] of them.
+    checkpoint_due: tokio::sync::Notify,
 }
 
 /// A connection taken from the pool; goes back on drop, even if the closure using it
@@ -258,11 +281,21 @@ impl Db {
                     .with_context(|| format!("cannot open the database {}", path.display()))?,
             );
         }
+        let quick = open_connection(path)
+            .and_then(|conn| {
+                conn.busy_timeout(Duration::ZERO)?;
+                conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+                Ok(conn)
+            })
+            .with_context(|| format!("cannot open the database {}", path.display()))?;
         Ok(Db {
             pool: Arc::new(Pool {
                 idle: Mutex::new(idle),
                 permits: Arc::new(Semaphore::new(POOL_SIZE)),
                 path: path.to_path_buf(),
+                quick: Mutex::new(quick),
+                quick_commits: AtomicU64::new(0),
+                checkpoint_due: tokio::sync::Notify::new(),
             }),
         })
     }
@@ -322,6 +355,70 @@ impl Db {
         })
         .await
         .map_err(|e| ApiError::internal(format_args!("database task failed: {e}")))?
+    }
+
+    /// Runs `f` at once on the calling thread, for the short statements of the hot
+    /// paths (a row by key, an audit event): a hop to the blocking pool costs two
+    /// thread wake-ups, several times the statements themselves. It blocks the async
+    /// worker only while SQLite works: its connection never waits for a lock, and when
+    /// another connection holds the write lock (SQLITE_BUSY) `f` runs again through
+    /// [`Db::call`], which waits. So `f` may run twice: it must touch nothing but the
+    /// database (a failed attempt is rolled back), and a transaction in it should be
+    /// begun before anything is read (transactions are IMMEDIATE, so BUSY comes at
+    /// their start). Durability is the same as [`Db::call`]'s: committed (in the WAL)
+    /// when this returns.
+    pub async fn quick<R, F>(&self, f: F) -> Result<R, ApiError>
+    where
+        R: Send + 'static,
+        F: Fn(&mut Connection) -> rusqlite::Result<R> + Send + 'static,
+    {
+        let first = {
+            let mut conn = self
+                .pool
+                .quick
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let changes = conn.total_changes();
+            let result = f(&mut conn);
+            if conn.total_changes() != changes
+                && self.pool.quick_commits.fetch_add(1, Ordering::Relaxed) + 1 == CHECKPOINT_WRITES
+            {
+                self.pool.checkpoint_due.notify_one();
+            }
+            result
+        };
+        match first {
+            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
+                self.call(move |conn| f(conn)).await
+            }
+            other => other.map_err(ApiError::from),
+        }
+    }
+
+    /// Checkpoints the WAL after [`Db::quick`] wrote to it ([`CHECKPOINT_WRITES`]
+    /// times, or at all within [`CHECKPOINT_INTERVAL`]), on the blocking pool: a
+    /// checkpoint syncs the files (the one disk flush that WAL with
+    /// `synchronous=NORMAL` does), which must not happen on an async worker in the
+    /// middle of a request. The pooled connections still checkpoint by themselves
+    /// (at 1000 WAL pages), as before.
+    pub fn spawn_checkpoints(&self) {
+        let db = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(CHECKPOINT_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = db.pool.checkpoint_due.notified() => {}
+                }
+                if db.pool.quick_commits.swap(0, Ordering::Relaxed) == 0 {
+                    continue;
+                }
+                if let Err(e) = db.call(checkpoint).await {
+                    tracing::warn!("cannot checkpoint the database: {}", e.message);
+                }
+            }
+        });
     }
 
     // -----------------------------------------------------------------------------
@@ -667,12 +764,9 @@ impl Db {
     /// Bytes of the tenant's stored files (expired ones until they are swept).
     pub async fn file_bytes(&self, tenant: &str) -> Result<u64, ApiError> {
         let tenant = tenant.to_string();
-        self.call(move |conn| {
-            conn.query_row(
-                "SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE tenant = ?1",
-                [tenant],
-                |row| row.get::<_, i64>(0),
-            )
+        self.quick(move |conn| {
+            conn.prepare_cached("SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE tenant = ?1")?
+                .query_row([&tenant], |row| row.get::<_, i64>(0))
         })
         .await
         .map(from_sql_int)
@@ -693,23 +787,9 @@ impl Db {
 
     /// Appends an event; returns its id.
     pub async fn insert_audit(&self, event: NewAuditEvent) -> Result<i64, ApiError> {
-        self.call(move |conn| {
-            conn.execute(
-                "INSERT INTO audit (time, tenant, key_id, session_id, action, detail, outcome) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    event.time,
-                    event.tenant,
-                    event.key_id,
-                    event.session_id,
-                    event.action,
-                    event.detail.to_string(),
-                    event.outcome
-                ],
-            )?;
-            Ok(conn.last_insert_rowid())
-        })
-        .await
+        let detail = event.detail.to_string();
+        self.quick(move |conn| insert_audit_in(conn, &event, &detail))
+            .await
     }
 
     /// Events matching the filter, in id order.
@@ -745,6 +825,40 @@ impl Db {
         })
         .await
     }
+}
+
+/// A passive checkpoint (it copies what it can without waiting for anyone), then a
+/// restarting one if the WAL is past [`WAL_RESTART_FRAMES`] (it waits for the writer,
+/// up to the busy timeout, and holds new ones off while it copies the rest: little,
+/// after the passive one).
+fn checkpoint(conn: &mut Connection) -> rusqlite::Result<()> {
+    let frames: i64 = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| row.get(1))?;
+    if frames > WAL_RESTART_FRAMES {
+        conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))?;
+    }
+    Ok(())
+}
+
+/// Appends an event on `conn` (in its transaction, if one is open); returns its id.
+pub fn insert_audit_in(
+    conn: &Connection,
+    event: &NewAuditEvent,
+    detail: &str,
+) -> rusqlite::Result<i64> {
+    conn.prepare_cached(
+        "INSERT INTO audit (time, tenant, key_id, session_id, action, detail, outcome) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        event.time,
+        event.tenant,
+        event.key_id,
+        event.session_id,
+        event.action,
+        detail,
+        event.outcome
+    ])?;
+    Ok(conn.last_insert_rowid())
 }
 
 /// SQLite integers are i64; quotas and sizes are u64 below 2^63 in practice, and
@@ -956,6 +1070,50 @@ mod tests {
             assert_eq!(fk, 1);
             assert_eq!(sync, 1, "NORMAL");
         }
+    }
+
+    #[tokio::test]
+    async fn quick_waits_for_another_writer_on_the_blocking_pool() {
+        let (dir, db) = temp_db();
+        let path = dir.path().join("brig.db");
+        let (locked, is_locked) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let mut conn = open_connection(&path).unwrap();
+            let tx = conn.transaction().unwrap();
+            tx.execute("INSERT INTO tenants (name) VALUES ('holder')", [])
+                .unwrap();
+            locked.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            tx.commit().unwrap();
+        });
+        is_locked.recv().unwrap();
+        let started = std::time::Instant::now();
+        let inserted = db
+            .quick(|conn| conn.execute("INSERT INTO tenants (name) VALUES ('quick')", []))
+            .await
+            .unwrap();
+        assert_eq!(inserted, 1);
+        assert!(
+            started.elapsed() >= Duration::from_millis(200),
+            "quick did not wait for the writer: {:?}",
+            started.elapsed()
+        );
+        holder.join().unwrap();
+        let names: Vec<String> = db
+            .quick(|conn| {
+                let mut stmt = conn.prepare("SELECT name FROM tenants ORDER BY name")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                rows.collect()
+            })
+            .await
+            .unwrap();
+        assert_eq!(names, ["holder", "quick"]);
+        // Its writes are counted for the checkpointer; reads are not.
+        assert_eq!(db.pool.quick_commits.load(Ordering::Relaxed), 0);
+        db.quick(|conn| conn.execute("INSERT INTO tenants (name) VALUES ('more')", []))
+            .await
+            .unwrap();
+        assert_eq!(db.pool.quick_commits.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test]

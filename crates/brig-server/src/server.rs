@@ -261,11 +261,12 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<AppState> {
 }
 
 /// Starts the background work of a started state: session tasks, file expiry
-/// (every `expiry_interval`), metrics upkeep.
+/// (every `expiry_interval`), metrics upkeep, database checkpoints.
 pub fn spawn_background(state: &AppState, expiry_interval: Duration) {
     crate::sessions::Sessions::spawn_tasks(state);
     crate::filestore::spawn_expiry(state, expiry_interval);
     state.metrics.spawn_upkeep();
+    state.db.spawn_checkpoints();
 }
 
 /// `brig serve`: runs the daemon until SIGTERM or SIGINT.

@@ -237,6 +237,19 @@ impl Cgroup {
         self.enforced.leaves.clone()
     }
 
+    /// The `oom_kills` of [`Cgroup::stats`] alone: one file read instead of three,
+    /// for a caller that wants nothing else (around every exec).
+    pub fn oom_kills(&self) -> u64 {
+        let Some(memory) = self.controller(Controller::Memory) else {
+            return 0;
+        };
+        match memory.hierarchy {
+            Hierarchy::V1 => v1::oom_kills(&memory.leaf),
+            Hierarchy::V2 => v2::oom_kills(&memory.leaf),
+        }
+        .unwrap_or(0)
+    }
+
     /// Reads the accounting; anything unreadable is reported as unknown (or 0 OOM kills).
     pub fn stats(&self) -> CgroupStats {
         let mut stats = CgroupStats::default();

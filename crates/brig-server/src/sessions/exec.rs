@@ -216,7 +216,7 @@ async fn run_inner(
     started: Instant,
 ) -> Result<ExecResult, ApiError> {
     let sandbox = session.sandbox();
-    let oom_before = sandbox.handle.stats().map(|s| s.oom_kills).unwrap_or(0);
+    let oom_before = sandbox.handle.oom_kills().unwrap_or(0);
     let (stdin_r, stdin_w) = pipe()?;
     let (stdout_r, stdout_w) = pipe()?;
     let (stderr_r, stderr_w) = pipe()?;
@@ -265,7 +265,14 @@ async fn run_inner(
     };
 
     let limit = state.output_limit_bytes();
-    let stdin_task = tokio::spawn(write_stdin(stdin_w, command.stdin));
+    let stdin_task = match command.stdin {
+        Some(data) => Some(tokio::spawn(write_stdin(stdin_w, data))),
+        // Closing our end gives the command EOF at once: no task needed.
+        None => {
+            drop(stdin_w);
+            None
+        }
+    };
     let stdout = tokio::spawn(collect(stdout_r, Stream::Stdout, limit, chunks.clone()));
     let stderr = tokio::spawn(collect(stderr_r, Stream::Stderr, limit, chunks));
 
@@ -287,7 +294,9 @@ async fn run_inner(
             Err(_) => break None,
         };
     };
-    stdin_task.abort();
+    if let Some(task) = stdin_task {
+        task.abort();
+    }
     let grace = tokio::time::Instant::now() + OUTPUT_GRACE;
     let (out, out_truncated) = finish(stdout, grace).await;
     let (err, err_truncated) = finish(stderr, grace).await;
@@ -297,12 +306,14 @@ async fn run_inner(
             session.id
         )));
     };
-    let oom_after = sandbox.handle.stats().map(|s| s.oom_kills).unwrap_or(0);
+    // Only a SIGKILL can be the OOM killer's: the counter is read again only then.
+    let oom_killed =
+        exit.signal == Some(libc::SIGKILL) && sandbox.handle.oom_kills().unwrap_or(0) > oom_before;
     Ok(ExecResult {
         exit_code: exit.code,
         signal: exit.signal,
         timed_out,
-        oom_killed: oom_after > oom_before && exit.signal == Some(libc::SIGKILL),
+        oom_killed,
         stdout: String::from_utf8_lossy(&out).into_owned(),
         stderr: String::from_utf8_lossy(&err).into_owned(),
         stdout_truncated: out_truncated,
@@ -327,8 +338,7 @@ pub fn sandbox_gone(e: std::io::Error) -> ApiError {
     ApiError::conflict(format!("the session's sandbox is not reachable: {e}"))
 }
 
-async fn write_stdin(fd: OwnedFd, data: Option<Vec<u8>>) {
-    let Some(data) = data else { return };
+async fn write_stdin(fd: OwnedFd, data: Vec<u8>) {
     if let Ok(mut sender) = tokio::net::unix::pipe::Sender::from_owned_fd(fd) {
         // A command that does not read its stdin closes the pipe: fine.
         let _ = sender.write_all(&data).await;

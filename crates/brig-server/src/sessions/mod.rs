@@ -33,7 +33,7 @@ use utoipa_axum::routes;
 
 use crate::audit;
 use crate::auth::Caller;
-use crate::db::now_rfc3339;
+use crate::db::{now_rfc3339, NewAuditEvent};
 use crate::error::{ApiError, ApiJson, ApiPath};
 use crate::state::{AppState, Shared};
 use launch::{LaunchReply, LaunchRequest, Launched};
@@ -378,10 +378,24 @@ fn session_dir(shared: &Shared, id: &str) -> PathBuf {
 
 /// Every live session, by id.
 pub struct Sessions {
-    live: RwLock<HashMap<String, Arc<Session>>>,
+    live: RwLock<Live>,
     pub pool: pool::Pool,
     /// Serializes quota checks with the inserts they guard.
     admission: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct Live {
+    by_id: HashMap<String, Arc<Session>>,
+    /// Sessions and their disk limits summed per tenant, changed with `by_id` under
+    /// the same lock: quota checks read it instead of walking every session.
+    per_tenant: HashMap<String, TenantUsage>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantUsage {
+    pub sessions: u64,
+    pub disk_bytes: u64,
 }
 
 impl Sessions {
@@ -392,7 +406,7 @@ impl Sessions {
         raise_nofile();
         std::fs::create_dir_all(shared.data_dir.join("sessions"))?;
         let sessions = Sessions {
-            live: RwLock::new(HashMap::new()),
+            live: RwLock::new(Live::default()),
             pool: pool::Pool::new(&shared.args),
             admission: tokio::sync::Mutex::new(()),
         };
@@ -421,6 +435,7 @@ impl Sessions {
         self.live
             .read()
             .unwrap_or_else(|e| e.into_inner())
+            .by_id
             .get(id)
             .cloned()
     }
@@ -429,23 +444,40 @@ impl Sessions {
         self.live
             .read()
             .unwrap_or_else(|e| e.into_inner())
+            .by_id
             .values()
             .cloned()
             .collect()
     }
 
     fn insert(&self, session: Arc<Session>) {
-        self.live
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(session.id.clone(), session);
+        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+        let usage = live.per_tenant.entry(session.tenant.clone()).or_default();
+        usage.sessions += 1;
+        usage.disk_bytes += session.disk_bytes;
+        if let Some(old) = live.by_id.insert(session.id.clone(), session) {
+            live.forget(&old);
+        }
     }
 
     fn remove(&self, id: &str) -> Option<Arc<Session>> {
+        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+        let removed = live.by_id.remove(id);
+        if let Some(session) = &removed {
+            live.forget(session);
+        }
+        removed
+    }
+
+    /// A tenant's live sessions and their disk limits.
+    pub fn usage(&self, tenant: &str) -> TenantUsage {
         self.live
-            .write()
+            .read()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(id)
+            .per_tenant
+            .get(tenant)
+            .copied()
+            .unwrap_or_default()
     }
 
     pub fn of_tenant(&self, tenant: &str) -> Vec<Arc<Session>> {
@@ -459,7 +491,11 @@ impl Sessions {
     }
 
     pub fn count(&self) -> usize {
-        self.live.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.live
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_id
+            .len()
     }
 
     async fn reattach(&self, shared: &Arc<Shared>) -> anyhow::Result<()> {
@@ -624,6 +660,19 @@ impl Sessions {
             }
             if !current.contains_key(&id) {
                 let _ = std::fs::remove_dir_all(dir.path());
+            }
+        }
+    }
+}
+
+impl Live {
+    /// Takes a session that left `by_id` out of its tenant's usage.
+    fn forget(&mut self, session: &Session) {
+        if let Some(usage) = self.per_tenant.get_mut(&session.tenant) {
+            usage.sessions = usage.sessions.saturating_sub(1);
+            usage.disk_bytes = usage.disk_bytes.saturating_sub(session.disk_bytes);
+            if usage.sessions == 0 {
+                self.per_tenant.remove(&session.tenant);
             }
         }
     }
@@ -885,33 +934,40 @@ async fn create_session(
     caller: Caller,
     ApiJson(request): ApiJson<CreateSession>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let detail = serde_json::json!({
+        "image": request.image,
+        "snapshot": request.snapshot,
+        "limits": request.limits,
+        "mounts": request.mounts,
+        "volume": request.volume,
+    });
+    let event = audit::event(&caller, None, "session.create", detail.clone(), "ok");
     // In its own task: a client that hangs up mid-launch must not leave a sandbox
     // started but unrecorded.
     let (task_state, task_caller, task_request) = (state.clone(), caller.clone(), request.clone());
-    let result = tokio::spawn(async move { create(&task_state, &task_caller, task_request).await })
-        .await
-        .map_err(ApiError::internal)
-        .and_then(|r| r);
-    let (outcome, session_id) = match &result {
-        Ok(session) => ("ok", Some(session.id.as_str())),
-        Err(e) => (e.code, None),
-    };
-    audit::record(
-        &state,
-        &caller,
-        session_id,
-        "session.create",
-        serde_json::json!({
-            "image": request.image,
-            "snapshot": request.snapshot,
-            "limits": request.limits,
-            "mounts": request.mounts,
-            "volume": request.volume,
-        }),
-        outcome,
-    )
-    .await;
-    let session = result?;
+    let result = tokio::spawn(async move {
+        create_with(&task_state, &task_caller, task_request, Some(event)).await
+    })
+    .await
+    .map_err(ApiError::internal)
+    .and_then(|r| r);
+    let recorded = matches!(result, Ok((_, true)));
+    if !recorded {
+        let (outcome, session_id) = match &result {
+            Ok((session, _)) => ("ok", Some(session.id.as_str())),
+            Err(e) => (e.code, None),
+        };
+        audit::record(
+            &state,
+            &caller,
+            session_id,
+            "session.create",
+            detail,
+            outcome,
+        )
+        .await;
+    }
+    let (session, _) = result?;
     Ok((StatusCode::CREATED, ApiJson(session.info())))
 }
 
@@ -920,8 +976,23 @@ async fn create_session(
 pub async fn create(
     state: &AppState,
     caller: &Caller,
-    mut request: CreateSession,
+    request: CreateSession,
 ) -> Result<Arc<Session>, ApiError> {
+    create_with(state, caller, request, None)
+        .await
+        .map(|(session, _)| session)
+}
+
+/// [`create`], also recording `event` (its session id and time filled in) in the
+/// transaction that records the session, when nothing can fail after it (a request
+/// without files): then the event is stored exactly when the session is, and the
+/// client waits for one commit instead of two. Returns whether it was recorded.
+async fn create_with(
+    state: &AppState,
+    caller: &Caller,
+    mut request: CreateSession,
+    event: Option<NewAuditEvent>,
+) -> Result<(Arc<Session>, bool), ApiError> {
     let shared: &Shared = state;
     let limits = limits_of(&request)?;
     if request.image.is_some() && request.snapshot.is_some() {
@@ -990,14 +1061,14 @@ pub async fn create(
         )));
     }
     let quotas = shared.auth.quotas(&caller.tenant).await?;
-    let mine = sessions.of_tenant(&caller.tenant);
-    if mine.len() as u64 >= quotas.max_sessions {
+    let mine = sessions.usage(&caller.tenant);
+    if mine.sessions >= quotas.max_sessions {
         return Err(ApiError::quota(format!(
             "tenant {} is at its limit of {} sessions",
             caller.tenant, quotas.max_sessions
         )));
     }
-    let disk_used: u64 = mine.iter().map(|s| s.disk_bytes).sum::<u64>()
+    let disk_used: u64 = mine.disk_bytes
         + crate::filestore::tenant_usage(state, &caller.tenant).await?
         + crate::volumes::usage(state, &caller.tenant).await?;
     if disk_used + limits.disk_bytes > quotas.max_disk_bytes {
@@ -1018,9 +1089,9 @@ pub async fn create(
         Some(name) => crate::volumes::ensure(state, &caller.tenant, name).await?,
         None => false,
     };
-    let started = start_session(state, caller, &request, image, spec, limits).await;
-    let session = match started {
-        Ok(session) => session,
+    let started = start_session(state, caller, &request, image, spec, limits, event).await;
+    let (session, recorded) = match started {
+        Ok(started) => started,
         Err(e) => {
             if let (true, Some(name)) = (made_volume, &request.volume) {
                 crate::volumes::discard_new(state, &caller.tenant, name, 1).await;
@@ -1051,7 +1122,7 @@ pub async fn create(
             return Err(e);
         }
     }
-    Ok(session)
+    Ok((session, recorded))
 }
 
 /// The part of [`create`] that starts the sandbox (from the pool or launched) and
@@ -1063,7 +1134,8 @@ async fn start_session(
     image: Option<String>,
     spec: SandboxSpec,
     limits: brig_policy::Limits,
-) -> Result<Arc<Session>, ApiError> {
+    event: Option<NewAuditEvent>,
+) -> Result<(Arc<Session>, bool), ApiError> {
     let shared: &Shared = state;
     let sessions = state.sessions();
     let id = format!("ses_{}", crate::auth::random_hex(12));
@@ -1080,11 +1152,14 @@ async fn start_session(
     } else {
         None
     };
-    let (launched, from_pool) = match pooled {
-        Some(ready) => (ready.adopt(shared, &id).await?, true),
+    let (launched, pool_row) = match pooled {
+        Some(ready) => {
+            let (launched, pool_row) = ready.adopt(state, &id).await?;
+            (launched, Some(pool_row))
+        }
         None => (
             launch_sandbox(shared, &id, spec, image.clone()).await?,
-            false,
+            None,
         ),
     };
     let session = Arc::new(Session {
@@ -1103,50 +1178,126 @@ async fn start_session(
         last_active: AtomicI64::new(now),
         saved_active: AtomicI64::new(now),
         paused: AtomicBool::new(false),
-        pooled: from_pool,
+        pooled: pool_row.is_some(),
         gate: tokio::sync::RwLock::new(()),
         stdin: Mutex::new(HashMap::new()),
         deleted: AtomicBool::new(false),
     });
-    if let Err(e) = persist(state, &session, "running").await {
+    // Files are copied in after the row is written, and if that fails the session is
+    // deleted: then the event is the handler's to record, with that outcome.
+    let event = event.filter(|_| request.files.as_ref().is_none_or(Vec::is_empty));
+    let recorded = event.is_some();
+    if let Err(e) = record_new(state, &session, pool_row.clone(), event).await {
         destroy_sandbox(state, &session).await;
+        if let Some(pool_row) = pool_row {
+            // Left by the rolled-back transaction; its sandbox is the one just destroyed.
+            let _ = state
+                .db
+                .quick(move |conn| delete_row(conn, &pool_row))
+                .await;
+        }
         return Err(e);
     }
-    Ok(session)
+    Ok((session, recorded))
+}
+
+/// A session's row in the `sessions` table.
+struct SessionRow {
+    id: String,
+    tenant: String,
+    state: String,
+    image: Option<String>,
+    snapshot: Option<String>,
+    request: String,
+    runtime: String,
+    created_at: String,
+    expires_at: Option<String>,
+    idle_timeout_s: Option<i64>,
+    last_active_at: String,
+}
+
+impl SessionRow {
+    fn of(session: &Session, db_state: &str) -> Result<SessionRow, ApiError> {
+        let sandbox = session.sandbox();
+        Ok(SessionRow {
+            id: session.id.clone(),
+            tenant: session.tenant.clone(),
+            state: db_state.to_string(),
+            image: session.request.image.clone(),
+            snapshot: session.request.snapshot.clone(),
+            request: serde_json::to_string(&session.request).map_err(ApiError::internal)?,
+            runtime: serde_json::to_string(&*sandbox).map_err(ApiError::internal)?,
+            created_at: session.created_at.clone(),
+            expires_at: session.expires_at.map(rfc3339),
+            idle_timeout_s: session.idle_timeout_seconds.map(|s| s as i64),
+            last_active_at: rfc3339(session.last_active.load(Ordering::Relaxed)),
+        })
+    }
+
+    /// Inserts the row, or updates the state, sandbox and activity of an existing one.
+    fn upsert(&self, conn: &rusqlite::Connection) -> rusqlite::Result<usize> {
+        conn.prepare_cached(
+            "INSERT INTO sessions (id, tenant, state, image, snapshot, request, runtime,
+                 created_at, expires_at, idle_timeout_s, last_active_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+             ON CONFLICT(id) DO UPDATE SET state = ?3, runtime = ?7, last_active_at = ?11",
+        )?
+        .execute(rusqlite::params![
+            self.id,
+            self.tenant,
+            self.state,
+            self.image,
+            self.snapshot,
+            self.request,
+            self.runtime,
+            self.created_at,
+            self.expires_at,
+            self.idle_timeout_s,
+            self.last_active_at
+        ])
+    }
+}
+
+fn delete_row(conn: &rusqlite::Connection, id: &str) -> rusqlite::Result<usize> {
+    conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+        .execute([id])
+}
+
+/// Writes a new session's row in one transaction with what goes with it: the removal
+/// of the row of the pool sandbox it took (`pool_row`), and its create event.
+async fn record_new(
+    state: &Shared,
+    session: &Session,
+    pool_row: Option<String>,
+    event: Option<NewAuditEvent>,
+) -> Result<(), ApiError> {
+    let row = SessionRow::of(session, "running")?;
+    let event = event.map(|mut event| {
+        event.session_id = Some(session.id.clone());
+        event.time = now_rfc3339();
+        let detail = event.detail.to_string();
+        (event, detail)
+    });
+    state
+        .db
+        .quick(move |conn| {
+            let tx = conn.transaction()?;
+            if let Some(pool_row) = &pool_row {
+                delete_row(&tx, pool_row)?;
+            }
+            row.upsert(&tx)?;
+            if let Some((event, detail)) = &event {
+                crate::db::insert_audit_in(&tx, event, detail)?;
+            }
+            tx.commit()
+        })
+        .await
 }
 
 /// Writes the session's row (insert or update).
 pub async fn persist(state: &Shared, session: &Session, db_state: &str) -> Result<(), ApiError> {
-    let sandbox = session.sandbox();
-    let runtime = serde_json::to_string(&*sandbox).map_err(ApiError::internal)?;
-    let request = serde_json::to_string(&session.request).map_err(ApiError::internal)?;
-    let row = (
-        session.id.clone(),
-        session.tenant.clone(),
-        db_state.to_string(),
-        session.request.image.clone(),
-        session.request.snapshot.clone(),
-        request,
-        runtime,
-        session.created_at.clone(),
-        session.expires_at.map(rfc3339),
-        session.idle_timeout_seconds.map(|s| s as i64),
-        rfc3339(session.last_active.load(Ordering::Relaxed)),
-    );
-    state
-        .db
-        .call(move |conn| {
-            conn.execute(
-                "INSERT INTO sessions (id, tenant, state, image, snapshot, request, runtime,
-                     created_at, expires_at, idle_timeout_s, last_active_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-                 ON CONFLICT(id) DO UPDATE SET state = ?3, runtime = ?7, last_active_at = ?11",
-                rusqlite::params![
-                    row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7, row.8, row.9, row.10
-                ],
-            )
-        })
-        .await?;
+    let row = SessionRow::of(session, db_state)?;
+    state.db.quick(move |conn| row.upsert(conn)).await?;
     Ok(())
 }
 
@@ -1175,11 +1326,9 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
     let id = session.id.clone();
     state
         .db
-        .call(move |conn| {
-            conn.execute(
-                "UPDATE sessions SET state = 'deleting' WHERE id = ?1",
-                rusqlite::params![id],
-            )
+        .quick(move |conn| {
+            conn.prepare_cached("UPDATE sessions SET state = 'deleting' WHERE id = ?1")?
+                .execute([&id])
         })
         .await?;
     // The sandbox ends before the gate is taken: execs running in it end with it
@@ -1195,14 +1344,14 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
         destroy_sandbox(state, session).await;
     }
     state.sessions().remove(&session.id);
-    let id = session.id.clone();
+    let (id, now) = (session.id.clone(), now_rfc3339());
     state
         .db
-        .call(move |conn| {
-            conn.execute(
+        .quick(move |conn| {
+            conn.prepare_cached(
                 "UPDATE sessions SET state = 'deleted', deleted_at = ?2 WHERE id = ?1",
-                rusqlite::params![id, now_rfc3339()],
-            )
+            )?
+            .execute([&id, &now])
         })
         .await?;
     crate::metrics::set_sessions("running", state.sessions().count() as f64);
@@ -1228,20 +1377,25 @@ pub fn lookup(state: &AppState, caller: &Caller, id: &str) -> Result<Arc<Session
 
 /// Ends the session when its sandbox exits by itself (init killed, OOM of init).
 fn watch_exit(state: &AppState, session: &Arc<Session>) {
-    let Ok(Some(pidfd)) = session.sandbox().handle.pidfd() else {
-        return;
-    };
     let state = state.clone();
     let session = session.clone();
-    let pid = session.sandbox().handle.pid;
+    let handle = session.sandbox().handle.clone();
+    // The pidfd is opened in the task, not before answering the create.
     tokio::spawn(async move {
-        let Ok(fd) = agent::register(pidfd) else {
-            return;
-        };
-        let _ = fd.readable().await;
-        brig_jail::session::reap(fd.get_ref());
+        match handle.pidfd() {
+            Ok(Some(pidfd)) => {
+                let Ok(fd) = agent::register(pidfd) else {
+                    return;
+                };
+                let _ = fd.readable().await;
+                brig_jail::session::reap(fd.get_ref());
+            }
+            // Gone already, since it was started or re-attached.
+            Ok(None) => {}
+            Err(_) => return,
+        }
         // Restore replaces the sandbox: only the current one's end matters.
-        if session.sandbox().handle.pid != pid || session.deleted.load(Ordering::SeqCst) {
+        if session.sandbox().handle.pid != handle.pid || session.deleted.load(Ordering::SeqCst) {
             return;
         }
         tracing::warn!(session = %session.id, "sandbox exited by itself; ending the session");

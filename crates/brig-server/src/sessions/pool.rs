@@ -32,6 +32,9 @@ pub struct Pool {
     targets: Vec<(Key, usize)>,
     ready: Mutex<HashMap<Key, Vec<Ready>>>,
     wake: tokio::sync::Notify,
+    /// Held by the filler from a launch until its sandbox is in `ready`, and by
+    /// `drain`: a launch under way at shutdown is drained too, not left running.
+    filling: tokio::sync::Mutex<()>,
 }
 
 /// A started sandbox waiting for a session.
@@ -53,6 +56,7 @@ impl Pool {
                 .collect(),
             ready: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
+            filling: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -70,6 +74,28 @@ impl Pool {
             crate::metrics::set_pool(image.unwrap_or("host"), self.size(&key) as f64);
         }
         taken
+    }
+
+    /// After a take: waits up to [`REFILL_DELAY`] before the filler launches, but not
+    /// once a pool is low (less than half its target ready): a burst of creates is
+    /// under way then, and the next ones would go cold, which costs each of them far
+    /// more than competing with a launch.
+    async fn settle(&self) {
+        let deadline = tokio::time::Instant::now() + REFILL_DELAY;
+        while !self.low() {
+            if tokio::time::timeout_at(deadline, self.wake.notified())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    fn low(&self) -> bool {
+        self.targets
+            .iter()
+            .any(|(key, target)| self.size(key) * 2 < *target)
     }
 
     fn size(&self, key: &Key) -> usize {
@@ -99,28 +125,37 @@ pub fn fits(request: &CreateSession, limits: &brig_policy::Limits) -> bool {
 }
 
 impl Ready {
-    /// Makes the sandbox session `id`'s: moves its directory and re-keys its row.
-    pub async fn adopt(self, shared: &Shared, id: &str) -> Result<Launched, ApiError> {
+    /// Makes the sandbox session `id`'s: moves its directory. Returns the sandbox and
+    /// the id of its pool row, which the caller replaces with the session's row (in
+    /// one transaction). A daemon killed in between leaves a pool row whose socket is
+    /// gone, which the next start destroys, as any pool row, and then the directory
+    /// (known to no row).
+    pub async fn adopt(self, shared: &Shared, id: &str) -> Result<(Launched, String), ApiError> {
         let from = session_dir(shared, &self.id);
         let to = session_dir(shared, id);
-        tokio::fs::rename(&from, &to)
-            .await
-            .map_err(|e| ApiError::internal(format!("adopt pooled sandbox: {e}")))?;
+        // A rename within one directory: a synchronous call is cheaper than a hop to
+        // the blocking pool.
+        if let Err(e) = std::fs::rename(&from, &to) {
+            self.destroy(shared).await;
+            return Err(ApiError::internal(format!("adopt pooled sandbox: {e}")));
+        }
         let mut launched = self.launched;
         if let Some(name) = launched.control_socket.file_name() {
             launched.control_socket = to.join(name);
         }
-        let pool_id = self.id.clone();
-        shared
+        Ok((launched, self.id))
+    }
+
+    /// Destroys the sandbox, its directory and its row.
+    async fn destroy(self, shared: &Shared) {
+        let handle = self.launched.handle.clone();
+        let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
+        let _ = tokio::fs::remove_dir_all(session_dir(shared, &self.id)).await;
+        let id = self.id;
+        let _ = shared
             .db
-            .call(move |conn| {
-                conn.execute(
-                    "DELETE FROM sessions WHERE id = ?1",
-                    rusqlite::params![pool_id],
-                )
-            })
-            .await?;
-        Ok(launched)
+            .call(move |conn| conn.execute("DELETE FROM sessions WHERE id = ?1", [id]))
+            .await;
     }
 }
 
@@ -132,8 +167,7 @@ pub fn spawn_filler(state: &AppState) {
     }
     let state = state.clone();
     tokio::spawn(async move {
-        // Stops at shutdown, when `drain` empties the pool (a launch still running
-        // then leaves its row for the next start to clean up).
+        // Stops at shutdown: `drain` empties the pool, after the launch under way.
         while !state.is_shutting_down() {
             let mut launched_any = false;
             let targets = state.sessions().pool.targets.clone();
@@ -142,12 +176,19 @@ pub fn spawn_filler(state: &AppState) {
                 if pool.size(&key) >= target {
                     continue;
                 }
-                match fill_one(&state, key.clone()).await {
-                    Ok(ready) => {
+                let filled = {
+                    let _filling = pool.filling.lock().await;
+                    if state.is_shutting_down() {
+                        return;
+                    }
+                    fill_one(&state, key.clone()).await.map(|ready| {
                         let mut map = pool.ready.lock().unwrap_or_else(|e| e.into_inner());
                         map.entry(key.clone()).or_default().push(ready);
-                        let n = map.get(&key).map_or(0, Vec::len);
-                        drop(map);
+                        map.get(&key).map_or(0, Vec::len)
+                    })
+                };
+                match filled {
+                    Ok(n) => {
                         crate::metrics::set_pool(key.as_deref().unwrap_or("host"), n as f64);
                         launched_any = true;
                     }
@@ -163,7 +204,7 @@ pub fn spawn_filler(state: &AppState) {
                     .await
                     .is_ok()
                 {
-                    tokio::time::sleep(REFILL_DELAY).await;
+                    pool.settle().await;
                 }
             }
         }
@@ -179,14 +220,16 @@ async fn fill_one(state: &AppState, image: Key) -> Result<Ready, ApiError> {
     let runtime = serde_json::to_string(&launched).map_err(ApiError::internal)?;
     let row_id = id.clone();
     let now = crate::db::now_rfc3339();
+    // Through `quick` like the session rows that replace it: a write from another
+    // connection would make that one read the pages it holds again at the next create.
     let stored = state
         .db
-        .call(move |conn| {
-            conn.execute(
+        .quick(move |conn| {
+            conn.prepare_cached(
                 "INSERT INTO sessions (id, tenant, state, image, request, runtime, created_at, last_active_at)
                  VALUES (?1, '', 'pooled', ?2, '{}', ?3, ?4, ?4)",
-                rusqlite::params![row_id, image, runtime, now],
-            )
+            )?
+            .execute(rusqlite::params![row_id, image, runtime, now])
         })
         .await;
     if let Err(e) = stored {
@@ -198,11 +241,12 @@ async fn fill_one(state: &AppState, image: Key) -> Result<Ready, ApiError> {
     Ok(Ready { id, launched })
 }
 
-/// Destroys every pooled sandbox (at shutdown, once the filler has stopped).
+/// Destroys every pooled sandbox (at shutdown, once shutdown has begun: the filler
+/// launches nothing after this).
 pub async fn drain(state: &AppState) {
-    let all: Vec<Ready> = state
-        .sessions()
-        .pool
+    let pool = &state.sessions().pool;
+    let _filling = pool.filling.lock().await;
+    let all: Vec<Ready> = pool
         .ready
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -210,15 +254,6 @@ pub async fn drain(state: &AppState) {
         .flat_map(|(_, list)| list)
         .collect();
     for ready in all {
-        let handle = ready.launched.handle.clone();
-        let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
-        let _ = tokio::fs::remove_dir_all(session_dir(state, &ready.id)).await;
-        let id = ready.id.clone();
-        let _ = state
-            .db
-            .call(move |conn| {
-                conn.execute("DELETE FROM sessions WHERE id = ?1", rusqlite::params![id])
-            })
-            .await;
+        ready.destroy(state).await;
     }
 }
