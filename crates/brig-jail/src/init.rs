@@ -36,10 +36,10 @@ pub(crate) const SYNC_FD: RawFd = 3;
 pub(crate) const GO_MAPS_WRITTEN: u8 = b'm';
 /// Before it, any number of these: image layer mounts, bottom first.
 pub(crate) const GO_LAYERS: u8 = b'l';
-/// Root brig, after `GO_MAPS_WRITTEN`: the bind sources, in plan order (any number
-/// of these, then one `GO_BINDS_DONE`); see `mounts::BindSources`.
-pub(crate) const GO_BINDS: u8 = b'b';
-pub(crate) const GO_BINDS_DONE: u8 = b'B';
+/// Root brig, after `GO_MAPS_WRITTEN`: the sources of binds and copies, in plan
+/// order (any number of these, then one `GO_SOURCES_DONE`); see `mounts::open_sources`.
+pub(crate) const GO_SOURCES: u8 = b'b';
+pub(crate) const GO_SOURCES_DONE: u8 = b'B';
 /// Then: the cgroup is ready (with its v1 `tasks` files attached) or there is none.
 pub(crate) const GO_WITH_CGROUP: u8 = b'c';
 pub(crate) const GO_WITHOUT_CGROUP: u8 = b'n';
@@ -84,8 +84,9 @@ pub(crate) struct ChildPlan<'a> {
     pub stdout_fd: Option<RawFd>,
     pub stderr_fd: Option<RawFd>,
     pub drop_groups: bool,
-    /// Whether the parent clones the bind sources (root brig) or this process does.
-    pub binds_from_parent: bool,
+    /// Whether the parent opens the sources of binds and copies (root brig) or this
+    /// process does.
+    pub sources_from_parent: bool,
     /// When the run began (monotonic clock, shared with the parent).
     pub started: std::time::Instant,
     /// The CPU set to restore before the command starts (see `steer_away`).
@@ -285,18 +286,18 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, Option<std::os::fd::OwnedFd>)
     mark("child_namespaces");
     // Stage 5.
     nix::sys::stat::umask(nix::sys::stat::Mode::empty());
-    let mut receive_binds = || {
+    let mut receive_sources = || {
         let mut sources = Vec::new();
         loop {
             match recv_fds()? {
-                (Some(GO_BINDS), fds) => sources.extend(fds),
-                (Some(GO_BINDS_DONE), _) => return Ok(sources),
+                (Some(GO_SOURCES), fds) => sources.extend(fds),
+                (Some(GO_SOURCES_DONE), _) => return Ok(sources),
                 _ => sys::exit_now(125),
             }
         }
     };
-    let sources = if plan.binds_from_parent {
-        mounts::Sources::FromParent(&mut receive_binds)
+    let sources = if plan.sources_from_parent {
+        mounts::Sources::FromParent(&mut receive_sources)
     } else {
         mounts::Sources::Here
     };

@@ -3,7 +3,7 @@
 //! Order (each step depends on the one before):
 //! 1. make every mount private, so nothing propagates back to the host;
 //! 2. get every host source as a detached mount with its flags set: cloned by the
-//!    parent (see [`BindSources`]), or here (`open_tree`) before anything is mounted
+//!    parent (see [`Sources`]), or here (`open_tree`) before anything is mounted
 //!    over host paths that a source might live under;
 //! 3. mount the new root (a small tmpfs) on the staging directory and the scratch
 //!    tmpfs beside it;
@@ -163,12 +163,10 @@ pub fn build_root(
     )
     .context(|| "make mounts private".into())?;
 
-    let receive = match sources {
-        Sources::Here => {
-            let opened = open_sources(plan, None, None)?;
-            Box::new(move || Ok(opened)) as Box<dyn FnOnce() -> Result<Vec<OwnedFd>, JailError>>
-        }
-        Sources::FromParent(receive) => Box::new(receive),
+    // Rootless: opened now, before anything is mounted over host paths.
+    let opened_here = match sources {
+        Sources::Here => Some(open_sources(plan, None, None)?),
+        Sources::FromParent(_) => None,
     };
 
     let layered = !plan.layers.is_empty();
@@ -236,7 +234,11 @@ pub fn build_root(
         generated: 0,
     };
 
-    let mut sources = receive()?;
+    let mut sources = match (opened_here, sources) {
+        (Some(opened), _) => opened,
+        (None, Sources::FromParent(receive)) => receive()?,
+        (None, Sources::Here) => unreachable!("opened above"),
+    };
     let binds = plan.ops.iter().filter(|op| matches!(op, FsOp::Bind { .. }));
     let copies = plan.ops.iter().filter(|op| matches!(op, FsOp::Copy { .. }));
     let bind_count = binds.count();

@@ -404,7 +404,7 @@ fn run_sandbox(
         stdout_fd: capture.as_ref().map(|((_, w), _)| w.as_raw_fd()),
         stderr_fd: capture.as_ref().map(|(_, (_, w))| w.as_raw_fd()),
         drop_groups: !rootless,
-        binds_from_parent: !rootless,
+        sources_from_parent: !rootless,
         cpus: nix::sched::sched_getaffinity(Pid::from_raw(0)).ok(),
         started: timeline.started,
         session: session.map(|control| init::SessionFds {
@@ -769,9 +769,9 @@ fn prepare_child(
         // before it needs them.
         let sources = mounts::open_sources(plan, squash.as_ref(), Some((host_uid, host_gid)))?;
         for chunk in sources.chunks(init::MAX_FDS_PER_MESSAGE) {
-            init::send_msg(sync_w.as_raw_fd(), init::GO_BINDS, chunk)?;
+            init::send_msg(sync_w.as_raw_fd(), init::GO_SOURCES, chunk)?;
         }
-        init::send_msg(sync_w.as_raw_fd(), init::GO_BINDS_DONE, &[])?;
+        init::send_msg(sync_w.as_raw_fd(), init::GO_SOURCES_DONE, &[])?;
     }
     Ok(identity)
 }
