@@ -4,13 +4,14 @@
 //! Setup stages (each needs the ones before it):
 //! 1. arrange file descriptors: stdio, the sync pipe at 3, the report pipe at 4,
 //!    everything else closed;
-//! 2. wait for the parent to write the uid/gid maps, then join the cgroup;
+//! 2. a new network namespace, while the parent writes the uid/gid maps; wait for them;
 //! 3. become the sandbox user (keeping capabilities of the new user namespace), arm
 //!    the parent-death signal (credential changes reset it, so it comes after);
-//! 4. new cgroup namespace (now that we sit in our own cgroup), hostname, loopback;
+//! 4. hostname, loopback;
 //! 5. build the filesystem and pivot into it;
-//! 6. rlimits, then drop every capability, no_new_privs, Landlock, seccomp;
-//! 7. report "ready" and fork the command, which execs.
+//! 6. join the cgroup the parent prepared meanwhile, then a new cgroup namespace;
+//! 7. rlimits, then drop every capability, no_new_privs, Landlock, seccomp;
+//! 8. report "ready" and fork the command, which execs.
 //!
 //! As PID 1, init reaps every orphan, forwards signals to the command, and when the
 //! command ends kills everything else (`kill(-1)`) and reports the exit status.
@@ -236,6 +237,14 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, Option<std::os::fd::OwnedFd>)
             at_us: plan.started.elapsed().as_micros() as u64,
         })
     };
+    // The network namespace, made here rather than by clone: the kernel takes a
+    // while to set one up, and meanwhile the parent writes our id maps. Our user
+    // namespace owns it all the same.
+    if plan.spec.network == brig_policy::NetworkMode::None {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+            .context(|| "new network namespace".into())?;
+    }
+    mark("child_netns");
     // Stage 2: the parent writes our maps, then one byte with the image's layer
     // mounts (if any). EOF means it died.
     let mut layers = Vec::new();
@@ -327,7 +336,7 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, Option<std::os::fd::OwnedFd>)
         .context(|| "new cgroup namespace".into())?;
     mark("child_cgroup");
 
-    // Stage 6.
+    // Stage 7.
     crate::rlimits::apply(&rlimits)?;
     match plan.spec.identity.mapping {
         brig_policy::IdMapping::Single => caps::drop_all()?,
