@@ -28,6 +28,10 @@ class Client:
         self.conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
 
     def call(self, method, path, body=None):
+        raw = self.call_text(method, path, body)
+        return json.loads(raw) if raw else None
+
+    def call_text(self, method, path, body=None):
         headers = {"Authorization": f"Bearer {self.key}"}
         data = None
         if body is not None:
@@ -45,7 +49,7 @@ class Client:
                 self.conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
         if response.status >= 300 and response.status != 204:
             raise RuntimeError(f"{method} {path}: {response.status} {raw[:300]!r}")
-        return json.loads(raw) if raw else None
+        return raw.decode()
 
     def create(self, **body):
         return self.call("POST", "/v1/sessions", body)["session_id"]
@@ -86,13 +90,34 @@ def rtt(client, n):
         client.delete(session)
 
 
-def create(client, n, pooled):
+def pool_ready(client):
+    text = client.call_text("GET", "/metrics")
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("brig_pool_ready")
+    )
+
+
+def create(client, n, pattern):
+    """Session create -> first exec, `n` times. `pattern`:
+    - "cold": no pool;
+    - "pooled": 0.3 s between creates, for the pool to refill (the daemon waits
+      100 ms after a take, then launches); an idle machine between requests;
+    - "busy": back to back, from a pool holding at least `n` ready sandboxes (waited
+      for first), so that no refill runs meanwhile; a daemon kept busy.
+    """
+    if pattern == "busy":
+        for _ in range(600):
+            if pool_ready(client) >= n:
+                break
+            time.sleep(0.1)
+        else:
+            raise SystemExit(f"the pool never held {n} sandboxes")
     samples = []
     was_pooled = []
     for _ in range(n):
-        if pooled:
-            # Let the pool refill (the daemon waits 100 ms after a take, then
-            # launches): this measures a create that finds a ready sandbox.
+        if pattern == "pooled":
             time.sleep(0.3)
         start = time.perf_counter()
         session = client.call("POST", "/v1/sessions", {})
@@ -219,7 +244,7 @@ def main():
     if mode == "rtt":
         result = rtt(client, int(args[0]))
     elif mode == "create":
-        result = create(client, int(args[0]), pooled=len(args) > 1 and args[1] == "pooled")
+        result = create(client, int(args[0]), args[1] if len(args) > 1 else "cold")
     elif mode == "idle":
         result = idle(client, int(args[0]), int(args[1]))
     elif mode == "concurrent":

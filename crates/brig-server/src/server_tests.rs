@@ -1048,6 +1048,20 @@ async fn store_file_and_bundles() {
             .unwrap(),
         8
     );
+    // What a create counts against the disk quota besides its sessions: files and
+    // volumes, of this tenant only.
+    h.state
+        .db
+        .call(|c| {
+            c.execute_batch(
+                "INSERT INTO volumes (tenant, name, created_at, size_bytes)
+                 VALUES ('acme', 'v', '', 100), ('other', 'w', '', 1000)",
+            )
+        })
+        .await
+        .unwrap();
+    assert_eq!(h.state.db.stored_bytes("acme").await.unwrap(), 108);
+    assert_eq!(h.state.db.stored_bytes("nobody").await.unwrap(), 0);
 
     // An uploaded tar becomes a readable directory, extracted once.
     let mut builder = tar::Builder::new(Vec::new());

@@ -1068,9 +1068,9 @@ async fn create_with(
             caller.tenant, quotas.max_sessions
         )));
     }
-    let disk_used: u64 = mine.disk_bytes
-        + crate::filestore::tenant_usage(state, &caller.tenant).await?
-        + crate::volumes::usage(state, &caller.tenant).await?;
+    let disk_used: u64 = mine
+        .disk_bytes
+        .saturating_add(shared.db.stored_bytes(&caller.tenant).await?);
     if disk_used + limits.disk_bytes > quotas.max_disk_bytes {
         return Err(ApiError::quota(format!(
             "tenant {} would use {} of its {} bytes of disk",
