@@ -40,6 +40,8 @@ for line in sys.stdin:
             order.append(t["stage"])
         stages.setdefault(t["stage"], []).append(t["at_us"])
 prev = 0
+# Parent and child stages interleave: list them in the order they happen.
+order.sort(key=lambda name: statistics.median(stages[name]))
 for name in order:
     med = statistics.median(stages[name])
     print(f"  {name:26s} at {med:8.0f} us  (+{med - prev:6.0f})")

@@ -4,7 +4,7 @@
 //! Setup stages (each needs the ones before it):
 //! 1. arrange file descriptors: stdio, the sync pipe at 3, the report pipe at 4,
 //!    everything else closed;
-//! 2. a new network namespace, while the parent writes the uid/gid maps; wait for them;
+//! 2. wait for the parent to write the uid/gid maps;
 //! 3. become the sandbox user (keeping capabilities of the new user namespace), arm
 //!    the parent-death signal (credential changes reset it, so it comes after);
 //! 4. hostname, loopback;
@@ -237,14 +237,6 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, Option<std::os::fd::OwnedFd>)
             at_us: plan.started.elapsed().as_micros() as u64,
         })
     };
-    // The network namespace, made here rather than by clone: the kernel takes a
-    // while to set one up, and meanwhile the parent writes our id maps. Our user
-    // namespace owns it all the same.
-    if plan.spec.network == brig_policy::NetworkMode::None {
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-            .context(|| "new network namespace".into())?;
-    }
-    mark("child_netns");
     // Stage 2: the parent writes our maps, then one byte with the image's layer
     // mounts (if any). EOF means it died.
     let mut layers = Vec::new();
