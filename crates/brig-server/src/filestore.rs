@@ -576,11 +576,6 @@ pub async fn discard(state: &Shared, tenant: &str, file_id: &str) {
     }
 }
 
-/// Bytes of a tenant's stored files (part of its disk quota).
-pub async fn tenant_usage(state: &Shared, tenant: &str) -> Result<u64, ApiError> {
-    state.db.file_bytes(tenant).await
-}
-
 /// A response body that streams a file in 64 KiB chunks.
 pub fn file_body(file: tokio::fs::File) -> Body {
     let stream = futures_util::stream::unfold(Some(file), |file| async move {

@@ -1042,12 +1042,7 @@ async fn store_file_and_bundles() {
         .unwrap_err();
     assert_eq!(err.code, "payload_too_large");
     assert_eq!(h.tenant_files("acme"), std::slice::from_ref(&meta.file_id));
-    assert_eq!(
-        crate::filestore::tenant_usage(&h.state, "acme")
-            .await
-            .unwrap(),
-        8
-    );
+    assert_eq!(h.state.db.stored_bytes("acme").await.unwrap(), 8);
     // What a create counts against the disk quota besides its sessions: files and
     // volumes, of this tenant only.
     h.state
