@@ -17,6 +17,7 @@
 pub mod agent;
 pub mod caps;
 pub mod cgroup;
+pub mod disk;
 mod error;
 pub mod fsplan;
 mod idmap;

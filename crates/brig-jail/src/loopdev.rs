@@ -6,11 +6,12 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
 const LO_FLAGS_READ_ONLY: u32 = 1;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 
@@ -39,8 +40,8 @@ struct LoopConfig {
     reserved: [u64; 8],
 }
 
-/// A loop device attached read-only to a file, with autoclear: the kernel detaches
-/// it when its last user (the mount) goes away.
+/// A loop device attached to a file, with autoclear: the kernel detaches it when
+/// its last user (the mount) goes away.
 pub struct LoopDevice {
     device: File,
     pub path: PathBuf,
@@ -48,6 +49,15 @@ pub struct LoopDevice {
 
 impl LoopDevice {
     pub fn attach_read_only(backing: BorrowedFd<'_>) -> io::Result<LoopDevice> {
+        Self::attach(backing, true)
+    }
+
+    pub fn attach(backing: BorrowedFd<'_>, read_only: bool) -> io::Result<LoopDevice> {
+        let flags = if read_only {
+            LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR
+        } else {
+            LO_FLAGS_AUTOCLEAR
+        };
         let control = OpenOptions::new()
             .read(true)
             .write(true)
@@ -60,7 +70,11 @@ impl LoopDevice {
                 return Err(io::Error::last_os_error());
             }
             let path = PathBuf::from(format!("/dev/loop{number}"));
-            let device = OpenOptions::new().read(true).open(&path)?;
+            // A device opened read-only is configured read-only, whatever the flags.
+            let device = OpenOptions::new()
+                .read(true)
+                .write(!read_only)
+                .open(&path)?;
             let config = LoopConfig {
                 fd: backing.as_raw_fd() as u32,
                 block_size: 0,
@@ -73,7 +87,7 @@ impl LoopDevice {
                     lo_number: 0,
                     lo_encrypt_type: 0,
                     lo_encrypt_key_size: 0,
-                    lo_flags: LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR,
+                    lo_flags: flags,
                     lo_file_name: [0; 64],
                     lo_crypt_name: [0; 64],
                     lo_encrypt_key: [0; 32],
@@ -99,6 +113,48 @@ impl LoopDevice {
             }
         }
         Err(io::Error::other("no free loop device after 16 tries"))
+    }
+
+    /// The bound loop device whose backing file is `backing` (same device and inode),
+    /// if there is one. A file must never back two devices that are both mounted
+    /// read-write: two filesystems would write one image.
+    pub fn find(backing: &File) -> io::Result<Option<PathBuf>> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = backing.metadata()?;
+        for entry in std::fs::read_dir("/sys/block")? {
+            let name = entry?.file_name();
+            let Some(name) = name.to_str().filter(|n| n.starts_with("loop")) else {
+                continue;
+            };
+            // Only a bound device has a backing file.
+            if !Path::new("/sys/block")
+                .join(name)
+                .join("loop/backing_file")
+                .exists()
+            {
+                continue;
+            }
+            let path = PathBuf::from(format!("/dev/{name}"));
+            let Ok(device) = OpenOptions::new().read(true).open(&path) else {
+                continue;
+            };
+            // SAFETY: LoopInfo64 is plain old data; all zeroes is a valid value.
+            let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+            // SAFETY: LOOP_GET_STATUS64 writes one `struct loop_info64` into `info`,
+            // which lives across the call.
+            let ret = unsafe {
+                libc::ioctl(
+                    device.as_raw_fd(),
+                    LOOP_GET_STATUS64,
+                    &mut info as *mut LoopInfo64,
+                )
+            };
+            // ENXIO: unbound since it was listed.
+            if ret == 0 && info.lo_device == meta.dev() && info.lo_inode == meta.ino() {
+                return Ok(Some(path));
+            }
+        }
+        Ok(None)
     }
 
     /// Detaches now; for when the mount that would trigger autoclear failed.
