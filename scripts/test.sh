@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 #   util-linux     setpriv (rootless test), unshare, ipcmk/ipcs, setsid
 #   passwd         useradd/userdel for the rootless test's own user
 #   erofs-utils    mkfs.erofs: brig packs image layers with it
+#   e2fsprogs      mkfs.ext4: the daemon's volumes are ext4 images
 #   debootstrap    the `python` image recipe's Debian base
 need=()
 command -v /usr/bin/python3 >/dev/null 2>&1 || need+=(python3)
@@ -19,6 +20,7 @@ command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v ipcmk >/dev/null 2>&1 || need+=(util-linux)
 command -v useradd >/dev/null 2>&1 || need+=(passwd)
 command -v mkfs.erofs >/dev/null 2>&1 || need+=(erofs-utils)
+[ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then

@@ -3620,7 +3620,16 @@ fn volumes(d: &Daemon, key: &str) -> Vec<Value> {
     assert_eq!(status, 200, "{list}");
     let list = list["volumes"].as_array().unwrap().clone();
     for v in &list {
-        assert_fields(v, &["name", "size_bytes", "created_at", "sessions"]);
+        assert_fields(
+            v,
+            &[
+                "name",
+                "size_bytes",
+                "capacity_bytes",
+                "created_at",
+                "sessions",
+            ],
+        );
     }
     list
 }
@@ -3629,9 +3638,23 @@ fn volume(d: &Daemon, key: &str, name: &str) -> Option<Value> {
     volumes(d, key).into_iter().find(|v| v["name"] == name)
 }
 
-/// Where the daemon keeps a tenant's volume on the host.
+/// Where the daemon keeps a tenant's volume on the host (its image and mount point).
 fn volume_dir(d: &Daemon, tenant: &str, name: &str) -> PathBuf {
     d.data_dir().join("volumes").join(tenant).join(name)
+}
+
+/// Where the daemon mounts a volume's filesystem on the host.
+fn volume_root(d: &Daemon, tenant: &str, name: &str) -> PathBuf {
+    volume_dir(d, tenant, name).join("root")
+}
+
+/// Whether `path` is a mount point in this (the host's) mount namespace.
+fn is_mounted(path: &Path) -> bool {
+    let wanted = path.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|line| line.split(' ').nth(4) == Some(wanted.as_str()))
 }
 
 fn mode_uid_gid(path: &Path) -> (u32, u32, u32) {
@@ -3650,8 +3673,9 @@ fn root_volumes_persist_across_sessions() {
     let first = sid(&s);
     assert_eq!(sh(&d, &key, &first, "stat -c %u:%a /volume"), "1000:755\n");
     sh(&d, &key, &first, "echo kept > /volume/file");
-    // On the host: root's files in the daemon's private directory.
-    let host = volume_dir(&d, "admin", "data");
+    // On the host: root's files, in a filesystem mounted in the daemon's private
+    // directory.
+    let host = volume_root(&d, "admin", "data");
     assert_eq!(
         std::fs::read_to_string(host.join("file")).unwrap(),
         "kept\n"
@@ -3659,7 +3683,16 @@ fn root_volumes_persist_across_sessions() {
     assert_eq!(mode_uid_gid(&host.join("file")), (0o644, 0, 0));
     assert_eq!(mode_uid_gid(&host), (0o755, 0, 0));
     assert_eq!(mode_uid_gid(&d.data_dir().join("volumes")), (0o700, 0, 0));
-    assert_eq!(mode_uid_gid(host.parent().unwrap()), (0o700, 0, 0));
+    let dir = volume_dir(&d, "admin", "data");
+    assert_eq!(mode_uid_gid(&dir), (0o700, 0, 0));
+    assert_eq!(mode_uid_gid(dir.parent().unwrap()), (0o700, 0, 0));
+    assert_eq!(mode_uid_gid(&dir.join("disk.ext4")).0, 0o600);
+    // A new volume is empty (no lost+found) and 1 GiB unless asked otherwise.
+    assert_eq!(sh(&d, &key, &first, "ls -A /volume"), "file\n");
+    assert_eq!(
+        volume(&d, &key, "data").unwrap()["capacity_bytes"],
+        1u64 << 30
+    );
     // Files written through the API land there too, also as root's.
     let (status, _) = d.raw(
         "PUT",
@@ -3691,16 +3724,11 @@ fn root_volumes_persist_across_sessions() {
     let third = sid(&create(&d, &key, json!({"volume": "data"})));
     assert_eq!(sh(&d, &key, &third, "cat /volume/file"), "kept\nmore\n");
     delete_session(&d, &key, &third);
-    // Measured once no session uses it.
-    assert!(
-        common::eventually(10_000, || volume(&d, &key, "data").unwrap()["size_bytes"]
-            .as_u64()
-            .unwrap()
-            > 0),
-        "{:?}",
-        volume(&d, &key, "data")
-    );
-    assert_eq!(volume(&d, &key, "data").unwrap()["sessions"], json!([]));
+    // Its size is what its image takes on the host: far less than its capacity.
+    let listed = volume(&d, &key, "data").unwrap();
+    let size = listed["size_bytes"].as_u64().unwrap();
+    assert!(size > 0 && size < 64 << 20, "{listed}");
+    assert_eq!(listed["sessions"], json!([]));
 
     // Another tenant's volume of the same name is another directory.
     let (other, _) = tenant_key(&d, "other");
@@ -3716,6 +3744,7 @@ fn root_volumes_persist_across_sessions() {
     assert_eq!(status, 204);
     assert!(volume(&d, &other, "data").is_none());
     assert!(!volume_dir(&d, "other", "data").exists());
+    assert!(!is_mounted(&volume_root(&d, "other", "data")));
     assert_eq!(
         std::fs::read_to_string(host.join("file")).unwrap(),
         "kept\nmore\n"
@@ -3725,6 +3754,7 @@ fn root_volumes_persist_across_sessions() {
     assert_eq!(status, 204);
     assert!(volumes(&d, &key).is_empty());
     assert!(!host.exists());
+    assert!(!is_mounted(&host));
     let (status, body) = d.request("DELETE", "/v1/volumes/data", Some(&key), None);
     assert_eq!(status, 404, "{body}");
     // Deleted means gone: the name starts empty again.
@@ -3837,20 +3867,11 @@ fn root_volumes_resist_attacks_from_inside() {
     assert_eq!(mode_uid_gid(d.data_dir()).0 & 0o077, 0);
     delete_session(&d, &key, &id);
 
-    // The size is measured without following links (the 8 MiB host file is not
-    // counted).
-    assert!(
-        common::eventually(10_000, || volume(&d, &key, "v").unwrap()["size_bytes"]
-            .as_u64()
-            .unwrap()
-            >= 1_000_000),
-        "{:?}",
-        volume(&d, &key, "v")
-    );
+    // Its size is its image's: what was written in it, never what links point to.
     let size = volume(&d, &key, "v").unwrap()["size_bytes"]
         .as_u64()
         .unwrap();
-    assert!(size < 4 << 20, "a link was followed: {size}");
+    assert!(size >= 1_000_000, "{size}");
     // Deleting the volume removes its links, never what they point to.
     let (status, _) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
     assert_eq!(status, 204);
@@ -3933,7 +3954,7 @@ fn root_volumes_resist_attacks_from_inside() {
     let (status, _) = d.request("DELETE", "/v1/volumes/mine", Some(&other), None);
     assert_eq!(status, 204, "its own volume of that name");
     assert_eq!(
-        std::fs::read_to_string(volume_dir(&d, "admin", "mine").join("f")).unwrap(),
+        std::fs::read_to_string(volume_root(&d, "admin", "mine").join("f")).unwrap(),
         "mine\n"
     );
     let (status, _) = d.request("DELETE", "/v1/volumes/mine", Some(&key), None);
@@ -3941,49 +3962,129 @@ fn root_volumes_resist_attacks_from_inside() {
 }
 
 #[test]
-fn root_volumes_count_in_the_disk_quota() {
+fn root_volumes_are_capped_and_count_in_the_disk_quota() {
     require_root!();
     let d = daemon(&[]);
     let (key, _) = tenant_key(&d, "q");
-    let id = sid(&create(&d, &key, json!({"volume": "v"})));
-    sh(&d, &key, &id, "head -c 3000000 /dev/urandom > /volume/f");
-    delete_session(&d, &key, &id);
-    assert!(common::eventually(10_000, || {
+    // Bad sizes change nothing.
+    for (body, code) in [
+        (json!({"volume": "v", "volume_size": "1M"}), 422),
+        (json!({"volume": "v", "volume_size": "2T"}), 422),
+        (json!({"volume": "v", "volume_size": "lots"}), 422),
+        (json!({"volume_size": "64M"}), 422),
+    ] {
+        let (status, out) = d.request("POST", "/v1/sessions", Some(&key), Some(body.clone()));
+        assert_eq!(status, code, "{body}: {out}");
+    }
+    assert!(volumes(&d, &key).is_empty());
+    let id = sid(&create(
+        &d,
+        &key,
+        json!({"volume": "v", "volume_size": "64M"}),
+    ));
+    let listed = volume(&d, &key, "v").unwrap();
+    assert_eq!(listed["capacity_bytes"], 64u64 << 20, "{listed}");
+    // Writing past the capacity fails inside, as a full disk does; the host gives
+    // the volume no more than its capacity, and the session goes on.
+    let r = exec(
+        &d,
+        &key,
+        &id,
+        json!({"cmd": "head -c 100000000 /dev/zero > /volume/big; echo rc=$?; df -k /volume | tail -1"}),
+    );
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.contains("rc=1"), "{r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device"),
+        "{r}"
+    );
+    let size = volume(&d, &key, "v").unwrap()["size_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!((48 << 20..=64 << 20).contains(&size), "{size} bytes in use");
+    sh(&d, &key, &id, "sync /volume/big");
+    let image = volume_dir(&d, "q", "v").join("disk.ext4");
+    let allocated = || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&image).unwrap().blocks() * 512
+    };
+    assert!(
+        (48 << 20..=64 << 20).contains(&allocated()),
+        "the image takes {} bytes",
+        allocated()
+    );
+    // What is deleted inside is freed on the host too.
+    sh(&d, &key, &id, "rm /volume/big; sync /volume");
+    assert!(
+        common::eventually(10_000, || allocated() < 16 << 20),
+        "the image still takes {} bytes",
+        allocated()
+    );
+    assert!(
         volume(&d, &key, "v").unwrap()["size_bytes"]
             .as_u64()
             .unwrap()
-            >= 3_000_000
-    }));
-    let (status, tenants) = d.request("GET", "/v1/tenants", Some(d.admin_key()), None);
-    assert_eq!(status, 200);
-    let q = tenants["tenants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tenant"] == "q")
-        .unwrap()
-        .clone();
-    assert!(
-        q["usage"]["volume_bytes"].as_u64().unwrap() >= 3_000_000,
-        "{q}"
+            < 1 << 20
     );
-    // Room for one default session (512 MiB of disk) and 1 MiB more: the volume's
-    // 3 MB do not fit beside it.
+    sh(&d, &key, &id, "echo small > /volume/f");
+    delete_session(&d, &key, &id);
+
+    // The quota counts the capacity, written or not.
+    let usage = |d: &Daemon| {
+        let (status, tenants) = d.request("GET", "/v1/tenants", Some(d.admin_key()), None);
+        assert_eq!(status, 200);
+        tenants["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tenant"] == "q")
+            .unwrap()["usage"]
+            .clone()
+    };
+    assert_eq!(usage(&d)["volume_bytes"], 64u64 << 20);
+    // Room for one default session (512 MiB of disk), the volume and 1 MiB more.
     let (status, body) = d.request(
         "PUT",
         "/v1/tenants/q/quotas",
         Some(d.admin_key()),
-        Some(json!({"max_disk_bytes": (512u64 << 20) + (1 << 20)})),
+        Some(json!({"max_disk_bytes": (512u64 << 20) + (64 << 20) + (1 << 20)})),
     );
     assert_eq!(status, 200, "{body}");
-    for body in [json!({}), json!({"volume": "new"})] {
-        let (status, body) = d.request("POST", "/v1/sessions", Some(&key), Some(body));
-        assert_eq!(status, 429, "{body}");
-        assert_eq!(error_code(&body), "quota_exceeded");
+    let id = sid(&create(&d, &key, json!({"volume": "v"})));
+    assert_eq!(sh(&d, &key, &id, "cat /volume/f"), "small\n");
+    for body in [
+        json!({}),
+        json!({"volume": "v"}),
+        json!({"volume": "new", "volume_size": "16M"}),
+    ] {
+        let (status, out) = d.request("POST", "/v1/sessions", Some(&key), Some(body.clone()));
+        assert_eq!(status, 429, "{body}: {out}");
+        assert_eq!(error_code(&out), "quota_exceeded");
     }
+    delete_session(&d, &key, &id);
+    // A new volume must fit beside the sessions: 1 GiB by default does not.
+    let (status, out) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key),
+        Some(json!({"volume": "new"})),
+    );
+    assert_eq!(status, 429, "{out}");
+    // The capacity is fixed once made.
+    let (status, out) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key),
+        Some(json!({"volume": "v", "volume_size": "128M"})),
+    );
+    assert_eq!(status, 409, "{out}");
     assert_eq!(volumes(&d, &key).len(), 1, "a refused create made a volume");
     let (status, body) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
     assert_eq!(status, 204, "{body}");
+    assert_eq!(usage(&d)["volume_bytes"], 0);
     let id = sid(&create(&d, &key, json!({})));
     delete_session(&d, &key, &id);
 }
@@ -4001,8 +4102,17 @@ fn root_volumes_survive_a_daemon_restart() {
     let key = d.admin_key().to_string();
     let id = sid(&create(&d, &key, json!({"volume": "keep"})));
     sh(&d, &key, &id, "echo before > /volume/f");
-    // The session lives on without the daemon (SIGTERM does not end sessions).
+    let idle = sid(&create(&d, &key, json!({"volume": "idle"})));
+    delete_session(&d, &key, &idle);
+    // The session lives on without the daemon (SIGTERM does not end sessions), and
+    // its volume stays mounted; a volume nobody uses is unmounted.
     d.stop();
+    let (keep, unused) = (
+        volume_root(&d, "admin", "keep"),
+        volume_root(&d, "admin", "idle"),
+    );
+    assert!(is_mounted(&keep));
+    assert!(!is_mounted(&unused));
     drop(d);
     let d = Daemon::start_in(&data, &store, &args);
     d.remember_key(&key);
@@ -4016,6 +4126,9 @@ fn root_volumes_survive_a_daemon_restart() {
     assert_eq!(sh(&d, &key, &again, "cat /volume/f"), "before\n");
     delete_session(&d, &key, &again);
     let (status, _) = d.request("DELETE", "/v1/volumes/keep", Some(&key), None);
+    assert_eq!(status, 204);
+    assert!(!is_mounted(&keep));
+    let (status, _) = d.request("DELETE", "/v1/volumes/idle", Some(&key), None);
     assert_eq!(status, 204);
     drop(d);
 }
@@ -4042,7 +4155,7 @@ fn root_volume_submounts_get_the_volume_flags() {
     delete_session(&d, &key, &id);
     // A mount inside a volume on the host (an operator's doing), with the default
     // suid,dev: the sandbox gets it nosuid,nodev like the volume itself.
-    let sub = volume_dir(&d, "admin", "v").join("sub");
+    let sub = volume_root(&d, "admin", "v").join("sub");
     let status = std::process::Command::new("mount")
         .args([
             "-t",

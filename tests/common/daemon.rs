@@ -468,7 +468,29 @@ impl Daemon {
             let left: Vec<_> = leaves.iter().filter(|l| Path::new(l).exists()).collect();
             problems.push(format!("cgroup leaves left after stop: {left:?}"));
         }
+        // With no session left, the daemon unmounts every volume when it stops.
+        let mounted = self.mounts_in_data_dir();
+        if !mounted.is_empty() {
+            problems.push(format!(
+                "mounts left in the data dir after stop: {mounted:?}"
+            ));
+            for path in mounted.iter().rev() {
+                let _ = Command::new("umount").arg("-l").arg(path).status();
+            }
+        }
         problems
+    }
+
+    /// Mount points in this daemon's data dir (volumes), in mount order.
+    fn mounts_in_data_dir(&self) -> Vec<String> {
+        let prefix = format!("{}/", self.data_dir.display());
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.split(' ').nth(4))
+            .filter(|point| point.starts_with(&prefix))
+            .map(String::from)
+            .collect()
     }
 }
 
@@ -484,6 +506,10 @@ impl Drop for Daemon {
                 self.log.display(),
                 self.log_text()
             );
+        }
+        // Volumes a failed test left mounted would keep the data dir busy.
+        for path in self.mounts_in_data_dir().iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(path).status();
         }
         if let Some(tmp) = self.tmp.take() {
             // Layers mounted from the store (images, snapshots) would keep it busy.

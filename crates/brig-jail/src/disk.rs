@@ -9,7 +9,9 @@
 //! One image is only ever mounted through one loop device: two read-write ext4
 //! instances on one file would corrupt it. [`mount`] reuses the device that already
 //! backs the image (a sandbox may keep its filesystem alive after the host's mount
-//! is gone) and attaches a new one only when there is none.
+//! is gone) and attaches a new one only when there is none; mounts in one process
+//! are serialized. Two processes must not mount one image (the daemon's data dir is
+//! its own).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -21,6 +23,10 @@ use std::time::Duration;
 use rustix::mount::{MountFlags, UnmountFlags};
 
 use crate::loopdev::LoopDevice;
+
+/// Held while looking for an image's device and mounting it, and while unmounting:
+/// two threads mounting one image at once could each find no device and attach one.
+static MOUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The smallest filesystem [`format`] makes (ext4 with a journal needs a few MiB).
 pub const MIN_SIZE: u64 = 16 << 20;
@@ -101,6 +107,7 @@ pub fn is_mount_root(path: &Path) -> io::Result<bool> {
 /// Mounts the filesystem in `image` at `mount_point` (`nosuid,nodev`), unless it is
 /// mounted there already. Never gives one image two loop devices.
 pub fn mount(image: &Path, mount_point: &Path) -> io::Result<()> {
+    let _serialized = MOUNTING.lock().unwrap_or_else(|e| e.into_inner());
     if is_mount_root(mount_point)? {
         return Ok(());
     }
@@ -157,12 +164,20 @@ fn mount_new(
 /// Detaches the mount at `mount_point` if there is one. Sandboxes holding their own
 /// clone of it keep the filesystem (and its loop device) until they end.
 pub fn unmount(mount_point: &Path) -> io::Result<()> {
+    let _serialized = MOUNTING.lock().unwrap_or_else(|e| e.into_inner());
     match is_mount_root(mount_point) {
         Ok(true) => rustix::mount::unmount(mount_point, UnmountFlags::DETACH).map_err(Into::into),
         Ok(false) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// Bytes in use in the filesystem mounted at `mount_point` (df's "Used": data and
+/// directories, delayed allocations included, the filesystem's fixed overhead not).
+pub fn used(mount_point: &Path) -> io::Result<u64> {
+    let stat = rustix::fs::statvfs(mount_point)?;
+    Ok(stat.f_blocks.saturating_sub(stat.f_bfree) * stat.f_frsize)
 }
 
 /// Bytes the image file takes on the host's disk (it is sparse).
@@ -210,6 +225,8 @@ mod tests {
         mount(&image, &a).unwrap();
         mount(&image, &a).unwrap();
         assert!(is_mount_root(&a).unwrap());
+        let empty = used(&a).unwrap();
+        assert!(empty < 1 << 20, "{empty}");
         // A second mount point gets the same filesystem, never a second device.
         mount(&image, &b).unwrap();
         use std::os::unix::fs::MetadataExt;
@@ -217,6 +234,15 @@ mod tests {
         assert_eq!(dev(&a), dev(&b));
         std::fs::write(a.join("kept"), "kept").unwrap();
         assert_eq!(std::fs::read_to_string(b.join("kept")).unwrap(), "kept");
+        // With the first mount gone and another holder left (a sandbox's clone),
+        // mounting again finds that filesystem's device.
+        unmount(&a).unwrap();
+        mount(&image, &a).unwrap();
+        assert_eq!(dev(&a), dev(&b));
+        // Counted at once, before the data reaches the image.
+        std::fs::write(a.join("mib"), vec![1u8; 1 << 20]).unwrap();
+        assert!(used(&a).unwrap() >= empty + (1 << 20));
+        std::fs::remove_file(a.join("mib")).unwrap();
 
         // Writing past the capacity fails with ENOSPC; the image stays within it.
         let mut big = File::create(a.join("big")).unwrap();

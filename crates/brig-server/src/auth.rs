@@ -559,7 +559,7 @@ pub struct Usage {
     pub concurrent_execs: u64,
     /// Bytes of stored files (`/v1/files`).
     pub file_bytes: u64,
-    /// Bytes of volumes, as last measured (`/v1/volumes`).
+    /// The capacity of its volumes (`/v1/volumes`).
     pub volume_bytes: u64,
 }
 

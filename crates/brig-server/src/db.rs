@@ -141,6 +141,11 @@ const MIGRATIONS: &[&str] = &[
     );
     ALTER TABLE snapshots ADD COLUMN mounts TEXT NULL;
     "#,
+    // 4: a volume is an ext4 image of a fixed capacity (what the quota counts); 0
+    // marks one made before, a plain directory without a cap.
+    r#"
+    ALTER TABLE volumes ADD COLUMN capacity_bytes INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 // ---------------------------------------------------------------------------------
@@ -773,14 +778,14 @@ impl Db {
     }
 
     /// Bytes a tenant keeps on disk outside its sessions: its stored files and its
-    /// volumes (as last measured). One statement on the fast connection: a create
+    /// volumes' capacity. One statement on the fast connection: a create
     /// asks for it on every call.
     pub async fn stored_bytes(&self, tenant: &str) -> Result<u64, ApiError> {
         let tenant = tenant.to_string();
         self.quick(move |conn| {
             conn.prepare_cached(
                 "SELECT (SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE tenant = ?1)
-                      + (SELECT COALESCE(SUM(size_bytes), 0) FROM volumes WHERE tenant = ?1)",
+                      + (SELECT COALESCE(SUM(capacity_bytes), 0) FROM volumes WHERE tenant = ?1)",
             )?
             .query_row([&tenant], |row| row.get::<_, i64>(0))
         })

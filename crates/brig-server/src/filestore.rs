@@ -256,9 +256,8 @@ async fn receive(
     Ok(row.into())
 }
 
-/// The disk the tenant's live sessions hold (their `disk` limits) and its volumes
-/// use (as last measured), which its disk quota counts together with its stored
-/// files.
+/// The disk the tenant's live sessions hold (their `disk` limits) and its volumes'
+/// capacity, which its disk quota counts together with its stored files.
 async fn reserved_disk(state: &Shared, tenant: &str) -> Result<u64, ApiError> {
     let sessions: u64 = state.sessions.get().map_or(0, |sessions| {
         sessions

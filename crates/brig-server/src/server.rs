@@ -293,6 +293,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Pooled sandboxes belong to no session: none outlives the daemon (live sessions
     // do, by design).
     crate::sessions::pool::drain(&state).await;
+    crate::volumes::unmount_unused(&state).await;
     result
 }
 

@@ -1049,7 +1049,7 @@ async fn store_file_and_bundles() {
         .db
         .call(|c| {
             c.execute_batch(
-                "INSERT INTO volumes (tenant, name, created_at, size_bytes)
+                "INSERT INTO volumes (tenant, name, created_at, capacity_bytes)
                  VALUES ('acme', 'v', '', 100), ('other', 'w', '', 1000)",
             )
         })

@@ -1,31 +1,32 @@
-//! Volumes: per-tenant persistent directories that sessions mount read-write at
-//! `/volume` (`POST /v1/sessions {"volume": NAME}`), listed and deleted through
-//! `/v1/volumes`.
+//! Volumes: per-tenant persistent filesystems that sessions mount read-write at
+//! `/volume` (`POST /v1/sessions {"volume": NAME, "volume_size": SIZE}`), listed and
+//! deleted through `/v1/volumes`.
 //!
-//! A volume is the directory `<data-dir>/volumes/<tenant>/<name>`, owned by root
-//! (mode 0755), with a row in the `volumes` table. `<data-dir>/volumes` and each
-//! tenant's directory are 0700: on the host only root reaches a volume. Each session
-//! has its own leased host uid, so a plain bind would leave one session's files
-//! foreign to the next: a volume is bound through an idmapped mount
-//! (`BindMount::idmapped`) in which on-disk root is the sandbox's user. Every session
-//! owns the volume's files, and whatever a session writes lands on disk as root's.
-//! The mount is `nosuid,nodev`.
+//! A volume is the directory `<data-dir>/volumes/<tenant>/<name>`, holding
+//! `disk.ext4`, a sparse image file with an ext4 filesystem of the volume's capacity
+//! (fixed when it is created), and `root`, where the daemon mounts it (see
+//! [`brig_jail::disk`]). The capacity is what caps a session's writes: past it the
+//! sandbox gets ENOSPC, and the host never gives the volume more than that. The
+//! tenant's disk quota counts the capacity (reserved when the volume is made, like
+//! a cloud disk), so a tenant's volumes can never take more than its quota.
+//!
+//! `<data-dir>/volumes`, each tenant's directory and each volume's are 0700: on the
+//! host only root reaches a volume. Each session has its own leased host uid, so a
+//! plain bind would leave one session's files foreign to the next: a volume is
+//! bound through an idmapped mount (`BindMount::idmapped`) in which on-disk root is
+//! the sandbox's user. Every session owns the volume's files, and whatever a session
+//! writes lands on disk as root's. The mount is `nosuid,nodev`.
 //!
 //! Lifecycle: the first session that names a volume creates it (row first, then the
-//! directory; a create that fails afterwards removes a volume it made). It lives until
-//! `DELETE /v1/volumes/{name}`, which answers 409 while any live session (or a create
-//! under way, see [`crate::sessions::Holds`]) uses it. Several live sessions may use
-//! one volume at the same time: they see each other's writes at once, with no locking
-//! beyond what the programs in them do.
-//!
-//! Size: measured by a walk that never follows symlinks (allocated bytes, hard links
-//! once) when the last session using the volume ends, stored in the row and counted
-//! in the tenant's disk quota. It is not measured while sessions write to it: a
-//! session's writes to its volume are not capped, and a tenant found over its quota
-//! afterwards cannot create sessions or upload files until it frees space.
+//! directory and the image; a create that fails afterwards removes a volume it
+//! made). The daemon mounts it at first use and keeps it mounted until the volume is
+//! deleted or the daemon stops (then only if no live session uses it: sessions
+//! outlive the daemon, and a restarted daemon finds the mount in place). It lives
+//! until `DELETE /v1/volumes/{name}`, which answers 409 while any live session (or a
+//! create under way, see [`crate::sessions::Holds`]) uses it. Several live sessions
+//! may use one volume at the same time: they share one filesystem and see each
+//! other's writes at once, with no locking beyond what the programs in them do.
 
-use std::collections::HashSet;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use axum::extract::State;
@@ -40,6 +41,7 @@ use crate::auth::Caller;
 use crate::db::now_rfc3339;
 use crate::error::{ApiError, ApiJson, ApiPath};
 use crate::sessions::Held;
+use crate::sessions::Size;
 use crate::state::{AppState, Shared};
 
 /// Where a session sees its volume.
@@ -48,8 +50,13 @@ const MAX_NAME_LEN: usize = 64;
 /// Prefix of a volume being deleted (renamed out of the way first); no valid name
 /// starts with a dot.
 const TRASH_PREFIX: &str = ".deleting-";
-/// Directory levels the size walk descends (one descriptor each).
-const MAX_DEPTH: usize = 1024;
+/// The capacity of a volume made without `volume_size`.
+pub const DEFAULT_CAPACITY: u64 = 1 << 30;
+/// The largest capacity a request may ask for (its tenant's quota applies too).
+pub const MAX_CAPACITY: u64 = 1 << 40;
+/// The image file and the mount point in a volume's directory.
+const IMAGE: &str = "disk.ext4";
+const MOUNT_POINT: &str = "root";
 
 /// 1-64 characters of `[A-Za-z0-9_.-]`, not starting with a dot: a plain path
 /// component (never `.`, `..` or hidden).
@@ -78,35 +85,125 @@ fn tenant_dir(shared: &Shared, tenant: &str) -> PathBuf {
     root(shared).join(crate::filestore::tenant_dir_name(tenant))
 }
 
-/// The host directory of a tenant's volume (`name` must be valid).
+/// The host directory of a tenant's volume (`name` must be valid): its image and
+/// its mount point.
 pub fn path(shared: &Shared, tenant: &str, name: &str) -> PathBuf {
     tenant_dir(shared, tenant).join(name)
 }
 
-/// Makes sure the volume exists (row and directory); `true` if this call created
-/// both (a directory found without a row, say after the database was lost, is
-/// adopted, never discarded). The caller holds the volume (see
-/// [`crate::sessions::Holds::claim`]), so it cannot be deleted meanwhile.
-pub async fn ensure(shared: &Shared, tenant: &str, name: &str) -> Result<bool, ApiError> {
-    validate_name(name)?;
-    let row = (tenant.to_string(), name.to_string(), now_rfc3339());
-    let new_row = shared
+/// Where the volume's filesystem is mounted on the host: what sessions bind.
+pub fn mount_point(shared: &Shared, tenant: &str, name: &str) -> PathBuf {
+    path(shared, tenant, name).join(MOUNT_POINT)
+}
+
+/// A request's `volume_size` in bytes: between [`brig_jail::disk::MIN_SIZE`] and
+/// [`MAX_CAPACITY`].
+pub fn requested_capacity(size: Option<&Size>) -> Result<Option<u64>, ApiError> {
+    let Some(size) = size else {
+        return Ok(None);
+    };
+    let bytes = size.bytes()?;
+    let min = brig_jail::disk::MIN_SIZE;
+    if !(min..=MAX_CAPACITY).contains(&bytes) {
+        return Err(ApiError::invalid(format!(
+            "volume_size must be between {} MiB and {} TiB",
+            min >> 20,
+            MAX_CAPACITY >> 40
+        )));
+    }
+    Ok(Some(bytes))
+}
+
+/// The capacity a create would add to the tenant's disk use: that of the volume it
+/// makes, or nothing for one that exists.
+pub async fn new_capacity(
+    shared: &Shared,
+    tenant: &str,
+    name: &str,
+    requested: Option<u64>,
+) -> Result<u64, ApiError> {
+    let (t, n) = (tenant.to_string(), name.to_string());
+    let exists = shared
         .db
-        .call(move |conn| {
-            conn.execute(
-                "INSERT OR IGNORE INTO volumes (tenant, name, created_at, size_bytes)
-                 VALUES (?1, ?2, ?3, 0)",
-                rusqlite::params![row.0, row.1, row.2],
-            )
+        .quick(move |conn| {
+            conn.prepare_cached("SELECT COUNT(*) FROM volumes WHERE tenant = ?1 AND name = ?2")?
+                .query_row([&t, &n], |row| row.get::<_, i64>(0))
         })
         .await?
-        == 1;
+        > 0;
+    Ok(if exists {
+        0
+    } else {
+        requested.unwrap_or(DEFAULT_CAPACITY)
+    })
+}
+
+/// Makes sure the volume exists (row, directory, image) and is mounted; `true` if
+/// this call created it. A `requested` capacity must match an existing volume's. A
+/// directory found without a row (say after the database was lost) is adopted,
+/// never discarded. The caller holds the volume (see
+/// [`crate::sessions::Holds::claim`]), so it cannot be deleted meanwhile.
+pub async fn ensure(
+    shared: &Shared,
+    tenant: &str,
+    name: &str,
+    requested: Option<u64>,
+) -> Result<bool, ApiError> {
+    validate_name(name)?;
+    let row = (tenant.to_string(), name.to_string(), now_rfc3339());
+    let capacity = requested.unwrap_or(DEFAULT_CAPACITY);
+    let (new_row, stored) = shared
+        .db
+        .call(move |conn| {
+            let tx = conn.transaction()?;
+            let inserted = tx.execute(
+                "INSERT OR IGNORE INTO volumes (tenant, name, created_at, size_bytes, capacity_bytes)
+                 VALUES (?1, ?2, ?3, 0, ?4)",
+                rusqlite::params![row.0, row.1, row.2, crate::db::to_sql_int(capacity)],
+            )?;
+            let stored: i64 = tx.query_row(
+                "SELECT capacity_bytes FROM volumes WHERE tenant = ?1 AND name = ?2",
+                rusqlite::params![row.0, row.1],
+                |r| r.get(0),
+            )?;
+            tx.commit()?;
+            Ok((inserted == 1, crate::db::from_sql_int(stored)))
+        })
+        .await?;
+    if !new_row {
+        if stored == 0 {
+            return Err(ApiError::conflict(format!(
+                "volume {name} was made by an older brig, without a size cap; delete it and \
+                 let a session make it again"
+            )));
+        }
+        if requested.is_some_and(|r| r != stored) {
+            return Err(ApiError::conflict(format!(
+                "volume {name} has a capacity of {stored} bytes, fixed when it was made"
+            )));
+        }
+    }
     let (parent, dir) = (tenant_dir(shared, tenant), path(shared, tenant, name));
-    let created = tokio::task::spawn_blocking(move || make_dir(&parent, &dir))
+    let made = tokio::task::spawn_blocking(move || make_disk(&parent, &dir, stored))
         .await
         .map_err(ApiError::internal)?;
-    match created {
-        Ok(new_dir) => Ok(new_row && new_dir),
+    match made {
+        Ok((new_disk, actual)) => {
+            if actual != stored {
+                // An image adopted without its row: the file's size is the cap.
+                let (t, n) = (tenant.to_string(), name.to_string());
+                shared
+                    .db
+                    .call(move |conn| {
+                        conn.execute(
+                            "UPDATE volumes SET capacity_bytes = ?3 WHERE tenant = ?1 AND name = ?2",
+                            rusqlite::params![t, n, crate::db::to_sql_int(actual)],
+                        )
+                    })
+                    .await?;
+            }
+            Ok(new_row && new_disk)
+        }
         Err(e) => {
             if new_row {
                 forget_row(shared, tenant, name).await;
@@ -116,35 +213,61 @@ pub async fn ensure(shared: &Shared, tenant: &str, name: &str) -> Result<bool, A
     }
 }
 
-/// Creates the volume directory (0755, root's) and its private parents (0700);
-/// `false` if it was there.
-fn make_dir(parent: &Path, dir: &Path) -> Result<bool, ApiError> {
+/// Creates the volume's directory (0700, with private parents), its image of
+/// `capacity` bytes unless there is one, and mounts it. Returns whether the image is
+/// new, and its size.
+fn make_disk(parent: &Path, dir: &Path, capacity: u64) -> Result<(bool, u64), ApiError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let fail = |what: &Path, e: std::io::Error| {
-        ApiError::internal(format_args!("create {}: {e}", what.display()))
+        ApiError::internal(format_args!("volume {}: {e}", what.display()))
     };
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(parent)
         .map_err(|e| fail(parent, e))?;
-    match std::fs::DirBuilder::new().mode(0o755).create(dir) {
-        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
-            .map(|()| true)
-            .map_err(|e| fail(dir, e)),
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| fail(dir, e))?,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            // Only the daemon writes in the tenant's directory; still, never bind
+            // Only the daemon writes in the tenant's directory; still, never use
             // anything but a real directory.
-            match std::fs::symlink_metadata(dir) {
-                Ok(meta) if meta.is_dir() => Ok(false),
-                _ => Err(ApiError::internal(format_args!(
+            if !std::fs::symlink_metadata(dir).is_ok_and(|meta| meta.is_dir()) {
+                return Err(ApiError::internal(format_args!(
                     "{} exists and is not a directory",
                     dir.display()
-                ))),
+                )));
             }
         }
-        Err(e) => Err(fail(dir, e)),
+        Err(e) => return Err(fail(dir, e)),
     }
+    let (image, mount_point) = (dir.join(IMAGE), dir.join(MOUNT_POINT));
+    match std::fs::DirBuilder::new().mode(0o755).create(&mount_point) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(fail(&mount_point, e)),
+    }
+    let (new, actual) = match std::fs::symlink_metadata(&image) {
+        Ok(meta) if meta.is_file() => (false, meta.len()),
+        Ok(_) => {
+            return Err(ApiError::internal(format_args!(
+                "{} is not a file",
+                image.display()
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            brig_jail::disk::format(&image, capacity).map_err(|e| fail(&image, e))?;
+            (true, capacity)
+        }
+        Err(e) => return Err(fail(&image, e)),
+    };
+    brig_jail::disk::mount(&image, &mount_point).map_err(|e| fail(&mount_point, e))?;
+    if new {
+        // mkfs makes one; an empty volume should look empty (fsck makes it again
+        // if it ever needs it).
+        let _ = std::fs::remove_dir(mount_point.join("lost+found"));
+    }
+    Ok((new, actual))
 }
 
 async fn forget_row(shared: &Shared, tenant: &str, name: &str) {
@@ -206,6 +329,13 @@ async fn remove(shared: &Shared, tenant: &str, name: &str) -> Result<Option<Path
     if !known {
         return Ok(None);
     }
+    // Nobody uses it (the caller checked under the holds lock): a mount left would
+    // keep the files from being removed.
+    let mount_point = dir.join(MOUNT_POINT);
+    tokio::task::spawn_blocking(move || brig_jail::disk::unmount(&mount_point))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(|e| ApiError::internal(format_args!("unmount {}: {e}", dir.display())))?;
     // Renamed first: a daemon that dies before the row is gone leaves the volume
     // listed but empty (delete it again), never a directory no row accounts for.
     match tokio::fs::rename(&dir, &trash).await {
@@ -236,125 +366,84 @@ async fn purge(trash: PathBuf) {
     }
 }
 
-/// Allocated bytes under `dir` (the directory itself included): a walk on
-/// descriptors that never follows a symlink (the tree is written by sandboxes), counts
-/// a hard-linked file once, and stops descending after [`MAX_DEPTH`] levels.
-/// Entries that vanish during the walk are skipped. Blocking.
-pub fn measure(dir: &Path) -> std::io::Result<u64> {
-    use rustix::fs::{fstat, openat, statat, AtFlags, Dir, FileType, Mode, OFlags, CWD};
-    use rustix::io::Errno;
-    use std::sync::Arc;
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let mut total = 0u64;
-    let mut linked = HashSet::new();
-    // Directories still to list, by parent descriptor and name: a directory is
-    // opened when its turn comes, so (depth first) the descriptors open at once are
-    // those of one path from the top.
-    let mut todo: Vec<(Arc<OwnedFd>, std::ffi::CString, usize)> = Vec::new();
-    let top = openat(CWD, dir, flags, Mode::empty())?;
-    let mut next = Some((top, 0usize));
-    loop {
-        let (fd, depth) = match next.take() {
-            Some(first) => first,
-            None => {
-                let Some((parent, name, depth)) = todo.pop() else {
-                    break;
-                };
-                match openat(&*parent, &name, flags, Mode::empty()) {
-                    Ok(fd) => (fd, depth),
-                    // Removed, or replaced by a symlink or a file, since it was listed.
-                    Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => continue,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        };
-        total = total.saturating_add(fstat(&fd)?.st_blocks as u64 * 512);
-        let mut subdirs = Vec::new();
-        for entry in Dir::read_from(&fd)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            if name == c"." || name == c".." {
-                continue;
-            }
-            let stat = match statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(stat) => stat,
-                Err(Errno::NOENT) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
-                if depth < MAX_DEPTH {
-                    subdirs.push(name.to_owned());
-                }
-                continue;
-            }
-            if stat.st_nlink > 1 && !linked.insert((stat.st_dev, stat.st_ino)) {
-                continue;
-            }
-            total = total.saturating_add(stat.st_blocks as u64 * 512);
-        }
-        if !subdirs.is_empty() {
-            let parent = Arc::new(fd);
-            todo.extend(
-                subdirs
-                    .into_iter()
-                    .map(|name| (parent.clone(), name, depth + 1)),
-            );
-        }
-    }
-    Ok(total)
-}
-
-/// Measures a volume no live session uses any more and stores its size.
-pub async fn settle(shared: &Shared, tenant: &str, name: &str) {
-    let held = Held::Volume {
-        tenant: tenant.to_string(),
-        name: name.to_string(),
-    };
-    if !crate::sessions::users(shared, &held).is_empty() {
-        return;
-    }
-    let dir = path(shared, tenant, name);
-    let size = match tokio::task::spawn_blocking(move || measure(&dir)).await {
-        Ok(Ok(size)) => size,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return,
-        Ok(Err(e)) => {
-            tracing::warn!(tenant, volume = name, "cannot measure a volume: {e}");
-            return;
-        }
-        Err(e) => {
-            tracing::warn!(tenant, volume = name, "volume measure task: {e}");
-            return;
-        }
-    };
-    let (tenant, name) = (tenant.to_string(), name.to_string());
-    let saved = shared
-        .db
-        .call(move |conn| {
-            conn.execute(
-                "UPDATE volumes SET size_bytes = ?3, measured_at = ?4 WHERE tenant = ?1 AND name = ?2",
-                rusqlite::params![tenant, name, crate::db::to_sql_int(size), now_rfc3339()],
-            )
-        })
-        .await;
-    if let Err(e) = saved {
-        tracing::warn!("cannot store a volume's size: {}", e.message);
-    }
-}
-
-/// The measured bytes of a tenant's volumes (part of its disk quota).
+/// The capacity of a tenant's volumes (part of its disk quota).
 pub async fn usage(shared: &Shared, tenant: &str) -> Result<u64, ApiError> {
     let tenant = tenant.to_string();
     shared
         .db
         .call(move |conn| {
             conn.query_row(
-                "SELECT COALESCE(SUM(size_bytes), 0) FROM volumes WHERE tenant = ?1",
+                "SELECT COALESCE(SUM(capacity_bytes), 0) FROM volumes WHERE tenant = ?1",
                 [tenant],
                 |row| row.get::<_, i64>(0),
             )
         })
         .await
         .map(crate::db::from_sql_int)
+}
+
+/// A volume's bytes in use: measured if it is mounted, else `stored` (measured when
+/// it was last unmounted).
+fn current_size(mount_point: &Path, stored: i64) -> u64 {
+    match brig_jail::disk::is_mount_root(mount_point) {
+        Ok(true) => brig_jail::disk::used(mount_point).unwrap_or(0),
+        _ => crate::db::from_sql_int(stored),
+    }
+}
+
+/// At shutdown: unmounts the volumes no live session uses (sessions outlive the
+/// daemon; the next daemon finds their volumes mounted and goes on with them).
+pub async fn unmount_unused(shared: &Shared) {
+    let rows = shared
+        .db
+        .call(|conn| {
+            let mut stmt = conn.prepare("SELECT tenant, name FROM volumes")?;
+            let rows = stmt
+                .query_map([], |row| {
+                    Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+        .unwrap_or_default();
+    let _lock = shared.holds.lock().await;
+    for (tenant, name) in rows {
+        let held = Held::Volume {
+            tenant: tenant.clone(),
+            name: name.clone(),
+        };
+        if !crate::sessions::users(shared, &held).is_empty() || shared.holds.pending(&held) > 0 {
+            continue;
+        }
+        let mount_point = mount_point(shared, &tenant, &name);
+        let done = tokio::task::spawn_blocking(move || {
+            let used = brig_jail::disk::is_mount_root(&mount_point)
+                .unwrap_or(false)
+                .then(|| brig_jail::disk::used(&mount_point).ok())
+                .flatten();
+            brig_jail::disk::unmount(&mount_point).map(|()| used)
+        })
+        .await;
+        match done {
+            Ok(Ok(Some(used))) => {
+                // Listed as this until it is mounted again.
+                let (t, n) = (tenant.clone(), name.clone());
+                let _ = shared
+                    .db
+                    .call(move |conn| {
+                        conn.execute(
+                            "UPDATE volumes SET size_bytes = ?3, measured_at = ?4
+                             WHERE tenant = ?1 AND name = ?2",
+                            rusqlite::params![t, n, crate::db::to_sql_int(used), now_rfc3339()],
+                        )
+                    })
+                    .await;
+            }
+            Ok(Ok(None)) => {}
+            other => tracing::warn!(tenant, volume = name, "cannot unmount a volume: {other:?}"),
+        }
+    }
 }
 
 /// At startup: removes what deletions interrupted by a crash left (renamed
@@ -387,9 +476,12 @@ pub async fn sweep(shared: &Shared) {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct VolumeInfo {
     pub name: String,
-    /// Allocated bytes, as measured when the last session using it ended (not
-    /// updated while sessions write to it).
+    /// Bytes in use in it (what `df` calls Used): live while the daemon has it
+    /// mounted, else as it was when last unmounted.
     pub size_bytes: u64,
+    /// The most it can hold, fixed when it was made; what the tenant's disk quota
+    /// counts.
+    pub capacity_bytes: u64,
     pub created_at: String,
     /// Live sessions that mount it now.
     pub sessions: Vec<String>,
@@ -419,7 +511,8 @@ async fn list_volumes(
         .db
         .call(move |conn| {
             let mut stmt = conn.prepare(
-                "SELECT name, size_bytes, created_at FROM volumes WHERE tenant = ?1 ORDER BY name",
+                "SELECT name, capacity_bytes, created_at, size_bytes FROM volumes
+                 WHERE tenant = ?1 ORDER BY name",
             )?;
             let rows = stmt
                 .query_map([tenant], |row| {
@@ -427,15 +520,29 @@ async fn list_volumes(
                         row.get::<_, String>(0)?,
                         row.get::<_, i64>(1)?,
                         row.get::<_, String>(2)?,
+                        row.get::<_, i64>(3)?,
                     ))
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(rows)
         })
         .await?;
+    let mounts: Vec<(PathBuf, i64)> = rows
+        .iter()
+        .map(|(name, _, _, stored)| (mount_point(&state, &caller.tenant, name), *stored))
+        .collect();
+    let sizes = tokio::task::spawn_blocking(move || {
+        mounts
+            .iter()
+            .map(|(mount_point, stored)| current_size(mount_point, *stored))
+            .collect::<Vec<u64>>()
+    })
+    .await
+    .map_err(ApiError::internal)?;
     let volumes = rows
         .into_iter()
-        .map(|(name, size, created_at)| {
+        .zip(sizes)
+        .map(|((name, capacity, created_at, _), size_bytes)| {
             let held = Held::Volume {
                 tenant: caller.tenant.clone(),
                 name: name.clone(),
@@ -443,7 +550,8 @@ async fn list_volumes(
             VolumeInfo {
                 sessions: crate::sessions::users(&state, &held),
                 name,
-                size_bytes: crate::db::from_sql_int(size),
+                size_bytes,
+                capacity_bytes: crate::db::from_sql_int(capacity),
                 created_at,
             }
         })
@@ -524,29 +632,5 @@ mod tests {
         ] {
             assert!(validate_name(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn measure_counts_files_once_and_never_follows_symlinks() {
-        let outside = tempfile::tempdir().unwrap();
-        std::fs::write(outside.path().join("big"), vec![1u8; 1 << 20]).unwrap();
-        let vol = tempfile::tempdir().unwrap();
-        let empty = measure(vol.path()).unwrap();
-        std::fs::create_dir_all(vol.path().join("a/b")).unwrap();
-        std::fs::write(vol.path().join("a/b/f"), vec![1u8; 100_000]).unwrap();
-        std::fs::hard_link(vol.path().join("a/b/f"), vol.path().join("a/f2")).unwrap();
-        std::os::unix::fs::symlink(outside.path(), vol.path().join("dir-link")).unwrap();
-        std::os::unix::fs::symlink(outside.path().join("big"), vol.path().join("file-link"))
-            .unwrap();
-        let size = measure(vol.path()).unwrap();
-        assert!(size >= empty + 100_000, "{size}");
-        assert!(
-            size < empty + 100_000 + (1 << 19),
-            "{size}: a link was followed"
-        );
-        // A symlink as the volume itself is refused, not followed.
-        let link = outside.path().join("vol-link");
-        std::os::unix::fs::symlink(vol.path(), &link).unwrap();
-        assert!(measure(&link).is_err());
     }
 }

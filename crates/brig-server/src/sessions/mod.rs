@@ -66,7 +66,7 @@ pub enum Size {
 }
 
 impl Size {
-    fn bytes(&self) -> Result<u64, ApiError> {
+    pub fn bytes(&self) -> Result<u64, ApiError> {
         match self {
             Size::Bytes(n) => Ok(*n),
             Size::Text(t) => parse_size(t).map_err(|e| ApiError::invalid(e.to_string())),
@@ -120,6 +120,9 @@ pub struct CreateSession {
     /// The tenant's persistent volume of that name, read-write at `/volume`
     /// (created on first use).
     pub volume: Option<String>,
+    /// The capacity of `volume` when this request makes it (default 1 GiB; fixed
+    /// once made: another value for an existing volume is 409), e.g. "10G".
+    pub volume_size: Option<Size>,
     pub files: Option<Vec<FileRef>>,
     pub ttl_seconds: Option<u64>,
     pub idle_timeout_seconds: Option<u64>,
@@ -556,16 +559,6 @@ impl Sessions {
                     let handle = launched.handle.clone();
                     let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
                 }
-                // Its volume gets measured, now that (perhaps) nothing uses it.
-                if let Ok(CreateSession {
-                    volume: Some(name), ..
-                }) = serde_json::from_str::<CreateSession>(&request)
-                {
-                    let shared = shared.clone();
-                    tokio::spawn(async move {
-                        crate::volumes::settle(&shared, &tenant, &name).await;
-                    });
-                }
                 // Its directory goes in `sweep`, with any sandbox recorded only there.
                 let id2 = id.clone();
                 let _ = shared
@@ -880,7 +873,7 @@ pub fn spec_for(
     if let Some(name) = &request.volume {
         crate::volumes::validate_name(name)?;
         spec.filesystem.binds.push(brig_policy::BindMount {
-            source: crate::volumes::path(shared, tenant, name),
+            source: crate::volumes::mount_point(shared, tenant, name),
             target: crate::volumes::MOUNT_PATH.into(),
             writable: true,
             idmapped: true,
@@ -1016,6 +1009,10 @@ async fn create_with(
     for (key, value) in request.env.iter().flatten() {
         exec::check_env_var(key, value)?;
     }
+    let volume_size = crate::volumes::requested_capacity(request.volume_size.as_ref())?;
+    if volume_size.is_some() && request.volume.is_none() {
+        return Err(ApiError::invalid("volume_size needs a volume"));
+    }
     if let Some(name) = &request.volume {
         crate::volumes::validate_name(name)?;
         if !rustix::process::geteuid().is_root() {
@@ -1071,12 +1068,20 @@ async fn create_with(
     let disk_used: u64 = mine
         .disk_bytes
         .saturating_add(shared.db.stored_bytes(&caller.tenant).await?);
-    if disk_used + limits.disk_bytes > quotas.max_disk_bytes {
+    // A volume this create makes reserves its whole capacity.
+    let new_volume = match &request.volume {
+        Some(name) => {
+            crate::volumes::new_capacity(shared, &caller.tenant, name, volume_size).await?
+        }
+        None => 0,
+    };
+    let wanted = disk_used
+        .saturating_add(limits.disk_bytes)
+        .saturating_add(new_volume);
+    if wanted > quotas.max_disk_bytes {
         return Err(ApiError::quota(format!(
-            "tenant {} would use {} of its {} bytes of disk",
-            caller.tenant,
-            disk_used + limits.disk_bytes,
-            quotas.max_disk_bytes
+            "tenant {} would use {wanted} of its {} bytes of disk",
+            caller.tenant, quotas.max_disk_bytes
         )));
     }
 
@@ -1086,7 +1091,7 @@ async fn create_with(
     check_bundles(state, &caller.tenant, &request).await?;
     prepare_bundles(state, &caller.tenant, &request).await?;
     let made_volume = match &request.volume {
-        Some(name) => crate::volumes::ensure(state, &caller.tenant, name).await?,
+        Some(name) => crate::volumes::ensure(state, &caller.tenant, name, volume_size).await?,
         None => false,
     };
     let started = start_session(state, caller, &request, image, spec, limits, event).await;
@@ -1355,10 +1360,6 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
         })
         .await?;
     crate::metrics::set_sessions("running", state.sessions().count() as f64);
-    if let Some(name) = session.request.volume.clone() {
-        let (state, tenant) = (state.clone(), session.tenant.clone());
-        tokio::spawn(async move { crate::volumes::settle(&state, &tenant, &name).await });
-    }
     Ok(())
 }
 
