@@ -81,8 +81,8 @@ pub fn format(image: &Path, size: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// `mkfs.ext4` from the PATH, or from /sbin when the PATH lacks the sbin dirs (a
-/// daemon started from a user's shell).
+/// Where `mkfs.ext4` is: /usr/sbin or /sbin (a daemon started from a user's shell
+/// may lack them in its PATH), else the PATH.
 fn mkfs() -> &'static str {
     for candidate in ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"] {
         if Path::new(candidate).exists() {
@@ -90,6 +90,14 @@ fn mkfs() -> &'static str {
         }
     }
     "mkfs.ext4"
+}
+
+/// Whether [`format`] can work here: `mkfs.ext4` is installed.
+pub fn can_format() -> bool {
+    let found = mkfs();
+    found.starts_with('/')
+        || std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(found).is_file()))
 }
 
 /// Whether `path` is the root of a mount (statx's STATX_ATTR_MOUNT_ROOT).

@@ -1075,6 +1075,11 @@ async fn create_with(
         }
         None => 0,
     };
+    if new_volume > 0 && !brig_jail::disk::can_format() {
+        return Err(ApiError::invalid(
+            "making a volume needs mkfs.ext4 on the daemon's host (install e2fsprogs)",
+        ));
+    }
     let wanted = disk_used
         .saturating_add(limits.disk_bytes)
         .saturating_add(new_volume);
