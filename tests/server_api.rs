@@ -3650,11 +3650,8 @@ fn volume_root(d: &Daemon, tenant: &str, name: &str) -> PathBuf {
 
 /// Whether `path` is a mount point in this (the host's) mount namespace.
 fn is_mounted(path: &Path) -> bool {
-    let wanted = path.to_string_lossy().into_owned();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(wanted.as_str()))
+    let wanted = path.to_string_lossy();
+    common::host_mount_points().iter().any(|p| *p == wanted)
 }
 
 fn mode_uid_gid(path: &Path) -> (u32, u32, u32) {

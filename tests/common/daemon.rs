@@ -484,12 +484,9 @@ impl Daemon {
     /// Mount points in this daemon's data dir (volumes), in mount order.
     fn mounts_in_data_dir(&self) -> Vec<String> {
         let prefix = format!("{}/", self.data_dir.display());
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|line| line.split(' ').nth(4))
+        super::host_mount_points()
+            .into_iter()
             .filter(|point| point.starts_with(&prefix))
-            .map(String::from)
             .collect()
     }
 }

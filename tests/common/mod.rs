@@ -27,6 +27,16 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Mount points in the test's (the host's) mount namespace, in mount order.
+pub fn host_mount_points() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(String::from)
+        .collect()
+}
+
 /// Sends `signal` (e.g. "TERM") to `pid` with kill(1).
 pub fn send_signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
