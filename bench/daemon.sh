@@ -20,7 +20,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 cargo build --release -q
-brig="$PWD/target/release/brig"
+brig="$PWD/target/$(rustc -vV | sed -n "s/^host: //p")/release/brig"
 results="$PWD/bench/results"
 mkdir -p "$results"
 work=$(mktemp -d /tmp/brig-bench-daemon.XXXXXX)

@@ -106,7 +106,7 @@ if [ "$(stat -f -c %T "$WORK")" = tmpfs ]; then
   exit 1
 fi
 # A private copy, so a concurrent `cargo build` cannot swap the binary mid-run.
-cp target/release/brig "$WORK/brig"
+cp "target/$(rustc -vV | sed -n "s/^host: //p")/release/brig" "$WORK/brig"
 BRIG="$WORK/brig"
 STORE="$WORK/store"
 B="$BRIG"

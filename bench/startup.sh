@@ -15,7 +15,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 cargo build --release -q
-brig=./target/release/brig
+brig="./target/$(rustc -vV | sed -n "s/^host: //p")/release/brig"
 bwrap="bwrap --unshare-all --die-with-parent --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp"
 mkdir -p bench/results
 
