@@ -123,8 +123,8 @@ pub(crate) fn child_main(plan: ChildPlan<'_>) -> ! {
         );
         sys::exit_now(125);
     }
-    let (command, upper) = match setup(&plan) {
-        Ok(command) => command,
+    let (command, upper, applied) = match setup(&plan) {
+        Ok(set_up) => set_up,
         Err(e) => {
             send(&ChildMessage::Failed {
                 code: e.code().into(),
@@ -134,10 +134,39 @@ pub(crate) fn child_main(plan: ChildPlan<'_>) -> ! {
         }
     };
     if plan.session.is_some() {
+        applied.report();
         detach_and_serve(upper)
     }
-    let code = supervise(command);
+    let code = supervise(command, applied);
     sys::exit_now(code)
+}
+
+/// What setup applied, reported as `Ready` once the parts read back from the kernel
+/// are read: for a run, after the command started (they cannot change by then, and
+/// the command need not wait for them).
+struct Applied {
+    landlock: crate::landlock::LandlockReport,
+    seccomp_installed: bool,
+    timings_us: Vec<crate::report::Timing>,
+}
+
+impl Applied {
+    fn report(self) {
+        let namespaces = NamespaceIds::read("/proc/self");
+        match caps::read_back() {
+            Ok(caps) => send(&ChildMessage::Ready {
+                caps,
+                landlock: self.landlock,
+                seccomp_installed: self.seccomp_installed,
+                namespaces,
+                timings_us: self.timings_us,
+            }),
+            Err(e) => send(&ChildMessage::Failed {
+                code: e.code().into(),
+                message: e.to_string(),
+            }),
+        }
+    }
 }
 
 /// Session mode: once the parent says it is done, stop dying with it (it exits
@@ -229,7 +258,9 @@ struct Command {
     candidates: Vec<CString>,
 }
 
-fn setup(plan: &ChildPlan<'_>) -> Result<(Command, Option<std::os::fd::OwnedFd>), JailError> {
+fn setup(
+    plan: &ChildPlan<'_>,
+) -> Result<(Command, Option<std::os::fd::OwnedFd>, Applied), JailError> {
     let mut timings = Vec::with_capacity(8);
     let mut mark = |stage: &str| {
         timings.push(crate::report::Timing {
@@ -337,8 +368,6 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, Option<std::os::fd::OwnedFd>)
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).context(|| "set no_new_privs".into())?;
     let landlock = landlock::restrict(plan.spec.landlock, &plan.plan.writable, &plan.plan.devices)?;
     mark("child_landlock");
-    let namespaces = NamespaceIds::read("/proc/self");
-    let caps = caps::read_back()?;
     if let Some(program) = plan.seccomp {
         program.install()?;
     }
@@ -350,13 +379,6 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, Option<std::os::fd::OwnedFd>)
     // or read its memory even where ptrace is allowed.
     sys::prctl(libc::PR_SET_DUMPABLE, 0).context(|| "set non-dumpable".into())?;
 
-    send(&ChildMessage::Ready {
-        caps,
-        landlock,
-        seccomp_installed: plan.seccomp.is_some(),
-        namespaces,
-        timings_us: timings,
-    });
     Ok((
         Command {
             argv: plan.argv.clone(),
@@ -364,6 +386,11 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, Option<std::os::fd::OwnedFd>)
             candidates: plan.exec_candidates.clone(),
         },
         writes,
+        Applied {
+            landlock,
+            seccomp_installed: plan.seccomp.is_some(),
+            timings_us: timings,
+        },
     ))
 }
 
@@ -476,7 +503,7 @@ fn enter_cwd(cwd: &str) -> Result<(), JailError> {
 }
 
 /// Forks and execs the command, then acts as PID 1 until it ends. Returns init's exit code.
-fn supervise(command: Command) -> i32 {
+fn supervise(command: Command, applied: Applied) -> i32 {
     let mut watched = SigSet::empty();
     watched.add(Signal::SIGCHLD);
     for sig in FORWARDED {
@@ -510,6 +537,7 @@ fn supervise(command: Command) -> i32 {
             return 125;
         }
     };
+    applied.report();
 
     loop {
         let sig = match watched.wait() {

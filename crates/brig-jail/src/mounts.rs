@@ -389,9 +389,11 @@ fn run_op(
             nix::unistd::symlinkat(target.as_path(), Some(parent), name)
                 .context(|| format!("symlink {path}"))?;
         }
-        FsOp::Copy { path, mode, .. } => {
+        FsOp::Copy {
+            path, mode, size, ..
+        } => {
             let source = copies.next().expect("one source per copy, in plan order");
-            copy_file(tree, path, &source, *mode)?;
+            copy_file(tree, path, &source, *mode, *size)?;
         }
         FsOp::File {
             path,
@@ -565,15 +567,7 @@ impl Tree {
         }
         let (parent, name) = split(path);
         let parent_fd = self.dir(parent, 0o755)?;
-        match nix::sys::stat::mkdirat(Some(parent_fd), name, Mode::from_bits_truncate(mode)) {
-            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-            Err(nix::errno::Errno::EROFS) => {
-                return Err(JailError::Setup(format!(
-                    "cannot create mount point {path}: it lies in a read-only directory"
-                )))
-            }
-            Err(e) => return Err(JailError::sys(format!("mkdir {path}"), e.into())),
-        }
+        mkdir_at(parent_fd, name, path, mode)?;
         let fd = open_in_root(&self.root, path, OFlag::O_PATH | OFlag::O_DIRECTORY)
             .context(|| format!("open {path}"))?;
         let raw = fd.as_raw_fd();
@@ -590,7 +584,10 @@ impl Tree {
     fn mount_point(&mut self, path: &str, kind: NodeKind) -> Result<OwnedFd, JailError> {
         let (parent, name) = self.parent_of(path)?;
         if kind == NodeKind::Dir {
-            self.dir(path, 0o755)?;
+            // Not opened as a directory to cache: the mount is about to hide it.
+            if !self.dirs.contains_key(path) {
+                mkdir_at(parent, name, path, 0o755)?;
+            }
         } else if let Ok(existing) =
             open_in_root(&self.root, path, OFlag::O_PATH | OFlag::O_NOFOLLOW)
         {
@@ -653,6 +650,17 @@ impl Tree {
     }
 }
 
+/// Creates directory `name` in `parent` (the directory at `path`'s parent), if missing.
+fn mkdir_at(parent: RawFd, name: &str, path: &str, mode: u32) -> Result<(), JailError> {
+    match nix::sys::stat::mkdirat(Some(parent), name, Mode::from_bits_truncate(mode)) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => Ok(()),
+        Err(nix::errno::Errno::EROFS) => Err(JailError::Setup(format!(
+            "cannot create mount point {path}: it lies in a read-only directory"
+        ))),
+        Err(e) => Err(JailError::sys(format!("mkdir {path}"), e.into())),
+    }
+}
+
 fn write_file(tree: &mut Tree, path: &str, contents: &[u8], mode: u32) -> Result<(), JailError> {
     let (parent, name) = tree.parent_of(path)?;
     let fd = nix::fcntl::openat(
@@ -666,8 +674,16 @@ fn write_file(tree: &mut Tree, path: &str, contents: &[u8], mode: u32) -> Result
     file.write_all(contents).context(|| format!("write {path}"))
 }
 
-/// Copies what `source` holds into a new file at `path`, in the kernel.
-fn copy_file(tree: &mut Tree, path: &str, source: &OwnedFd, mode: u32) -> Result<(), JailError> {
+/// Copies what `source` holds into a new file at `path`, in the kernel. `size` is
+/// what the plan saw: a short count at that size is the file's end, which saves
+/// asking for the end-of-file read on every copy.
+fn copy_file(
+    tree: &mut Tree,
+    path: &str,
+    source: &OwnedFd,
+    mode: u32,
+    size: u64,
+) -> Result<(), JailError> {
     let (parent, name) = tree.parent_of(path)?;
     let fd = nix::fcntl::openat(
         Some(parent),
@@ -677,10 +693,20 @@ fn copy_file(tree: &mut Tree, path: &str, source: &OwnedFd, mode: u32) -> Result
     )
     .context(|| format!("create {path}"))?;
     let target = unsafe_owned(fd);
+    const CHUNK: usize = 1 << 20;
+    let mut copied = 0u64;
     loop {
-        match nix::sys::sendfile::sendfile(&target, source, None, 1 << 20) {
+        match nix::sys::sendfile::sendfile(&target, source, None, CHUNK) {
             Ok(0) => return Ok(()),
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Ok(n) => {
+                copied += n as u64;
+                // Less than asked for, ending where the plan saw the end: done. A short
+                // count anywhere else (a full tmpfs) asks again, for the error or EOF.
+                if n < CHUNK && copied == size {
+                    return Ok(());
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(JailError::sys(format!("copy {path}"), e.into())),
         }
     }
@@ -711,6 +737,7 @@ mod tests {
                 source: source.to_path_buf(),
                 path: "/etc/x".into(),
                 mode: 0o644,
+                size: 0,
             }],
             scratch_bytes: 0,
             writable: Vec::new(),

@@ -401,7 +401,6 @@ fn run_sandbox(
     let signal_fd = SignalFd::with_flags(&handled, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .context(|| "signalfd".into())?;
 
-    let host_namespaces = NamespaceIds::read("/proc/self");
     let child_plan = ChildPlan {
         spec,
         plan,
@@ -477,10 +476,13 @@ fn run_sandbox(
         Err(e) => {
             let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
             let _ = waitpid(child, None);
-            return Err(e);
+            // A child that failed first broke the channel: its reason is the one to give.
+            return Err(failure_reported(&report_r).unwrap_or(e));
         }
     };
     timeline.mark("cgroup");
+    // Only the report needs them: read while the child still builds its root.
+    let host_namespaces = NamespaceIds::read("/proc/self");
     if session.is_some() {
         return match detach(child, &report_r, &sync_parent) {
             Ok(ready) => {
@@ -580,6 +582,26 @@ fn run_sandbox(
         ),
     };
     Ok(Sandbox::Finished(Box::new(outcome), stats))
+}
+
+/// The failure the child reported before it exited, if any (it writes the report
+/// and then exits, so once it is reaped the message is in the pipe).
+fn failure_reported(report: &OwnedFd) -> Option<JailError> {
+    let mut pending = Vec::new();
+    let mut buf = [0u8; 4096];
+    let _ = nix::fcntl::fcntl(
+        report.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    );
+    while let Ok(n @ 1..) = nix::unistd::read(report.as_raw_fd(), &mut buf) {
+        pending.extend_from_slice(&buf[..n]);
+    }
+    drain_messages(&mut pending)
+        .into_iter()
+        .find_map(|message| match message {
+            ChildMessage::Failed { code, message } => Some(JailError::InSandbox { code, message }),
+            _ => None,
+        })
 }
 
 /// What the child reported as applied; the caller adds what the parent knows
@@ -744,20 +766,6 @@ fn prepare_child(
     };
     std::fs::write(format!("{proc_dir}/uid_map"), uid_map).context(|| "write uid_map".into())?;
     std::fs::write(format!("{proc_dir}/gid_map"), gid_map).context(|| "write gid_map".into())?;
-    let read_map = |name: &str| {
-        std::fs::read_to_string(format!("{proc_dir}/{name}"))
-            .map(|m| m.split_whitespace().collect::<Vec<_>>().join(" "))
-            .context(|| format!("read {name}"))
-    };
-    let identity = IdentityReport {
-        uid: id.uid,
-        gid: id.gid,
-        host_uid,
-        host_gid,
-        uid_map: read_map("uid_map")?,
-        gid_map: read_map("gid_map")?,
-        rootless,
-    };
     let binds_idmapped = plan
         .ops
         .iter()
@@ -784,7 +792,22 @@ fn prepare_child(
         }
         init::send_msg(sync_w.as_raw_fd(), init::GO_SOURCES_DONE, &[])?;
     }
-    Ok(identity)
+    // What the kernel holds is what is reported: read back once the child has all it
+    // needs to go on.
+    let read_map = |name: &str| {
+        std::fs::read_to_string(format!("{proc_dir}/{name}"))
+            .map(|m| m.split_whitespace().collect::<Vec<_>>().join(" "))
+            .context(|| format!("read {name}"))
+    };
+    Ok(IdentityReport {
+        uid: id.uid,
+        gid: id.gid,
+        host_uid,
+        host_gid,
+        uid_map: read_map("uid_map")?,
+        gid_map: read_map("gid_map")?,
+        rootless,
+    })
 }
 
 #[derive(Default)]
