@@ -487,16 +487,12 @@ impl FsPlan {
 }
 
 fn read_dir_names(dir: &Path) -> Result<Vec<String>, JailError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| JailError::HostPath {
-        path: dir.display().to_string(),
-        reason: e.to_string(),
-    })?;
-    let mut names: Vec<String> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
-    names.sort();
-    Ok(names)
+    read_dir_typed(dir)
+        .map(|entries| entries.into_iter().map(|(name, _)| name).collect())
+        .map_err(|e| JailError::HostPath {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        })
 }
 
 /// Host directory `source` bound read-only at `path`.

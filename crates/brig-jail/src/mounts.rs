@@ -661,7 +661,8 @@ fn mkdir_at(parent: RawFd, name: &str, path: &str, mode: u32) -> Result<(), Jail
     }
 }
 
-fn write_file(tree: &mut Tree, path: &str, contents: &[u8], mode: u32) -> Result<(), JailError> {
+/// A new file at `path` (never an existing one, nor through a symlink), for writing.
+fn create_new(tree: &mut Tree, path: &str, mode: u32) -> Result<OwnedFd, JailError> {
     let (parent, name) = tree.parent_of(path)?;
     let fd = nix::fcntl::openat(
         Some(parent),
@@ -670,7 +671,11 @@ fn write_file(tree: &mut Tree, path: &str, contents: &[u8], mode: u32) -> Result
         Mode::from_bits_truncate(mode),
     )
     .context(|| format!("create {path}"))?;
-    let mut file = File::from(unsafe_owned(fd));
+    Ok(unsafe_owned(fd))
+}
+
+fn write_file(tree: &mut Tree, path: &str, contents: &[u8], mode: u32) -> Result<(), JailError> {
+    let mut file = File::from(create_new(tree, path, mode)?);
     file.write_all(contents).context(|| format!("write {path}"))
 }
 
@@ -684,15 +689,7 @@ fn copy_file(
     mode: u32,
     size: u64,
 ) -> Result<(), JailError> {
-    let (parent, name) = tree.parent_of(path)?;
-    let fd = nix::fcntl::openat(
-        Some(parent),
-        name,
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(mode),
-    )
-    .context(|| format!("create {path}"))?;
-    let target = unsafe_owned(fd);
+    let target = create_new(tree, path, mode)?;
     const CHUNK: usize = 1 << 20;
     let mut copied = 0u64;
     loop {
