@@ -208,6 +208,40 @@ fn root_pivot_root_hides_the_host_tree() {
     assert_eq!(out, "True\n");
 }
 
+/// Root's runs bind one cached /etc tree into every sandbox that needs the same one
+/// (brig-jail's `etccache`): root inside one sandbox must not be able to change
+/// what the next one sees, and sandboxes that differ get their own tree.
+#[test]
+fn shared_etc_cannot_be_changed_from_inside_and_is_per_sandbox_identity() {
+    require_root!();
+    let (before, _) = sh("cat /etc/passwd /etc/hosts; ls -a /etc | tr '\\n' ' '");
+    let (out, _) = sh_with(
+        &["--user", "0"],
+        "cd /etc; for step in 'echo x >> passwd' 'echo x > new' 'chmod 666 hosts' 'rm -f hosts' \
+         'mv hostname h2' 'ln -s /x link' 'mkdir d' 'touch -d 2001-01-01 passwd' 'chown 0 passwd'; do \
+         sh -c \"$step\" 2>/dev/null && echo CHANGED:$step; done; true",
+    );
+    assert!(!out.contains("CHANGED"), "{out}");
+    let (after, _) = sh("cat /etc/passwd /etc/hosts; ls -a /etc | tr '\\n' ' '");
+    assert_eq!(before, after);
+    assert!(before.contains("sandbox:x:1000:1000:"), "{before}");
+
+    let (one, _) = sh_with(&["--hostname", "first-box"], "cat /etc/hostname /etc/hosts");
+    let (two, _) = sh_with(
+        &["--hostname", "second-box", "--user", "1234"],
+        "cat /etc/hostname /etc/hosts; grep -c :1234: /etc/passwd",
+    );
+    assert!(
+        one.starts_with("first-box\n") && !one.contains("second-box"),
+        "{one}"
+    );
+    assert!(
+        two.starts_with("second-box\n") && !two.contains("first-box"),
+        "{two}"
+    );
+    assert!(two.trim_end().ends_with('1'), "{two}");
+}
+
 #[test]
 fn root_system_dirs_are_read_only_nosuid_nodev() {
     require_root!();

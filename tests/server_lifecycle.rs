@@ -752,6 +752,62 @@ fn a_session_in_use_is_not_idle_reaped_by_a_restarted_daemon() {
     assert_nothing_left(&fx, &[init], &mounts_before);
 }
 
+/// Inodes with a shared flock on them (/proc/locks).
+fn read_locked_inodes() -> BTreeSet<u64> {
+    std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("FLOCK") && l.contains("READ"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .nth(5)?
+                .rsplit(':')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// A session binds the host's cached /etc tree (brig-jail's `etccache`): its init,
+/// not the helper that started it, holds the lock that keeps eviction off the tree,
+/// from creation (across a daemon restart) until the session is deleted.
+#[test]
+fn a_session_holds_its_etc_tree_until_it_is_deleted() {
+    if !setup() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+    let id = id_of(&create(&d, &key, json!({})));
+    let init = fx.init(&id);
+    let cache = Path::new(brig_jail::ETC_CACHE_DIR);
+    let held: Vec<u64> = std::fs::read_dir(format!("/proc/{}/fd", init.pid))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.unwrap().path()).ok())
+        .filter(|target| target.starts_with(cache))
+        .map(|target| std::fs::metadata(target).unwrap().ino())
+        .collect();
+    assert_eq!(
+        held.len(),
+        1,
+        "the init holds no /etc tree of {}",
+        cache.display()
+    );
+    assert!(read_locked_inodes().contains(&held[0]));
+    d.kill9();
+    let d2 = fx.start(&[]);
+    assert!(sh(&d2, &key, &id, "cat /etc/hostname").contains('\n'));
+    assert!(read_locked_inodes().contains(&held[0]));
+    delete(&d2, &key, &id);
+    assert_nothing_left(&fx, &[init], &mounts_before);
+    assert!(!read_locked_inodes().contains(&held[0]));
+}
+
 #[test]
 fn a_paused_session_stays_paused_across_a_restart_and_is_deleted_promptly() {
     if !setup() {

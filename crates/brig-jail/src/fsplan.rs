@@ -93,6 +93,8 @@ pub enum FsOp {
         mode: u32,
         /// The size the plan saw: the copy ends there without asking for more.
         size: u64,
+        /// Which version of the file the plan saw.
+        stamp: FileStamp,
     },
     /// A host path (resolved before the sandbox's mounts exist) attached at `path`.
     Bind {
@@ -138,6 +140,29 @@ pub enum FsOp {
         path: String,
         contents: Vec<u8>,
     },
+}
+
+/// What tells one version of a host file from another: writing to the file changes
+/// its change time, replacing it changes its inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FileStamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub ctime_sec: i64,
+    pub ctime_nsec: i64,
+}
+
+impl FileStamp {
+    pub fn of(meta: &std::fs::Metadata) -> FileStamp {
+        FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            ctime_sec: meta.ctime(),
+            ctime_nsec: meta.ctime_nsec(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -553,6 +578,7 @@ fn add_entry(ops: &mut Vec<FsOp>, source: &Path, path: &str) -> Result<(), JailE
                 path: path.to_string(),
                 mode: meta.mode() & 0o755,
                 size: meta.size(),
+                stamp: FileStamp::of(&meta),
             })
         } else {
             ops.push(FsOp::Bind {
@@ -924,11 +950,13 @@ mod tests {
         assert!(passwd.contains("sandbox:x:1000:1000:"));
         // Allowlisted entries: copied when small and world-readable, bound otherwise
         // (so a 0600 host file stays unreadable), symlinks recreated, prefixes matched.
+        let stamp = FileStamp::of(&std::fs::metadata(host.path().join("etc/ld.so.cache")).unwrap());
         assert!(plan.ops.contains(&FsOp::Copy {
             source: host.path().join("etc/ld.so.cache"),
             path: "/etc/ld.so.cache".into(),
             mode: 0o644,
             size: 5,
+            stamp,
         }));
         assert!(plan.ops.iter().any(|op| matches!(op,
             FsOp::Bind { path, kind: NodeKind::File, access: Access::ReadOnly, .. } if path == "/etc/mime.types")),

@@ -11,6 +11,7 @@
 //! | `session` | a session's sandbox from the host: re-attach, pause, destroy |
 //! | `ids` | host uid/gid leases for concurrent sandboxes |
 //! | `fsplan` / `mounts` | the root filesystem as data / executing it and pivot_root |
+//! | `etccache` | the synthesized /etc, written once on the host and bound read-only |
 //! | `cgroup` | cgroup v1, v2 and hybrid hosts |
 //! | `caps`, `rlimits`, `landlock`, `seccomp`, `net` | one kernel mechanism each |
 
@@ -19,6 +20,7 @@ pub mod caps;
 pub mod cgroup;
 pub mod disk;
 mod error;
+mod etccache;
 pub mod fsplan;
 mod idmap;
 pub mod ids;
@@ -37,7 +39,7 @@ mod sys;
 
 pub use error::{Context, JailError};
 pub use report::{Enforced, Outcome};
-pub use supervisor::{run, start_session, HostConfig, SessionControl, Stdio};
+pub use supervisor::{run, start_session, HostConfig, SessionControl, Stdio, ETC_CACHE_DIR};
 
 /// Makes a child process started with `command` die with its parent (SIGKILL at
 /// the parent's death), so a tool brig runs (mkfs.erofs packing a layer) never

@@ -735,6 +735,7 @@ mod tests {
                 path: "/etc/x".into(),
                 mode: 0o644,
                 size: 0,
+                stamp: Default::default(),
             }],
             scratch_bytes: 0,
             writable: Vec::new(),

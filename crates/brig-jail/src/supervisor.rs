@@ -17,6 +17,7 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::cgroup::{Cgroup, CgroupConfig, Layout};
+use crate::etccache;
 use crate::fsplan;
 use crate::idmap;
 use crate::ids::{self, IdRange};
@@ -41,10 +43,26 @@ use crate::sys::{self, CloneResult};
 use crate::{Context, JailError};
 
 /// Host-level settings chosen by the operator, not by the sandbox's requester.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct HostConfig {
     pub id_range: IdRange,
     pub cgroup: CgroupConfig,
+    /// Where root's runs keep the /etc trees they bind (see `etccache`); `None`
+    /// writes /etc into every sandbox.
+    pub etc_cache: Option<PathBuf>,
+}
+
+/// The default [`HostConfig::etc_cache`].
+pub const ETC_CACHE_DIR: &str = "/run/brig/etc";
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            id_range: IdRange::default(),
+            cgroup: CgroupConfig::default(),
+            etc_cache: Some(PathBuf::from(ETC_CACHE_DIR)),
+        }
+    }
 }
 
 /// Where the sandbox's stdio goes.
@@ -150,7 +168,20 @@ fn launch(
             "the build id mapping needs brig to run as root".into(),
         ));
     }
-    let plan = fsplan::plan(spec, std::path::Path::new("/"))?;
+    let mut plan = fsplan::plan(spec, std::path::Path::new("/"))?;
+    // Held until the sandbox is gone (a session's init keeps a copy).
+    let etc_lease = match (&host.etc_cache, &spec.filesystem.root) {
+        (Some(cache), RootSource::HostSystem) if !rootless => {
+            let user_binds: Vec<String> = spec
+                .filesystem
+                .binds
+                .iter()
+                .map(|b| b.target.clone())
+                .collect();
+            etccache::apply(&mut plan, &user_binds, cache)
+        }
+        _ => None,
+    };
     let seccomp = seccomp::build(&spec.seccomp)?;
     // RLIMIT_NPROC is planned as the fallback for the pids controller; the child
     // drops it once it has joined a cgroup that limits pids.
@@ -194,7 +225,9 @@ fn launch(
         session,
         rootless,
         ids,
+        etc_lease.as_ref().map(|l| l.fd().as_raw_fd()),
     );
+    drop(etc_lease);
     let cgroup = limits.cgroup.take();
     let keep_cgroup = session.is_some() && result.is_ok();
     if let Some(cgroup) = cgroup.as_ref().filter(|_| !keep_cgroup) {
@@ -350,6 +383,7 @@ fn run_sandbox(
     session: Option<&SessionControl>,
     rootless: bool,
     (host_uid, host_gid): (u32, u32),
+    etc_lease: Option<RawFd>,
 ) -> Result<Sandbox, JailError> {
     let env = spec.effective_env();
     let to_c = |s: &[u8]| {
@@ -424,6 +458,7 @@ fn run_sandbox(
                 .iter()
                 .map(|fd| fd.as_raw_fd())
                 .chain(limiter.lease_fd)
+                .chain(etc_lease)
                 .collect(),
         }),
     };
