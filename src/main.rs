@@ -358,6 +358,8 @@ fn run(args: RunArgs) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // A watchdog whose brig died re-executes this binary to clean up.
+    brig_jail::watchdog::main_if_requested();
     // The daemon's launch helper: decided before anything else runs, so the process
     // stays single-threaded (it clones the sandbox).
     if std::env::args_os()

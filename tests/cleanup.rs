@@ -230,3 +230,51 @@ fn root_signal_is_forwarded_to_a_command_that_handles_it() {
     assert_eq!(v["exit_code"], 3);
     assert_eq!(out.status.code(), Some(3));
 }
+
+/// The sandbox's cgroup is removed even when a process from outside was moved into
+/// it (by root, on the host) and outlives the sandbox: it counts as the sandbox's and
+/// is killed, as a straggler would be, instead of leaving the cgroup behind.
+#[test]
+fn root_a_process_moved_into_the_cgroup_from_outside_does_not_keep_it() {
+    require_root!();
+    let marker = "8765.1357";
+    let mut brig = brig()
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!("sleep {marker} & sleep 1.5; kill $!"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(5000, || processes_with(marker)
+            .iter()
+            .any(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "sleep"))),
+        "sandbox did not start"
+    );
+    let init = sandbox_init(brig.id()).expect("sandbox init");
+    let dirs = cgroup_dirs_of(init);
+    assert!(!dirs.is_empty(), "sandbox has no cgroup");
+    let mut stranger = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    for dir in &dirs {
+        std::fs::write(format!("{dir}/cgroup.procs"), stranger.id().to_string()).unwrap();
+    }
+    let status = brig.wait().unwrap();
+    assert!(status.code().is_some(), "brig did not end by itself");
+    // brig returns only once its cgroup is gone.
+    for dir in &dirs {
+        assert!(
+            !std::path::Path::new(dir).exists(),
+            "cgroup {dir} left behind"
+        );
+    }
+    let ended = stranger.wait().unwrap();
+    assert!(
+        ended.code().is_none(),
+        "the stranger was not killed: {ended:?}"
+    );
+}

@@ -10,6 +10,7 @@
 //! | `agent` | a session's init serving exec requests, and the daemon's client for it |
 //! | `session` | a session's sandbox from the host: re-attach, pause, destroy |
 //! | `ids` | host uid/gid leases for concurrent sandboxes |
+//! | `watchdog` | cleans up the cgroup of a brig that died (shares brig's memory) |
 //! | `fsplan` / `mounts` | the root filesystem as data / executing it and pivot_root |
 //! | `etccache` | the synthesized /etc, written once on the host and bound read-only |
 //! | `cgroup` | cgroup v1, v2 and hybrid hosts |
@@ -36,6 +37,7 @@ pub mod seccomp;
 pub mod session;
 mod supervisor;
 mod sys;
+pub mod watchdog;
 
 pub use error::{Context, JailError};
 pub use report::{Enforced, Outcome};

@@ -5,14 +5,16 @@
 //!
 //! ```text
 //! brig (this process, single-threaded)
-//!  ├── brig-watchdog   holds the id lease; if brig dies (even by SIGKILL) it kills
-//!  │                   the cgroup's processes and removes the cgroup
+//!  ├── brig-watchdog   shares brig's memory and holds the id lease; removes the
+//!  │                   cgroup once the sandbox is gone, or, if brig dies (even by
+//!  │                   SIGKILL), kills the cgroup's processes and removes it
 //!  └── init (PID 1 of the sandbox's namespaces, dies with brig via PDEATHSIG)
 //!       └── the command
 //! ```
 //!
 //! Mounts live only in the sandbox's mount namespace and vanish with it; no
-//! directory is created on the host. So after any end (normal, timeout, OOM,
+//! directory is created on the host for a run (the shared /etc trees of `etccache`
+//! are kept on purpose). So after any end (normal, timeout, OOM,
 //! SIGINT/SIGTERM to brig, SIGKILL of brig) nothing is left behind.
 
 use std::ffi::CString;
@@ -40,6 +42,7 @@ use crate::report::*;
 use crate::rlimits;
 use crate::seccomp;
 use crate::sys::{self, CloneResult};
+use crate::watchdog::{Removal, Watchdog};
 use crate::{Context, JailError};
 
 /// Host-level settings chosen by the operator, not by the sandbox's requester.
@@ -213,6 +216,7 @@ fn launch(
         cgroup: None,
         reason: None,
         watchdog: None,
+        removal: None,
     };
     let result = run_sandbox(
         &mut timeline,
@@ -230,7 +234,10 @@ fn launch(
     drop(etc_lease);
     let cgroup = limits.cgroup.take();
     let keep_cgroup = session.is_some() && result.is_ok();
-    if let Some(cgroup) = cgroup.as_ref().filter(|_| !keep_cgroup) {
+    // The watchdog removed it while the report was written; if it could not, the
+    // removal below says why.
+    let removed = limits.removal.take().is_some_and(|removal| removal.wait());
+    if let Some(cgroup) = cgroup.as_ref().filter(|_| !keep_cgroup && !removed) {
         // Remove the cgroup before letting the watchdog go: until then it must stay
         // ready to clean up if this process dies.
         if let Err(e) = cgroup.remove() {
@@ -310,6 +317,8 @@ struct Limiter<'a> {
     /// Why no cgroup is used (rootless without a delegated parent).
     reason: Option<String>,
     watchdog: Option<Watchdog>,
+    /// The watchdog removing the cgroup, once the sandbox is gone.
+    removal: Option<Removal>,
 }
 
 impl Limiter<'_> {
@@ -565,6 +574,9 @@ fn run_sandbox(
     drop(restore_mask);
     let duration_ms = started.elapsed().as_millis() as u64;
     let stats = limiter.cgroup.as_ref().map(|c| c.stats());
+    // Nothing is left in the cgroup but its accounting, now read: the watchdog
+    // removes it while this process writes the report.
+    limiter.removal = limiter.watchdog.take().map(Watchdog::remove_cgroup);
 
     if let Some(message) = watch.failed {
         return Err(message);
@@ -1091,95 +1103,6 @@ impl Watch {
         }
         self.grace_deadline = Some(Instant::now() + SIGNAL_GRACE);
     }
-}
-
-/// A process that outlives brig only to clean up after it.
-struct Watchdog {
-    pid: Pid,
-    done: OwnedFd,
-}
-
-impl Watchdog {
-    /// The watchdog closes every descriptor brig had but `lease` (held until the
-    /// cgroup is gone): above all brig's end of the sandbox's sync channel, whose
-    /// closing tells the sandbox that brig died.
-    fn spawn(cgroup: &Cgroup, lease: Option<RawFd>) -> Result<Watchdog, JailError> {
-        let (read_end, write_end) = pipe()?;
-        // SAFETY: run() checked that this process has a single thread.
-        match unsafe { sys::fork_process() }.context(|| "fork watchdog".into())? {
-            CloneResult::Parent { child } => {
-                drop(read_end);
-                Ok(Watchdog {
-                    pid: Pid::from_raw(child),
-                    done: write_end,
-                })
-            }
-            CloneResult::Child => {
-                drop(write_end);
-                watchdog_main(read_end, lease, cgroup)
-            }
-        }
-    }
-
-    /// The cgroup is gone: let the watchdog exit, and reap it.
-    fn release(self) {
-        let _ = sys::write_all_fd(self.done.as_raw_fd(), b"d");
-        drop(self.done);
-        let _ = waitpid(self.pid, None);
-    }
-}
-
-fn watchdog_main(done: OwnedFd, lease: Option<RawFd>, cgroup: &Cgroup) -> ! {
-    // Keep only the done pipe (at 3) and the lease (at 4); everything else brig had
-    // open (the sandbox's channel and pipes above all) is closed.
-    const DONE: RawFd = 3;
-    const LEASE: RawFd = 4;
-    let moved = nix::fcntl::fcntl(done.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
-        .and_then(|d| nix::unistd::dup2(d, DONE));
-    let lease_moved = match lease {
-        Some(fd) => nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
-            .and_then(|l| nix::unistd::dup2(l, LEASE))
-            .is_ok(),
-        None => true,
-    };
-    if moved.is_err()
-        || !lease_moved
-        || sys::close_fds_from(if lease.is_some() { LEASE + 1 } else { DONE + 1 }).is_err()
-    {
-        // Without its descriptors in place it cannot do its job safely: clean up now.
-        let _ = cgroup.kill_all();
-        let _ = cgroup.remove();
-        sys::exit_now(1);
-    }
-    std::mem::forget(done);
-    // Out of brig's session so a terminal's ^C or hangup does not reach it, and away
-    // from brig's stdio so it holds no pipe of the caller open.
-    let _ = nix::unistd::setsid();
-    if let Ok(null) = nix::fcntl::open(
-        "/dev/null",
-        nix::fcntl::OFlag::O_RDWR,
-        nix::sys::stat::Mode::empty(),
-    ) {
-        for fd in 0..3 {
-            let _ = nix::unistd::dup2(null, fd);
-        }
-    }
-    let _ = sys::prctl(
-        libc::PR_SET_NAME,
-        c"brig-watchdog".as_ptr() as libc::c_ulong,
-    );
-    let mut byte = [0u8; 1];
-    loop {
-        match nix::unistd::read(DONE, &mut byte) {
-            Ok(1) => sys::exit_now(0),
-            Err(nix::errno::Errno::EINTR) => continue,
-            // EOF: brig died without cleaning up.
-            _ => break,
-        }
-    }
-    let _ = cgroup.kill_all();
-    let _ = cgroup.remove();
-    sys::exit_now(0)
 }
 
 /// When each stage of a run finished.

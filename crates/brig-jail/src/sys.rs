@@ -266,13 +266,27 @@ pub unsafe fn clone_process(namespace_flags: libc::c_int) -> io::Result<CloneRes
     }
 }
 
-/// A plain fork for the (single-threaded) callers in this crate.
+/// Starts a process that shares this one's memory (`CLONE_VM`, not a thread: its
+/// own descriptor table, signal handlers and thread group) and runs `entry(arg)` on
+/// the stack ending at `stack_top`; it exits with what `entry` returns.
 ///
 /// # Safety
-/// Same as [`clone_process`].
-pub unsafe fn fork_process() -> io::Result<CloneResult> {
-    // SAFETY: forwarded to the caller.
-    unsafe { clone_process(0) }
+/// `stack_top` must be the top of memory that stays mapped, and `arg` valid, for
+/// the new process's whole life. `entry` runs without thread-local storage of its
+/// own (it shares the caller's): it must not allocate, unwind, or use anything that
+/// keeps state there (libc's errno included) while the caller may run.
+pub unsafe fn clone_vm(
+    entry: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    stack_top: *mut libc::c_void,
+    arg: *mut libc::c_void,
+) -> io::Result<libc::pid_t> {
+    // SAFETY: forwarded to the caller; glibc's clone aligns the stack and ends the
+    // new process with the exit system call when `entry` returns.
+    let pid = unsafe { libc::clone(entry, stack_top, libc::CLONE_VM | libc::SIGCHLD, arg) };
+    if pid == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(pid)
 }
 
 /// Closes every descriptor from `first` up, except none: used right after clone so
