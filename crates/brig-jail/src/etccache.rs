@@ -818,7 +818,7 @@ mod tests {
         let entry = cache.path().join("entry");
         std::fs::create_dir(&entry).unwrap();
         // What eviction leaves on an entry before it moves it.
-        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0)).unwrap();
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o000)).unwrap();
         assert!(lock_shared(&entry).unwrap().is_none());
     }
 }
