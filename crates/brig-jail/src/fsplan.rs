@@ -174,7 +174,7 @@ pub struct FsPlan {
     pub scratch_bytes: u64,
     /// Paths the sandbox may write below (Landlock rules).
     pub writable: Vec<String>,
-    /// Device files the sandbox may read, write and ioctl (Landlock rules).
+    /// Where the sandbox may read, write and ioctl device files (Landlock rules).
     pub devices: Vec<String>,
     /// A `--rootfs` directory: whoever owns it may swap its entries for symlinks
     /// between the plan and the mounts, so sources below it are opened with the
@@ -326,19 +326,16 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
         size_bytes: 64 << 10,
         mode: 0o755,
     });
-    let mut devices = Vec::new();
     for name in DEVICES {
         let source = host(&format!("/dev/{name}"));
         if source.exists() {
-            let path = format!("/dev/{name}");
             ops.push(FsOp::Bind {
                 source,
-                path: path.clone(),
+                path: format!("/dev/{name}"),
                 kind: NodeKind::File,
                 access: Access::Device,
                 idmapped: false,
             });
-            devices.push(path);
         }
     }
     ops.push(FsOp::Dir {
@@ -348,7 +345,6 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
     ops.push(FsOp::Devpts {
         path: "/dev/pts".into(),
     });
-    devices.push("/dev/pts".into());
     for (link, target) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
@@ -482,7 +478,10 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
         ops,
         scratch_bytes: spec.limits.disk_bytes,
         writable,
-        devices,
+        // The /dev tmpfs as a whole, one Landlock rule instead of one per device
+        // (~6 µs each): it holds only the device binds, pts and shm, and is sealed
+        // read-only, so nothing else can appear below it.
+        devices: vec!["/dev".into()],
         untrusted_root: match &spec.filesystem.root {
             RootSource::Directory(dir) => Some(host(&dir.to_string_lossy())),
             _ => None,
