@@ -752,6 +752,22 @@ fn a_session_in_use_is_not_idle_reaped_by_a_restarted_daemon() {
     assert_nothing_left(&fx, &[init], &mounts_before);
 }
 
+/// The scheduling policy of `pid` (/proc/PID/sched).
+fn sched_policy(pid: i32) -> i32 {
+    std::fs::read_to_string(format!("/proc/{pid}/sched"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("policy")?
+                .split(':')
+                .nth(1)?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .expect("a policy line")
+}
+
 /// Inodes with a shared flock on them (/proc/locks).
 fn read_locked_inodes() -> BTreeSet<u64> {
     std::fs::read_to_string("/proc/locks")
@@ -1366,10 +1382,29 @@ fn warm_pool_fills_serves_refills_and_does_not_leak_across_a_restart() {
     let mut d = fx.start(&["--pool", "host=2"]);
     let key = d.admin_key().to_string();
     wait_pool(&d, "host", 2);
+    // Pooled sandboxes wait at idle priority; a session's runs at normal priority.
+    for row in fx.rows().into_iter().filter(|r| r.state == "pooled") {
+        assert_eq!(
+            sched_policy(row.init.pid),
+            libc::SCHED_IDLE,
+            "a pooled init"
+        );
+    }
+    let session = create(&d, &key, json!({}));
+    assert_eq!(session["pooled"], true, "{session}");
+    let taken = id_of(&session);
+    let taken_init = fx.init(&taken);
+    assert_eq!(
+        sched_policy(taken_init.pid),
+        libc::SCHED_OTHER,
+        "a taken init"
+    );
+    assert_eq!(sh(&d, &key, &taken, "echo ok"), "ok\n");
+    delete(&d, &key, &taken);
+    let mut inits = vec![taken_init];
 
     // create + first exec, from the pool and cold (custom limits are never pooled),
     // each with a full, idle pool so the filler does not compete.
-    let mut inits = Vec::new();
     let mut measure = |body: Value, pooled: bool| -> Duration {
         wait_pool(&d, "host", 2);
         let started = Instant::now();

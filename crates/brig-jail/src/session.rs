@@ -73,6 +73,16 @@ impl SessionHandle {
         }
     }
 
+    /// Back to normal priority, for a sandbox started at idle priority ahead of
+    /// need ([`start_in_background`]) and now in use. Init is single-threaded, and
+    /// what it starts from now on inherits the policy. The caller must be init's
+    /// parent (the daemon, a child subreaper): then init's pid cannot be reused
+    /// before the caller reaps it.
+    pub fn to_foreground(&self) -> Result<(), JailError> {
+        crate::sys::set_sched_idle(self.pid, false)
+            .map_err(|e| JailError::sys("restore the sandbox's priority", e))
+    }
+
     pub fn is_alive(&self) -> bool {
         matches!(self.pidfd(), Ok(Some(fd)) if !exited(&fd))
     }
@@ -120,6 +130,14 @@ impl SessionHandle {
     pub fn oom_kills(&self) -> Option<u64> {
         self.cgroup.as_ref().map(|c| c.oom_kills())
     }
+}
+
+/// Makes the calling (single-threaded) process, and every process it starts from now
+/// on, run at idle priority (`SCHED_IDLE`): for a sandbox started ahead of need (a
+/// warm pool), whose setup must not slow down the requests being served meanwhile.
+/// [`SessionHandle::to_foreground`] undoes it for the sandbox once it is used.
+pub fn start_in_background() -> Result<(), JailError> {
+    crate::sys::set_sched_idle(0, true).map_err(|e| JailError::sys("lower the priority", e))
 }
 
 /// While alive, the calling thread touches files as a sandbox's user: its fsuid and

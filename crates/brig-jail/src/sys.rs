@@ -289,6 +289,22 @@ pub unsafe fn clone_vm(
     Ok(pid)
 }
 
+/// Sets the scheduling policy of thread `tid` (0: the caller) to `SCHED_IDLE` (runs
+/// only when a CPU has nothing else to do) or back to `SCHED_OTHER`.
+pub fn set_sched_idle(tid: libc::pid_t, idle: bool) -> io::Result<()> {
+    let policy = if idle {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_OTHER
+    };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param for the duration of the call.
+    if unsafe { libc::sched_setscheduler(tid, policy, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Closes every descriptor from `first` up, except none: used right after clone so
 /// the sandbox inherits nothing brig did not mean to give it.
 pub fn close_fds_from(first: RawFd) -> io::Result<()> {

@@ -30,6 +30,10 @@ pub struct LaunchRequest {
     pub control_socket: PathBuf,
     pub id_range: Option<(u32, u32)>,
     pub cgroup_parent: Option<String>,
+    /// Started ahead of need (a warm pool's refill): the helper and the sandbox run
+    /// at idle priority until the sandbox is taken (`SessionHandle::to_foreground`).
+    #[serde(default)]
+    pub background: bool,
 }
 
 /// What the helper answers: the session, or why it could not start.
@@ -121,6 +125,10 @@ pub fn read_record(path: &Path) -> Option<Launched> {
 
 fn start(request: LaunchRequest) -> Result<Launched, Failure> {
     let internal = |what: &str, e: std::io::Error| ("internal".to_string(), format!("{what}: {e}"));
+    if request.background {
+        // At normal priority it still works, only it competes with requests.
+        let _ = brig_jail::session::start_in_background();
+    }
     // Created and locked before anything is started (see `record_path`).
     let mut record = std::fs::File::create(record_path(&request.control_socket))
         .map_err(|e| internal("create the launch record", e))?;

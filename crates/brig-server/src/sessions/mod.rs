@@ -763,6 +763,7 @@ pub async fn launch_sandbox(
     id: &str,
     spec: SandboxSpec,
     image: Option<String>,
+    background: bool,
 ) -> Result<Launched, ApiError> {
     let dir = session_dir(shared, id);
     let made_dir = !dir.exists();
@@ -779,6 +780,7 @@ pub async fn launch_sandbox(
         control_socket: socket.clone(),
         id_range: shared.args.id_range.map(|r| (r.start, r.end)),
         cgroup_parent: None,
+        background,
     };
     let input = serde_json::to_vec(&request).map_err(ApiError::internal)?;
     let mut child = tokio::process::Command::new(helper_binary())
@@ -1168,7 +1170,7 @@ async fn start_session(
             (launched, Some(pool_row))
         }
         None => (
-            launch_sandbox(shared, &id, spec, image.clone()).await?,
+            launch_sandbox(shared, &id, spec, image.clone(), false).await?,
             None,
         ),
     };

@@ -131,6 +131,11 @@ impl Ready {
     /// gone, which the next start destroys, as any pool row, and then the directory
     /// (known to no row).
     pub async fn adopt(self, shared: &Shared, id: &str) -> Result<(Launched, String), ApiError> {
+        // Filled at idle priority; a session's execs run at normal priority.
+        if let Err(e) = self.launched.handle.to_foreground() {
+            self.destroy(shared).await;
+            return Err(ApiError::internal(format!("adopt pooled sandbox: {e}")));
+        }
         let from = session_dir(shared, &self.id);
         let to = session_dir(shared, id);
         // A rename within one directory: a synchronous call is cheaper than a hop to
@@ -216,7 +221,10 @@ async fn fill_one(state: &AppState, image: Key) -> Result<Ready, ApiError> {
     let request = CreateSession::default();
     let limits = super::limits_of(&request)?;
     let spec = super::spec_for(state, "", &request, &limits)?;
-    let launched = launch_sandbox(state, &id, spec, image.clone()).await?;
+    // At idle priority until taken: a refill then never slows the creates and execs
+    // it runs beside. Root only: an unprivileged daemon could not raise it again.
+    let background = rustix::process::geteuid().is_root();
+    let launched = launch_sandbox(state, &id, spec, image.clone(), background).await?;
     let runtime = serde_json::to_string(&launched).map_err(ApiError::internal)?;
     let row_id = id.clone();
     let now = crate::db::now_rfc3339();

@@ -379,7 +379,7 @@ async fn restore_session(
         let spec = spec_for(&state, &caller.tenant, &session.request, &limits)?;
         prepare_bundles(&state, &caller.tenant, &session.request).await?;
         // The new sandbox gets its own socket beside the old one, then replaces it.
-        let launched = launch_sandbox(&state, &session.id, spec, Some(image)).await?;
+        let launched = launch_sandbox(&state, &session.id, spec, Some(image), false).await?;
         let old = session.replace_sandbox(launched);
         let handle = old.handle.clone();
         let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
