@@ -2,8 +2,9 @@
 //! read-only into every sandbox that needs the same one.
 //!
 //! Why: writing /etc into each sandbox's root (some 20 small copies and generated
-//! files, a dozen mount points) was ~0.35 ms of every start on the sandbox's
-//! critical path; binding a ready tree takes one mount (BENCHMARKS.md, session 8).
+//! files, a dozen mount points) was on every start's critical path; binding a ready
+//! tree instead took the sandbox's filesystem stage from ~1,030 to ~730 µs
+//! (BENCHMARKS.md, session 8).
 //!
 //! Layout: `CACHE/BOOT_ID/KEY/`. KEY is the SHA-256 of every step of the plan's
 //! /etc (paths, modes, generated contents, symlink targets, mount points) and, for
@@ -73,76 +74,76 @@ pub fn apply(plan: &mut FsPlan, user_binds: &[String], cache: &Path) -> Option<E
     }
 }
 
-/// One thing in the tree, in plan order. Host files are read when an entry is built.
+/// One thing in the tree, in plan order: one of the plan's own steps that writes
+/// the tree (a directory, symlink, written file or host file copy), or the empty
+/// directory or file a later mount of the plan lands on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Node {
-    Dir {
-        path: String,
-        mode: u32,
-    },
-    Symlink {
-        path: String,
-        target: PathBuf,
-    },
-    File {
-        path: String,
-        contents: Vec<u8>,
-        mode: u32,
-    },
-    Copy {
-        path: String,
-        source: PathBuf,
-        mode: u32,
-    },
-    /// Where the plan mounts something later: an empty directory or file.
-    MountPoint {
-        path: String,
-        kind: NodeKind,
-    },
+    Step(FsOp),
+    MountPoint { path: String, kind: NodeKind },
 }
 
 impl Node {
     /// Adds this node to the key: each field length-prefixed, so no two different
-    /// trees feed the same bytes.
+    /// trees feed the same bytes. A copy counts with the version of the host file
+    /// the plan saw, not its contents: those are read only when an entry is built.
     fn feed(&self, key: &mut Sha256) {
         let mut field = |bytes: &[u8]| {
             key.update((bytes.len() as u64).to_le_bytes());
             key.update(bytes);
         };
+        let kind_name = |kind: &NodeKind| match kind {
+            NodeKind::Dir => b"dir".as_slice(),
+            NodeKind::File => b"file".as_slice(),
+        };
         match self {
-            Node::Dir { path, mode } => {
+            Node::Step(FsOp::Dir { path, mode }) => {
                 field(b"dir");
                 field(path.as_bytes());
                 field(&mode.to_le_bytes());
             }
-            Node::Symlink { path, target } => {
+            Node::Step(FsOp::Symlink { path, target }) => {
                 field(b"symlink");
                 field(path.as_bytes());
                 field(target.as_os_str().as_encoded_bytes());
             }
-            Node::File {
+            Node::Step(FsOp::File {
                 path,
                 contents,
                 mode,
-            } => {
+            }) => {
                 field(b"file");
                 field(path.as_bytes());
                 field(contents);
                 field(&mode.to_le_bytes());
             }
-            Node::Copy { path, source, mode } => {
+            Node::Step(FsOp::Copy {
+                source,
+                path,
+                mode,
+                stamp,
+                ..
+            }) => {
                 field(b"copy");
                 field(path.as_bytes());
                 field(source.as_os_str().as_encoded_bytes());
                 field(&mode.to_le_bytes());
+                for value in [
+                    stamp.dev,
+                    stamp.ino,
+                    stamp.size,
+                    stamp.ctime_sec as u64,
+                    stamp.ctime_nsec as u64,
+                ] {
+                    field(&value.to_le_bytes());
+                }
             }
+            // `from_plan` makes no other step a node.
+            Node::Step(_) => unreachable!("not a step that writes the tree"),
             Node::MountPoint { path, kind } => {
                 field(b"mount point");
                 field(path.as_bytes());
-                field(match kind {
-                    NodeKind::Dir => b"dir",
-                    NodeKind::File => b"file",
-                });
+                field(kind_name(kind));
             }
         }
     }
@@ -184,46 +185,8 @@ impl EtcTree {
             }
             // The node, and whether it replaces the step (a mount point does not).
             let (node, replaces) = match op {
-                FsOp::Dir { path, mode } => (
-                    Node::Dir {
-                        path: path.clone(),
-                        mode: *mode,
-                    },
-                    true,
-                ),
-                FsOp::Symlink { path, target } => (
-                    Node::Symlink {
-                        path: path.clone(),
-                        target: target.clone(),
-                    },
-                    true,
-                ),
-                FsOp::File {
-                    path,
-                    contents,
-                    mode,
-                } => (
-                    Node::File {
-                        path: path.clone(),
-                        contents: contents.clone(),
-                        mode: *mode,
-                    },
-                    true,
-                ),
-                FsOp::Copy {
-                    source,
-                    path,
-                    mode,
-                    stamp,
-                    ..
-                } => {
-                    feed_stamp(&mut key, stamp);
-                    let node = Node::Copy {
-                        path: path.clone(),
-                        source: source.clone(),
-                        mode: *mode,
-                    };
-                    (node, true)
+                FsOp::Dir { .. } | FsOp::Symlink { .. } | FsOp::File { .. } | FsOp::Copy { .. } => {
+                    (Node::Step(op.clone()), true)
                 }
                 // A host file the plan binds because it is large: copied into the
                 // entry instead (paid once), unless the caller asked for the bind.
@@ -235,13 +198,14 @@ impl EtcTree {
                     idmapped: false,
                 } if !user_binds.contains(path) => match copyable(source) {
                     Some(meta) => {
-                        feed_stamp(&mut key, &FileStamp::of(&meta));
-                        let node = Node::Copy {
-                            path: path.clone(),
+                        let copy = FsOp::Copy {
                             source: source.clone(),
+                            path: path.clone(),
                             mode: meta.mode() & 0o755,
+                            size: meta.size(),
+                            stamp: FileStamp::of(&meta),
                         };
-                        (node, true)
+                        (Node::Step(copy), true)
                     }
                     None => {
                         mounted.push(path);
@@ -328,7 +292,7 @@ impl EtcTree {
         };
         for node in &self.nodes {
             match node {
-                Node::Dir { path, mode } => {
+                Node::Step(FsOp::Dir { path, mode }) => {
                     let dir = at(path);
                     if !dir.is_dir() {
                         std::fs::DirBuilder::new().mode(*mode).create(&dir)?;
@@ -336,16 +300,20 @@ impl EtcTree {
                     // Not the umask's: the mode the plan asked for.
                     set_mode(&dir, *mode)?;
                 }
-                Node::Symlink { path, target } => std::os::unix::fs::symlink(target, at(path))?,
-                Node::File {
+                Node::Step(FsOp::Symlink { path, target }) => {
+                    std::os::unix::fs::symlink(target, at(path))?
+                }
+                Node::Step(FsOp::File {
                     path,
                     contents,
                     mode,
-                } => {
+                }) => {
                     new_file(&at(path), *mode)?.write_all(contents)?;
                     set_mode(&at(path), *mode)?;
                 }
-                Node::Copy { path, source, mode } => {
+                Node::Step(FsOp::Copy {
+                    path, source, mode, ..
+                }) => {
                     // The plan saw a regular file: a symlink there now is refused.
                     let mut from = std::fs::OpenOptions::new()
                         .read(true)
@@ -377,6 +345,7 @@ impl EtcTree {
                         NodeKind::File => drop(new_file(&point, 0o444)?),
                     }
                 }
+                Node::Step(_) => unreachable!("not a step that writes the tree"),
             }
         }
         Ok(())
@@ -416,19 +385,6 @@ fn op_path(op: &FsOp) -> &str {
         | FsOp::ReadOnly { path }
         | FsOp::Seal { path }
         | FsOp::Generated { path, .. } => path,
-    }
-}
-
-/// Adds the version of a host file the plan saw to the key.
-fn feed_stamp(key: &mut Sha256, stamp: &FileStamp) {
-    for value in [
-        stamp.dev,
-        stamp.ino,
-        stamp.size,
-        stamp.ctime_sec as u64,
-        stamp.ctime_nsec as u64,
-    ] {
-        key.update(value.to_le_bytes());
     }
 }
 
