@@ -232,6 +232,7 @@ pub fn build_root(
         root: unsafe_owned(root),
         dirs: HashMap::new(),
         generated: 0,
+        read_only: Vec::new(),
     };
 
     let mut sources = match (opened_here, sources) {
@@ -400,7 +401,9 @@ fn run_op(
             contents,
             mode,
         } => write_file(tree, path, contents, *mode)?,
-        FsOp::Bind { path, kind, .. } => {
+        FsOp::Bind {
+            path, kind, access, ..
+        } => {
             let source = sources
                 .next()
                 .expect("one source per bind, cloned in plan order");
@@ -408,6 +411,9 @@ fn run_op(
             sys::move_mount_fd(source.as_fd(), target.as_fd())
                 .context(|| format!("bind at {path}"))?;
             tree.mounted(path);
+            if *kind == NodeKind::Dir && *access == Access::ReadOnly {
+                tree.read_only.push(format!("{path}/"));
+            }
         }
         FsOp::Scratch { dir, path } => {
             let source = sys::open_tree_clone(&staging.scratch(dir.name()))
@@ -456,50 +462,30 @@ fn run_op(
             .context(|| format!("mount devpts at {path}"))?;
             tree.mounted(path);
         }
-        FsOp::Mask { path } => {
-            let target = staging.staged(path);
-            match std::fs::symlink_metadata(&target) {
-                Err(_) => {} // not on this kernel: nothing to hide
-                Ok(meta) if meta.is_dir() => mount(
-                    Some("tmpfs"),
-                    &target,
-                    Some("tmpfs"),
-                    MsFlags::MS_RDONLY
-                        | MsFlags::MS_NOSUID
-                        | MsFlags::MS_NODEV
-                        | MsFlags::MS_NOEXEC,
-                    Some("size=4k,nr_inodes=1,mode=0555"),
-                )
-                .context(|| format!("mask {path}"))?,
-                Ok(_) => mount(
-                    Some(&staging.staged("/dev/null")),
-                    &target,
-                    None::<&str>,
-                    MsFlags::MS_BIND,
-                    None::<&str>,
-                )
-                .context(|| format!("mask {path}"))?,
-            }
-        }
+        FsOp::Mask { path } => mask(staging, path)?,
         FsOp::ReadOnly { path } => {
             let target = staging.staged(path);
-            if target.symlink_metadata().is_ok() {
-                mount(
-                    Some(&target),
-                    &target,
-                    None::<&str>,
-                    MsFlags::MS_BIND | MsFlags::MS_REC,
-                    None::<&str>,
-                )
-                .context(|| format!("rebind {path}"))?;
-                sys::mount_setattr_path(
-                    &target,
-                    sys::MOUNT_ATTR_RDONLY
-                        | sys::MOUNT_ATTR_NOSUID
-                        | sys::MOUNT_ATTR_NODEV
-                        | sys::MOUNT_ATTR_NOEXEC,
-                )
-                .context(|| format!("make {path} read-only"))?;
+            // Not stat'ed first: a bind of a missing entry fails with ENOENT just as
+            // cheaply, and then there is nothing to protect.
+            match mount(
+                Some(&target),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            ) {
+                Err(nix::errno::Errno::ENOENT) => {}
+                rebound => {
+                    rebound.context(|| format!("rebind {path}"))?;
+                    sys::mount_setattr_path(
+                        &target,
+                        sys::MOUNT_ATTR_RDONLY
+                            | sys::MOUNT_ATTR_NOSUID
+                            | sys::MOUNT_ATTR_NODEV
+                            | sys::MOUNT_ATTR_NOEXEC,
+                    )
+                    .context(|| format!("make {path} read-only"))?;
+                }
             }
         }
         FsOp::Generated { path, contents } => {
@@ -533,6 +519,47 @@ fn run_op(
     Ok(())
 }
 
+/// /proc entries that are directories on the kernels brig knows: a guess that only
+/// orders the attempts in [`mask`] (a wrong one costs a failed mount, not safety).
+const PROC_DIRS: &[&str] = &["/proc/acpi", "/proc/asound", "/proc/scsi"];
+
+/// Hides a /proc entry: an empty read-only tmpfs over a directory, /dev/null over a
+/// file. Not stat'ed first: the mount of the likely kind is tried, and the kernel's
+/// answer says the rest (ENOENT: not on this kernel, nothing to hide; ENOTDIR: the
+/// other kind).
+fn mask(staging: &Staging, path: &str) -> Result<(), JailError> {
+    let target = staging.staged(path);
+    let over_dir = || {
+        mount(
+            Some("tmpfs"),
+            &target,
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some("size=4k,nr_inodes=1,mode=0555"),
+        )
+    };
+    let over_file = || {
+        mount(
+            Some(&staging.staged("/dev/null")),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+    };
+    let (likely, other): (&dyn Fn() -> nix::Result<()>, &dyn Fn() -> nix::Result<()>) =
+        if PROC_DIRS.contains(&path) {
+            (&over_dir, &over_file)
+        } else {
+            (&over_file, &over_dir)
+        };
+    match likely() {
+        Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+        Err(nix::errno::Errno::ENOTDIR) => other().context(|| format!("mask {path}")),
+        Err(e) => Err(JailError::sys(format!("mask {path}"), e.into())),
+    }
+}
+
 fn how(flags: OFlag) -> OpenHow {
     OpenHow::new()
         .flags(flags | OFlag::O_CLOEXEC)
@@ -554,6 +581,10 @@ struct Tree {
     dirs: HashMap<String, OwnedFd>,
     /// How many generated files were written so far (their names in scratch).
     generated: usize,
+    /// Directories where a read-only tree was bound (each with a trailing `/`).
+    /// Nothing can be created below them, so a mount point there must exist already
+    /// (the cached /etc brings its own).
+    read_only: Vec<String>,
 }
 
 impl Tree {
@@ -585,24 +616,28 @@ impl Tree {
         let (parent, name) = self.parent_of(path)?;
         if kind == NodeKind::Dir {
             // Not opened as a directory to cache: the mount is about to hide it.
-            if !self.dirs.contains_key(path) {
+            let in_read_only = self.read_only.iter().any(|dir| path.starts_with(dir));
+            if !self.dirs.contains_key(path) && !in_read_only {
                 mkdir_at(parent, name, path, 0o755)?;
             }
-        } else if let Ok(existing) =
-            open_in_root(&self.root, path, OFlag::O_PATH | OFlag::O_NOFOLLOW)
-        {
-            // Not opened for writing: an image's file would be copied up otherwise.
-            return Ok(existing);
         } else {
+            // Usually a fresh file (a new /dev): the descriptor that made it is the
+            // mount point. O_EXCL, so an existing file is never opened for writing
+            // (an image's would be copied up) and a symlink there is not followed.
             match nix::fcntl::openat(
                 Some(parent),
                 name,
-                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
                 Mode::from_bits_truncate(0o644),
             ) {
-                Ok(fd) => drop(unsafe_owned(fd)),
-                // An existing file in a read-only tree is a fine mount point as it is.
-                Err(nix::errno::Errno::EROFS) | Err(nix::errno::Errno::EISDIR) => {}
+                Ok(fd) => return Ok(unsafe_owned(fd)),
+                // An existing file (in a read-only tree too) is a fine mount point as
+                // it is: opened below without write access.
+                Err(nix::errno::Errno::EEXIST) | Err(nix::errno::Errno::EROFS) => {}
                 Err(e) => {
                     return Err(JailError::sys(
                         format!("create mount point {path}"),
