@@ -533,6 +533,41 @@ fn root_exec_timeout_kills_the_process_group() {
     delete_session(&d, &key, &id);
 }
 
+/// An agent that starts a server in the background and prints where it listens: the
+/// server keeps the command's stdout open, so the daemon stops waiting for the streams
+/// to end after a short grace, and keeps what they carried by then.
+#[test]
+fn root_exec_keeps_output_when_a_background_process_holds_the_pipes() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    let started = Instant::now();
+    let r = exec(
+        &d,
+        &key,
+        &id,
+        json!({"argv": ["sh", "-c", "echo listening; echo warming >&2; sleep 30 & echo late"]}),
+    );
+    let took = started.elapsed();
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], "listening\nlate\n", "{r}");
+    assert_eq!(r["stderr"], "warming\n", "{r}");
+    assert!(
+        took < Duration::from_secs(5),
+        "waited for the background process: {took:?}"
+    );
+    // The background process is not the exec's to end: it runs on.
+    let comms = sh(
+        &d,
+        &key,
+        &id,
+        "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done",
+    );
+    assert!(comms.lines().any(|c| c == "sleep"), "{comms}");
+    delete_session(&d, &key, &id);
+}
+
 #[test]
 fn root_exec_output_is_cut_at_the_output_limit_without_buffering() {
     require_root!();

@@ -264,7 +264,6 @@ async fn run_inner(
         }
     };
 
-    let limit = state.output_limit_bytes();
     let stdin_task = match command.stdin {
         Some(data) => Some(tokio::spawn(write_stdin(stdin_w, data))),
         // Closing our end gives the command EOF at once: no task needed.
@@ -273,39 +272,54 @@ async fn run_inner(
             None
         }
     };
-    let stdout = tokio::spawn(collect(stdout_r, Stream::Stdout, limit, chunks.clone()));
-    let stderr = tokio::spawn(collect(stderr_r, Stream::Stderr, limit, chunks));
+    let limit = state.output_limit_bytes();
+    let mut stdout = Output::new(stdout_r, Stream::Stdout, limit);
+    let mut stderr = Output::new(stderr_r, Stream::Stderr, limit);
+    let (mut out_buf, mut err_buf) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
 
+    // One task waits for the exit and reads both streams (no task per stream: each
+    // hand-off to another worker thread is a wake-up on the exec's path). After the
+    // exit, output from processes the command left behind is read until both
+    // streams end or OUTPUT_GRACE passes; what came by then is kept either way.
     let deadline = tokio::time::Instant::from_std(started + command.timeout);
     let mut timed_out = false;
-    let exit = loop {
-        let reply = tokio::select! {
-            reply = agent.recv() => reply,
-            _ = tokio::time::sleep_until(deadline), if !timed_out => {
+    // Some(None): the sandbox ended under the command (session deleted, init killed).
+    let mut exit: Option<Option<brig_jail::agent::JobExit>> = None;
+    let mut grace = None;
+    while exit.is_none() || stdout.open() || stderr.open() {
+        tokio::select! {
+            read = stdout.read(&mut out_buf), if stdout.open() => {
+                stdout.keep(read, &out_buf, chunks.as_ref()).await;
+            }
+            read = stderr.read(&mut err_buf), if stderr.open() => {
+                stderr.keep(read, &err_buf, chunks.as_ref()).await;
+            }
+            reply = agent.recv(), if exit.is_none() => match reply {
+                Ok((AgentReply::Exited { exit: done, .. }, _)) => exit = Some(Some(done)),
+                Ok(_) => continue,
+                Err(_) => exit = Some(None),
+            },
+            _ = tokio::time::sleep_until(deadline), if !timed_out && exit.is_none() => {
                 timed_out = true;
                 kill_job(&sandbox.control_socket, job).await;
-                continue;
             }
-        };
-        match reply {
-            Ok((AgentReply::Exited { exit, .. }, _)) => break Some(exit),
-            Ok(_) => continue,
-            // The sandbox ended under the command (session deleted, init killed).
-            Err(_) => break None,
-        };
-    };
+            _ = tokio::time::sleep_until(grace.unwrap_or(deadline)), if grace.is_some() => break,
+        }
+        if exit.is_some() && grace.is_none() {
+            grace = Some(tokio::time::Instant::now() + OUTPUT_GRACE);
+        }
+    }
     if let Some(task) = stdin_task {
         task.abort();
     }
-    let grace = tokio::time::Instant::now() + OUTPUT_GRACE;
-    let (out, out_truncated) = finish(stdout, grace).await;
-    let (err, err_truncated) = finish(stderr, grace).await;
-    let Some(exit) = exit else {
+    let Some(Some(exit)) = exit else {
         return Err(ApiError::conflict(format!(
             "session {} ended while the command ran",
             session.id
         )));
     };
+    let (out, out_truncated) = stdout.into_kept();
+    let (err, err_truncated) = stderr.into_kept();
     // Only a SIGKILL can be the OOM killer's: the counter is read again only then.
     let oom_killed =
         exit.signal == Some(libc::SIGKILL) && sandbox.handle.oom_kills().unwrap_or(0) > oom_before;
@@ -345,53 +359,63 @@ async fn write_stdin(fd: OwnedFd, data: Vec<u8>) {
     }
 }
 
-/// Reads one stream to its end, keeping up to `limit` bytes and sending what is
-/// kept to `chunks` as it arrives.
-async fn collect(
-    fd: OwnedFd,
+/// One output stream of a command: up to `limit` bytes kept, the rest read and
+/// dropped (so a flooding command never blocks on a full pipe).
+struct Output {
+    pipe: Option<tokio::net::unix::pipe::Receiver>,
     stream: Stream,
-    limit: u64,
-    chunks: Option<Chunks>,
-) -> (Vec<u8>, bool) {
-    let mut kept = Vec::new();
-    let mut truncated = false;
-    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
-        return (kept, truncated);
-    };
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
+    limit: usize,
+    kept: Vec<u8>,
+    truncated: bool,
+}
+
+impl Output {
+    fn new(fd: OwnedFd, stream: Stream, limit: u64) -> Output {
+        Output {
+            pipe: tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok(),
+            stream,
+            limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            kept: Vec::new(),
+            truncated: false,
+        }
+    }
+
+    fn open(&self) -> bool {
+        self.pipe.is_some()
+    }
+
+    /// Waits for output (cancel safe: a read that has not completed took nothing).
+    async fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match &mut self.pipe {
+            Some(pipe) => pipe.read(buf).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Keeps what a read returned (and sends it to `chunks`); the end of the stream,
+    /// or an error, closes it.
+    async fn keep(&mut self, read: std::io::Result<usize>, buf: &[u8], chunks: Option<&Chunks>) {
+        let n = match read {
+            Ok(0) | Err(_) => {
+                self.pipe = None;
+                return;
+            }
             Ok(n) => n,
         };
-        let room = (limit as usize).saturating_sub(kept.len());
-        let take = n.min(room);
+        let take = n.min(self.limit.saturating_sub(self.kept.len()));
         if take < n {
-            truncated = true;
+            self.truncated = true;
         }
         if take > 0 {
-            kept.extend_from_slice(&buf[..take]);
-            if let Some(chunks) = &chunks {
-                let _ = chunks.send((stream, buf[..take].to_vec())).await;
+            self.kept.extend_from_slice(&buf[..take]);
+            if let Some(chunks) = chunks {
+                let _ = chunks.send((self.stream, buf[..take].to_vec())).await;
             }
         }
     }
-    (kept, truncated)
-}
 
-/// The collected stream, or what was collected by `grace` if processes the command
-/// left behind still hold the pipe open.
-async fn finish(
-    task: tokio::task::JoinHandle<(Vec<u8>, bool)>,
-    grace: tokio::time::Instant,
-) -> (Vec<u8>, bool) {
-    let abort = task.abort_handle();
-    match tokio::time::timeout_at(grace, task).await {
-        Ok(Ok(result)) => result,
-        _ => {
-            abort.abort();
-            (Vec::new(), false)
-        }
+    fn into_kept(self) -> (Vec<u8>, bool) {
+        (self.kept, self.truncated)
     }
 }
 
