@@ -18,7 +18,11 @@
 //!   connection if it is still open; or `exec_failed` at once.
 //! - `signal` -> `done`; the signal goes to the job's process group.
 //! - `wait` -> `exited` when the job has ended (at once if it has).
-//! - `jobs` -> `jobs`; `ping` -> `pong`; `upper` -> `done` + the upper layer's fd.
+//! - `jobs` -> `jobs`; `ping` -> `pong`; `upper` -> `done` + the upper layer's fd
+//!   (an image root); `scratch` -> `scratch {names}` + one fd per name: the private
+//!   directories a session on the host's system dirs writes (`tmp`, `workspace`).
+//!   Both are detached mounts taken while the root was built (see
+//!   `mounts::Writes`), for snapshots.
 //! - `shutdown` -> init kills everything and exits.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -37,6 +41,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+use crate::mounts::Writes;
 use crate::sys;
 
 /// Signals by name and number, for callers of [`AgentRequest::Signal`].
@@ -69,6 +74,7 @@ pub enum AgentRequest {
     Jobs,
     Ping,
     Upper,
+    Scratch,
     Shutdown,
 }
 
@@ -111,6 +117,10 @@ pub enum AgentReply {
         running: usize,
     },
     Done,
+    /// The descriptors that come with it, in the order of `names`.
+    Scratch {
+        names: Vec<String>,
+    },
     Error {
         message: String,
     },
@@ -240,10 +250,10 @@ struct Connection {
     socket: OwnedFd,
 }
 
-/// What init serves with: the listening socket and the upper layer (if any).
+/// What init serves with: the listening socket and what the sandbox writes.
 pub(crate) struct Agent {
     pub listener: OwnedFd,
-    pub upper: Option<OwnedFd>,
+    pub writes: crate::mounts::Writes,
 }
 
 /// Serves requests until told to shut down; never returns. Init is single-threaded
@@ -444,12 +454,29 @@ impl AgentState {
                 let running = self.jobs.values().filter(|j| j.exit.is_none()).count();
                 self.reply(id, &AgentReply::Pong { running });
             }
-            AgentRequest::Upper => match self.agent.upper.as_ref().map(|u| u.as_raw_fd()) {
-                Some(upper) => self.reply_with(id, &AgentReply::Done, &[upper]),
-                None => self.reply(
+            AgentRequest::Upper => match &self.agent.writes {
+                Writes::Upper(upper) => {
+                    let upper = upper.as_raw_fd();
+                    self.reply_with(id, &AgentReply::Done, &[upper])
+                }
+                _ => self.reply(
                     id,
                     &AgentReply::Error {
                         message: "this session has no writable upper layer (not an image root)"
+                            .into(),
+                    },
+                ),
+            },
+            AgentRequest::Scratch => match &self.agent.writes {
+                Writes::Scratch(dirs) => {
+                    let names = dirs.iter().map(|(dir, _)| dir.name().to_string()).collect();
+                    let fds: Vec<RawFd> = dirs.iter().map(|(_, fd)| fd.as_raw_fd()).collect();
+                    self.reply_with(id, &AgentReply::Scratch { names }, &fds)
+                }
+                _ => self.reply(
+                    id,
+                    &AgentReply::Error {
+                        message: "this session keeps no private /tmp and /workspace to snapshot"
                             .into(),
                     },
                 ),

@@ -29,6 +29,9 @@ pub enum JailError {
     HostPath { path: String, reason: String },
     #[error("{0}")]
     Unsupported(String),
+    /// The sandbox's disk (its scratch tmpfs) cannot hold what it must start with.
+    #[error("{0}")]
+    DiskFull(String),
     #[error("brig must start sandboxes from a single-threaded process (found {0} threads)")]
     MultiThreaded(usize),
     #[error("no free host id in range {start}-{end}: too many sandboxes at once")]
@@ -48,10 +51,12 @@ impl JailError {
             JailError::InSandbox { code, .. } => match code.as_str() {
                 "landlock_unavailable" => "landlock_unavailable",
                 "invalid_host_path" => "invalid_host_path",
+                "disk_full" => "disk_full",
                 _ => "setup_failed",
             },
             JailError::HostPath { .. } => "invalid_host_path",
             JailError::Unsupported(_) => "unsupported",
+            JailError::DiskFull(_) => "disk_full",
             JailError::MultiThreaded(_) => "multi_threaded",
             JailError::IdsExhausted { .. } => "ids_exhausted",
         }

@@ -180,6 +180,9 @@ pub struct FsPlan {
     /// between the plan and the mounts, so sources below it are opened with the
     /// sandbox user's rights only (see `mounts::open_sources`).
     pub untrusted_root: Option<PathBuf>,
+    /// A snapshot's layer mount whose `tmp/` and `workspace/` fill the scratch
+    /// directories of the same names (see `seed.rs`).
+    pub seed: Option<PathBuf>,
 }
 
 /// Host system directories visible in host mode.
@@ -486,6 +489,11 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
             RootSource::Directory(dir) => Some(host(&dir.to_string_lossy())),
             _ => None,
         },
+        seed: spec
+            .filesystem
+            .seed
+            .as_ref()
+            .map(|seed| host(&seed.to_string_lossy())),
     })
 }
 

@@ -10,6 +10,7 @@
 //! 4. hostname, loopback;
 //! 5. build the filesystem and pivot into it;
 //! 6. join the cgroup the parent prepared meanwhile, then a new cgroup namespace;
+//!    with a seed, fill /tmp and /workspace from it (`seed.rs`);
 //! 7. rlimits, then drop every capability, no_new_privs, Landlock, seccomp;
 //! 8. report "ready" and fork the command, which execs.
 //!
@@ -37,6 +38,8 @@ pub(crate) const SYNC_FD: RawFd = 3;
 pub(crate) const GO_MAPS_WRITTEN: u8 = b'm';
 /// Before it, any number of these: image layer mounts, bottom first.
 pub(crate) const GO_LAYERS: u8 = b'l';
+/// Before it too, with a seed (`Filesystem::seed`): the seed's layer mount.
+pub(crate) const GO_SEED: u8 = b's';
 /// Root brig, after `GO_MAPS_WRITTEN`: the sources of binds and copies, in plan
 /// order (any number of these, then one `GO_SOURCES_DONE`); see `mounts::open_sources`.
 pub(crate) const GO_SOURCES: u8 = b'b';
@@ -123,7 +126,7 @@ pub(crate) fn child_main(plan: ChildPlan<'_>) -> ! {
         );
         sys::exit_now(125);
     }
-    let (command, upper, applied) = match setup(&plan) {
+    let (command, writes, applied) = match setup(&plan) {
         Ok(set_up) => set_up,
         Err(e) => {
             send(&ChildMessage::Failed {
@@ -135,7 +138,7 @@ pub(crate) fn child_main(plan: ChildPlan<'_>) -> ! {
     };
     if plan.session.is_some() {
         applied.report();
-        detach_and_serve(upper)
+        detach_and_serve(writes)
     }
     let code = supervise(command, applied);
     sys::exit_now(code)
@@ -171,7 +174,7 @@ impl Applied {
 
 /// Session mode: once the parent says it is done, stop dying with it (it exits
 /// now; the daemon re-parents init) and become the exec agent.
-fn detach_and_serve(upper: Option<std::os::fd::OwnedFd>) -> ! {
+fn detach_and_serve(writes: mounts::Writes) -> ! {
     match recv_fds() {
         Ok((Some(GO_DETACH), _)) => {}
         _ => sys::exit_now(125),
@@ -185,7 +188,7 @@ fn detach_and_serve(upper: Option<std::os::fd::OwnedFd>) -> ! {
     // else owns it.
     let listener =
         unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(LISTENER_FD) };
-    crate::agent::serve(crate::agent::Agent { listener, upper })
+    crate::agent::serve(crate::agent::Agent { listener, writes })
 }
 
 fn arrange_fds(plan: &ChildPlan<'_>) -> Result<(), JailError> {
@@ -258,9 +261,7 @@ struct Command {
     candidates: Vec<CString>,
 }
 
-fn setup(
-    plan: &ChildPlan<'_>,
-) -> Result<(Command, Option<std::os::fd::OwnedFd>, Applied), JailError> {
+fn setup(plan: &ChildPlan<'_>) -> Result<(Command, mounts::Writes, Applied), JailError> {
     let mut timings = Vec::with_capacity(8);
     let mut mark = |stage: &str| {
         timings.push(crate::report::Timing {
@@ -271,9 +272,11 @@ fn setup(
     // Stage 2: the parent writes our maps, then one byte with the image's layer
     // mounts (if any). EOF means it died.
     let mut layers = Vec::new();
+    let mut seed = None;
     loop {
         match recv_fds()? {
             (Some(GO_LAYERS), fds) => layers.extend(fds),
+            (Some(GO_SEED), fds) => seed = fds.into_iter().next(),
             (Some(GO_MAPS_WRITTEN), _) => break,
             _ => sys::exit_now(125),
         }
@@ -340,8 +343,9 @@ fn setup(
         plan.spec.filesystem.capture_writes,
     )?;
     if plan.session.is_none() {
-        if let Some(writes) = writes.take() {
-            send_fds(UPPER_LAYER, &[writes])?;
+        // A run hands back an image's upper layer only (see `capture_writes`).
+        if let mounts::Writes::Upper(upper) = std::mem::replace(&mut writes, mounts::Writes::None) {
+            send_fds(UPPER_LAYER, &[upper])?;
         }
     }
     enter_cwd(&plan.spec.cwd)?;
@@ -358,6 +362,14 @@ fn setup(
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
         .context(|| "new cgroup namespace".into())?;
     mark("child_cgroup");
+    if let (Some(seed), Some(_)) = (&seed, &plan.plan.seed) {
+        // In the cgroup, so the tmpfs pages it fills are charged to the sandbox's
+        // memory, not to whoever started it; before rlimits (a file size limit
+        // must not cut a copy) and while capabilities still let it read and set
+        // any mode.
+        crate::seed::fill(seed, plan.plan)?;
+        mark("child_seed");
+    }
 
     // Stage 7.
     crate::rlimits::apply(&rlimits)?;

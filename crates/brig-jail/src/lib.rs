@@ -34,6 +34,7 @@ mod proto;
 pub mod report;
 pub mod rlimits;
 pub mod seccomp;
+mod seed;
 pub mod session;
 mod supervisor;
 mod sys;

@@ -144,16 +144,32 @@ pub fn open_sources(
     Ok(sources)
 }
 
+/// What a sandbox writes, kept reachable for snapshots (see
+/// `Filesystem::capture_writes`): detached mounts, because once this namespace is
+/// gone only a mount tree can be attached by the parent or the daemon at a path
+/// that tools like mkfs.erofs can read.
+pub enum Writes {
+    None,
+    /// An image root's overlay upper directory.
+    Upper(OwnedFd),
+    /// On the host's system dirs: the scratch directories the sandbox writes
+    /// (`tmp`, `workspace`), by name. Each clone holds just its directory: the
+    /// mounts later made below /tmp or /workspace (bundles) are not in it.
+    Scratch(Vec<(ScratchDir, OwnedFd)>),
+}
+
 /// Builds the root and pivots into it. On return the process's root and cwd are the
 /// sandbox's `/`. `layers` are the image's layer mounts (bottom first), detached and
-/// prepared by the parent; with them the root is an overlay whose upper layer is
-/// returned (an `O_PATH` descriptor) when `capture_writes` asks for it.
+/// prepared by the parent; with them the root is an overlay. With `capture_writes`
+/// what the sandbox will write is returned: the overlay's upper layer, or on the
+/// host's system dirs the scratch directories the plan mounts at /tmp and
+/// /workspace.
 pub fn build_root(
     plan: &FsPlan,
     layers: Vec<OwnedFd>,
     sources: Sources<'_>,
     capture_writes: bool,
-) -> Result<Option<OwnedFd>, JailError> {
+) -> Result<Writes, JailError> {
     mount(
         None::<&str>,
         "/",
@@ -206,20 +222,29 @@ pub fn build_root(
         )
         .context(|| "mount root tmpfs".into())?;
     }
-    let upper = if layered {
+    if layered {
         mount_overlay(&staging, layers)?;
-        if capture_writes {
-            // A detached clone (a mount of its own) rather than a plain descriptor:
-            // once this namespace is gone, only a mount tree can be attached by the
-            // parent at a path that tools like mkfs.erofs can read.
-            let tree = sys::open_tree_clone(&staging.scratch("upper"))
-                .context(|| "clone the upper layer".into())?;
-            Some(tree)
-        } else {
-            None
+    }
+    // Cloned now, before anything is mounted below these directories.
+    let writes = match (capture_writes, layered) {
+        (false, _) => Writes::None,
+        (true, true) => Writes::Upper(
+            sys::open_tree_clone(&staging.scratch("upper"))
+                .context(|| "clone the upper layer".into())?,
+        ),
+        (true, false) => {
+            let mut dirs = Vec::new();
+            for op in &plan.ops {
+                if let FsOp::Scratch { dir, .. } = op {
+                    if *dir != ScratchDir::Shm {
+                        let tree = sys::open_tree_clone(&staging.scratch(dir.name()))
+                            .context(|| format!("clone scratch {}", dir.name()))?;
+                        dirs.push((*dir, tree));
+                    }
+                }
+            }
+            Writes::Scratch(dirs)
         }
-    } else {
-        None
     };
 
     let root = nix::fcntl::open(
@@ -270,7 +295,7 @@ pub fn build_root(
     };
     sys::mount_setattr_path(Path::new("/"), root_attrs)
         .context(|| "set flags on the root".into())?;
-    Ok(upper)
+    Ok(writes)
 }
 
 /// Mounts the overlay root: the layers (attached under scratch, top first as
@@ -776,6 +801,7 @@ mod tests {
             writable: Vec::new(),
             devices: Vec::new(),
             untrusted_root: untrusted_root.map(Path::to_path_buf),
+            seed: None,
         }
     }
 

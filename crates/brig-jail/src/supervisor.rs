@@ -555,7 +555,8 @@ fn run_sandbox(
     timeline.mark("sandbox_gone");
     // The sandbox sent its upper layer before it reported ready; the message stays
     // queued after it is gone.
-    let writes = if spec.filesystem.capture_writes && watch.ready.is_some() {
+    let layered = matches!(spec.filesystem.root, RootSource::Layers(_));
+    let writes = if spec.filesystem.capture_writes && layered && watch.ready.is_some() {
         match init::recv_msg(
             sync_parent.as_raw_fd(),
             nix::sys::socket::MsgFlags::MSG_DONTWAIT,
@@ -817,16 +818,34 @@ fn prepare_child(
         .ops
         .iter()
         .any(|op| matches!(op, fsplan::FsOp::Bind { idmapped: true, .. }));
+    // A seed's files are on-disk root's, like an image's: the sandbox reads them
+    // through the same idmap (a 0600 file would be unreadable as `nobody`'s).
+    let seed_idmapped = plan.seed.is_some() && id.mapping == IdMapping::Single;
     let squash = if rootless {
         None
     } else {
-        idmap::squash_for(&plan.layers, binds_idmapped, id.mapping, host_uid, host_gid)?
+        idmap::squash_for(
+            &plan.layers,
+            binds_idmapped || seed_idmapped,
+            id.mapping,
+            host_uid,
+            host_gid,
+        )?
     };
     if !plan.layers.is_empty() {
         let layers = idmap::layer_mounts(&plan.layers, squash.as_ref())?;
         for chunk in layers.chunks(init::MAX_FDS_PER_MESSAGE) {
             init::send_msg(sync_w.as_raw_fd(), init::GO_LAYERS, chunk)?;
         }
+    }
+    if let Some(seed) = &plan.seed {
+        if rootless {
+            return Err(JailError::Unsupported(
+                "starting from a snapshot of /tmp and /workspace needs brig to run as root".into(),
+            ));
+        }
+        let seed = idmap::layer_mounts(std::slice::from_ref(seed), squash.as_ref())?;
+        init::send_msg(sync_w.as_raw_fd(), init::GO_SEED, &seed)?;
     }
     sys::write_all_fd(sync_w.as_raw_fd(), &[init::GO_MAPS_WRITTEN])
         .context(|| "start the sandbox".into())?;

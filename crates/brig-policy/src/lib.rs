@@ -74,8 +74,10 @@ pub enum PolicyError {
     },
     #[error("a root needs 1 to {MAX_LAYERS} layers, not {0}")]
     BadLayers(usize),
-    #[error("capturing writes needs an image root (layers)")]
-    CaptureNeedsLayers,
+    #[error("capturing writes needs an image root (layers), or the host's system dirs with a private /workspace")]
+    CaptureNeedsPrivateWrites,
+    #[error("a seed fills the private /tmp and /workspace of a sandbox on the host's system dirs: it needs that root and no --workspace directory")]
+    SeedNeedsScratch,
     #[error("the build id mapping covers ids 0-65535 only, not {0}")]
     BuildIdOutOfRange(u32),
     #[error("network mode '{0}' is not supported yet: the only mode is 'none' (loopback only)")]
@@ -305,9 +307,18 @@ pub struct Filesystem {
     pub binds: Vec<BindMount>,
     /// A host directory bound read-write at /workspace instead of a private tmpfs.
     pub workspace: Option<PathBuf>,
-    /// Hand what the sandbox wrote (the overlay's upper layer) back to the caller
-    /// when it ends, for snapshots. Only with a layered root.
+    /// Keep what the sandbox writes reachable, for snapshots: an image root's
+    /// overlay upper layer (handed back when a run ends, or by a session's agent),
+    /// or, on the host's system dirs, the private /tmp and /workspace (a session's
+    /// agent hands them out; a run hands nothing back). Not with a `--rootfs`
+    /// directory or a host /workspace, whose writes are not the sandbox's own.
     pub capture_writes: bool,
+    /// A snapshot of another sandbox's private directories (a layer mount whose
+    /// `tmp/` and `workspace/` hold them): copied into this sandbox's /tmp and
+    /// /workspace before it starts, as its user. Only with the host's system dirs as
+    /// root and a private /workspace, the only roots whose writable state is those
+    /// two directories.
+    pub seed: Option<PathBuf>,
 }
 
 impl Filesystem {
@@ -324,8 +335,19 @@ impl Filesystem {
                 }
             }
         }
-        if self.capture_writes && !matches!(self.root, RootSource::Layers(_)) {
-            return Err(PolicyError::CaptureNeedsLayers);
+        let private_writes = match self.root {
+            RootSource::Layers(_) => true,
+            RootSource::HostSystem => self.workspace.is_none(),
+            RootSource::Directory(_) => false,
+        };
+        if self.capture_writes && !private_writes {
+            return Err(PolicyError::CaptureNeedsPrivateWrites);
+        }
+        if let Some(seed) = &self.seed {
+            if !matches!(self.root, RootSource::HostSystem) || self.workspace.is_some() {
+                return Err(PolicyError::SeedNeedsScratch);
+            }
+            require_absolute(seed)?;
         }
         if let Some(dir) = &self.workspace {
             require_absolute(dir)?;
@@ -539,6 +561,38 @@ mod tests {
         assert_eq!(spec.network, NetworkMode::None);
         assert_eq!(spec.seccomp.mode, SeccompMode::Default);
         assert!(!spec.seccomp.allow_ptrace);
+    }
+
+    #[test]
+    fn a_seed_needs_the_host_root_and_a_private_workspace() {
+        let mut s = spec();
+        s.filesystem.seed = Some("/store/mnt/abc".into());
+        s.validate().unwrap();
+        s.filesystem.seed = Some("relative".into());
+        assert!(matches!(
+            s.validate(),
+            Err(PolicyError::RelativeHostPath(_))
+        ));
+        s.filesystem.seed = Some("/store/mnt/abc".into());
+        s.filesystem.workspace = Some("/home/me/project".into());
+        assert_eq!(s.validate(), Err(PolicyError::SeedNeedsScratch));
+        s.filesystem.workspace = None;
+        s.filesystem.root = RootSource::Layers(vec!["/store/mnt/def".into()]);
+        assert_eq!(s.validate(), Err(PolicyError::SeedNeedsScratch));
+    }
+
+    #[test]
+    fn writes_are_captured_only_where_they_are_the_sandboxs_own() {
+        let mut s = spec();
+        s.filesystem.capture_writes = true;
+        s.validate().unwrap();
+        s.filesystem.root = RootSource::Layers(vec!["/store/mnt/def".into()]);
+        s.validate().unwrap();
+        s.filesystem.root = RootSource::Directory("/srv/rootfs".into());
+        assert_eq!(s.validate(), Err(PolicyError::CaptureNeedsPrivateWrites));
+        s.filesystem.root = RootSource::HostSystem;
+        s.filesystem.workspace = Some("/home/me/project".into());
+        assert_eq!(s.validate(), Err(PolicyError::CaptureNeedsPrivateWrites));
     }
 
     #[test]
