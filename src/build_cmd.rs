@@ -65,7 +65,11 @@ pub fn build(
     }
     let recipe = Recipe::load(recipe_path)?;
     let (base_image, tools) = match &recipe.base {
-        Base::Image(base) => (Some(store.image(base)?), None),
+        Base::Image(base) => {
+            let record = store.image(base)?;
+            record.check_root()?;
+            (Some(record), None)
+        }
         Base::Debian { .. } => {
             let tools = DebianTools {
                 debootstrap: require_tool("debootstrap", "apt-get install debootstrap")?,
@@ -143,6 +147,7 @@ pub fn build(
             config: base_config.clone(),
             created_unix: now_unix(),
             origin: format!("build {}", recipe_path.display()),
+            kind: Default::default(),
         };
         let snapshot = brig_image::ops::snapshot(
             store,
@@ -176,6 +181,7 @@ pub fn build(
         config,
         created_unix: now_unix(),
         origin: format!("build {}", recipe_path.display()),
+        kind: Default::default(),
     };
     let _lock = store.shared()?;
     store.commit_image(&record, replace, work.path())?;
@@ -446,6 +452,7 @@ fn lock_layers(store: &Store, layers: &[String]) -> Result<LayersInUse, ImageErr
         config: ImageConfig::default(),
         created_unix: 0,
         origin: String::new(),
+        kind: Default::default(),
     })
 }
 

@@ -102,6 +102,7 @@ pub fn use_image(
         }
     }
     let record = store.image(name)?;
+    record.check_root()?;
     let layers = store.use_layers(&record)?;
     Ok(ImageInUse {
         record,

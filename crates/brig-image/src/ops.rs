@@ -3,12 +3,13 @@
 //! before the failure is unreferenced and left to gc).
 
 use std::os::fd::BorrowedFd;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{ImageError, IoContext, Result};
 use crate::pack::PackOptions;
 use crate::progress::Progress;
-use crate::store::{now_unix, validate_name, ImageRecord, Store};
+use crate::store::{now_unix, validate_name, ImageKind, ImageRecord, Store};
 use crate::{tree, unpack, ImageConfig};
 
 /// Imports `source` (a directory, a tar archive, an OCI layout or a docker save
@@ -54,6 +55,7 @@ pub fn import(
         config: unpacked.config,
         created_unix: now_unix(),
         origin: format!("import {}", source.display()),
+        kind: Default::default(),
     };
     store.commit_image(&record, replace, work.path())?;
     Ok(record)
@@ -92,6 +94,7 @@ pub fn snapshot(
         replace,
     } = *request;
     validate_name(name)?;
+    base.check_root()?;
     if !replace && store.has_image(name) {
         return Err(ImageError::ImageExists(name.to_string()));
     }
@@ -107,7 +110,10 @@ pub fn snapshot(
     let _lock = store.shared()?;
     let mut layers = base.layers.clone();
     if !is_empty_dir(writes) {
-        let options = PackOptions { force_owner };
+        let options = PackOptions {
+            force_owner,
+            exclude: Vec::new(),
+        };
         let record = store.commit_layer(writes, &options, work.path(), progress)?;
         layers.push(record.digest);
     }
@@ -123,8 +129,71 @@ pub fn snapshot(
         config: base.config.clone(),
         created_unix: now_unix(),
         origin: format!("snapshot of {}", base.name),
+        kind: Default::default(),
     };
     store.commit_image(&record, replace, work.path())?;
+    Ok(record)
+}
+
+/// What to snapshot of a sandbox on the host's system dirs: its private writable
+/// directories, each a detached mount (a session's agent hands them out).
+pub struct ScratchSnapshot<'a> {
+    /// The new image's name.
+    pub name: &'a str,
+    /// Each directory by the name it gets in the layer's tree (`tmp`, `workspace`).
+    pub dirs: &'a [(&'a str, BorrowedFd<'a>)],
+    /// Paths relative to the tree left out (brig's own files, mount points).
+    pub exclude: &'a [PathBuf],
+    /// Store every file as owned by this uid:gid (see [`Snapshot::force_owner`]).
+    pub force_owner: Option<(u32, u32)>,
+    /// Says where it came from, in the image's `origin`.
+    pub origin: &'a str,
+}
+
+/// Stores a sandbox's private directories as one layer whose tree holds each by
+/// name, giving an image of kind [`ImageKind::Scratch`]: not a root, but what fills
+/// a new sandbox's directories of the same names (`Filesystem::seed`). The layer
+/// holds their whole content (no base, no whiteouts), so deletions need nothing.
+/// The directories are read where they are (attached in the work directory), not
+/// copied first: the caller keeps the sandbox still meanwhile.
+pub fn snapshot_scratch(
+    store: &Store,
+    request: &ScratchSnapshot<'_>,
+    progress: &dyn Progress,
+) -> Result<ImageRecord> {
+    validate_name(request.name)?;
+    if store.has_image(request.name) {
+        return Err(ImageError::ImageExists(request.name.to_string()));
+    }
+    let work = store.work_dir("snapshot")?;
+    let tree = work.path().join("tree");
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(&tree)
+        .context(|| format!("create {}", tree.display()))?;
+    let mut attached = Vec::with_capacity(request.dirs.len());
+    for (name, fd) in request.dirs {
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            return Err(ImageError::BadName(format!("{name:?}")));
+        }
+        attached.push(Attached::new(*fd, &tree.join(name))?);
+    }
+    let _lock = store.shared()?;
+    let options = PackOptions {
+        force_owner: request.force_owner,
+        exclude: request.exclude.to_vec(),
+    };
+    let layer = store.commit_layer(&tree, &options, work.path(), progress)?;
+    drop(attached);
+    let record = ImageRecord {
+        name: request.name.to_string(),
+        layers: vec![layer.digest],
+        config: ImageConfig::default(),
+        created_unix: now_unix(),
+        origin: request.origin.to_string(),
+        kind: ImageKind::Scratch,
+    };
+    store.commit_image(&record, false, work.path())?;
     Ok(record)
 }
 

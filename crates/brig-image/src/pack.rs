@@ -18,6 +18,9 @@ pub struct PackOptions {
     /// Store every file as owned by this uid:gid (a snapshot of a sandbox whose one
     /// mapped id stood for the image's root).
     pub force_owner: Option<(u32, u32)>,
+    /// Paths relative to the tree left out, with everything below them (the
+    /// digest leaves out the same).
+    pub exclude: Vec<std::path::PathBuf>,
 }
 
 /// Waits for a tool brig started, killing it when `progress` is cancelled (Ctrl-C).
@@ -53,6 +56,10 @@ pub fn pack(
 ) -> Result<()> {
     let mut command = Command::new(MKFS);
     command.arg("-zlz4").arg("--preserve-mtime").arg("--quiet");
+    for path in &options.exclude {
+        // Relative to the source directory, as erofs-utils matches it.
+        command.arg(format!("--exclude-path={}", path.display()));
+    }
     if let Some((uid, gid)) = options.force_owner {
         command
             .arg(format!("--force-uid={uid}"))

@@ -65,6 +65,40 @@ pub struct ImageRecord {
     /// Where it came from: "import <source>", "build <recipe>", "snapshot of <image>".
     #[serde(default)]
     pub origin: String,
+    #[serde(default, skip_serializing_if = "ImageKind::is_root")]
+    pub kind: ImageKind,
+}
+
+/// What an image's layers hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageKind {
+    /// A root filesystem.
+    #[default]
+    Root,
+    /// One layer with the private directories of a sandbox on the host's system
+    /// dirs (`tmp/`, `workspace/`): a snapshot that seeds a new sandbox's /tmp and
+    /// /workspace (`Filesystem::seed`), not a root.
+    Scratch,
+}
+
+impl ImageKind {
+    fn is_root(&self) -> bool {
+        *self == ImageKind::Root
+    }
+}
+
+impl ImageRecord {
+    /// Fails unless the image is a root filesystem a sandbox can run from.
+    pub fn check_root(&self) -> Result<()> {
+        match self.kind {
+            ImageKind::Root => Ok(()),
+            ImageKind::Scratch => Err(ImageError::Unsupported(format!(
+                "image {} is a snapshot of a session's /tmp and /workspace, not a root filesystem: start a session from that snapshot instead",
+                self.name
+            ))),
+        }
+    }
 }
 
 pub struct Store {
@@ -296,7 +330,7 @@ impl Store {
         progress: &dyn Progress,
     ) -> Result<LayerRecord> {
         progress.phase("digest", None);
-        let digest = tree::digest(source, progress)?;
+        let digest = tree::digest_excluding(source, &options.exclude, progress)?;
         if self.has_layer(&digest) {
             return self.layer(&digest);
         }

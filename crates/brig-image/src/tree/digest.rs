@@ -3,7 +3,7 @@
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
@@ -20,8 +20,19 @@ const CHUNK: usize = 1 << 20;
 /// Reports the bytes of file contents hashed to `progress` and stops with
 /// [`ImageError::Interrupted`] when it is cancelled.
 pub fn digest(root: &Path, progress: &dyn Progress) -> Result<String> {
+    digest_excluding(root, &[], progress)
+}
+
+/// [`digest`] of the tree without the entries at `exclude` (paths relative to
+/// `root`) and everything below them: the digest of what a layer packed with the
+/// same exclusions holds.
+pub fn digest_excluding(
+    root: &Path,
+    exclude: &[PathBuf],
+    progress: &dyn Progress,
+) -> Result<String> {
     let mut out = Sha256::new();
-    serialize(root, progress, &mut out)?;
+    serialize(root, exclude, progress, &mut out)?;
     Ok(format!("sha256:{}", hex::encode(out.finalize())))
 }
 
@@ -64,13 +75,21 @@ impl<S: Sink> Encoder<'_, S> {
 }
 
 /// Writes the canonical serialization of the tree at `root` to `out`.
-pub(super) fn serialize(root: &Path, progress: &dyn Progress, out: &mut impl Sink) -> Result<()> {
+pub(super) fn serialize(
+    root: &Path,
+    exclude: &[PathBuf],
+    progress: &dyn Progress,
+    out: &mut impl Sink,
+) -> Result<()> {
     let mut enc = Encoder(out);
     enc.bytes(VERSION);
     let mut buf = vec![0; CHUNK];
     scan::walk(root, |rel, full, st| {
         if progress.cancelled() {
             return Err(ImageError::Interrupted);
+        }
+        if exclude.iter().any(|x| x == rel) {
+            return Ok(false);
         }
         let meta = Metadata::read(full, st)?;
         enc.bytes(rel.as_os_str().as_bytes());
@@ -171,7 +190,7 @@ mod tests {
     fn empty_root_serializes_to_header_and_one_record() {
         let dir = tempfile::tempdir().unwrap();
         let mut out = Vec::new();
-        serialize(dir.path(), &crate::Silent, &mut out).unwrap();
+        serialize(dir.path(), &[], &crate::Silent, &mut out).unwrap();
         // header (8 + 12) + path (8) + type (1) + mode, uid, gid, sec, nsec (40)
         // + xattr count (8); the temp dir has no content xattrs.
         assert_eq!(out.len(), 20 + 8 + 1 + 40 + 8);

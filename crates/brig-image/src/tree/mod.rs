@@ -84,7 +84,7 @@ use std::path::{Path, PathBuf};
 
 use crate::Result;
 
-pub use digest::digest;
+pub use digest::{digest, digest_excluding};
 pub use merge::{diff, merged, Diff};
 pub use upper::clean_upper;
 
