@@ -3647,6 +3647,341 @@ fn root_bundles_follow_snapshots_forks_and_restore() {
     assert_eq!(status, 204);
 }
 
+/// What a host session's /tmp and /workspace hold, as the checks below see them:
+/// contents, modes, symlinks, owners (as the session's own user).
+const HOST_STATE: &str = "cd /workspace && cat proj/sub/a.txt && proj/run.sh && readlink proj/link \
+     && cat proj/link && test ! -e proj/deleted && echo deleted-stays-deleted \
+     && cat private ro/f /tmp/t/f && stat -c '%n %a' proj/run.sh private ro /tmp/t \
+     && test \"$(find /workspace /tmp -mindepth 1 ! -user \"$(id -u)\" | wc -l)\" = 0 \
+     && echo all-mine && sha256sum noise && find /workspace /tmp -mindepth 1 ! -path '/tmp/.brig*' | sort";
+
+#[test]
+fn root_host_sessions_snapshot_fork_and_restore_their_tmp_and_workspace() {
+    require_root!();
+    let d = daemon(&[]);
+    let (a, _) = tenant_key(&d, "a");
+    let (b, _) = tenant_key(&d, "b");
+    let origin = sid(&create(&d, &a, json!({})));
+    assert_eq!(
+        d.request("GET", &format!("/v1/sessions/{origin}"), Some(&a), None)
+            .1["image"],
+        Value::Null
+    );
+    sh(
+        &d,
+        &a,
+        &origin,
+        "mkdir -p /workspace/proj/sub && echo hello > /workspace/proj/sub/a.txt \
+         && printf '#!/bin/sh\\necho ran\\n' > /workspace/proj/run.sh && chmod 750 /workspace/proj/run.sh \
+         && ln -s sub/a.txt /workspace/proj/link \
+         && echo gone > /workspace/proj/deleted && rm /workspace/proj/deleted \
+         && echo secret > /workspace/private && chmod 600 /workspace/private \
+         && mkdir /workspace/ro && echo ro > /workspace/ro/f && chmod 555 /workspace/ro \
+         && mkdir /tmp/t && echo tmpdata > /tmp/t/f && chmod 700 /tmp/t \
+         && head -c 3000000 /dev/urandom > /workspace/noise",
+    );
+    // The daemon's own files in /tmp (a background process's output) are not kept.
+    let (status, p) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin}/processes"),
+        Some(&a),
+        Some(json!({"cmd": "echo background"})),
+    );
+    assert_eq!(status, 201, "{p}");
+    let (status, _) = d.request(
+        "POST",
+        &format!(
+            "/v1/sessions/{origin}/processes/{}/wait?timeout_ms=5000",
+            p["process_id"]
+        ),
+        Some(&a),
+        None,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(sh(&d, &a, &origin, "ls /tmp/.brig"), "jobs\n");
+    let before = sh(&d, &a, &origin, HOST_STATE);
+    assert!(
+        before.starts_with(
+            "hello\nran\nsub/a.txt\nhello\ndeleted-stays-deleted\nsecret\nro\ntmpdata\n"
+        ),
+        "{before}"
+    );
+    assert!(
+        before.contains("proj/run.sh 750\nprivate 600\nro 555\n/tmp/t 700\n"),
+        "{before}"
+    );
+
+    let (status, snap) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin}/snapshots"),
+        Some(&a),
+        Some(json!({"name": "host"})),
+    );
+    assert_eq!(status, 201, "{snap}");
+    assert_fields(
+        &snap,
+        &[
+            "snapshot_id",
+            "name",
+            "session_id",
+            "image",
+            "base",
+            "created_at",
+            "size_bytes",
+            "mounts",
+        ],
+    );
+    assert_eq!(
+        (&snap["base"], &snap["image"]),
+        (&json!("host"), &json!("")),
+        "{snap}"
+    );
+    assert!(snap["size_bytes"].as_u64().unwrap() > 1_000_000, "{snap}");
+    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
+    // The original goes on unchanged.
+    assert_eq!(
+        sh(&d, &a, &origin, "cat /workspace/proj/sub/a.txt"),
+        "hello\n"
+    );
+
+    // Two forks, each with its own copy of the files; the daemon's files stayed out.
+    let forks: Vec<String> = (0..2)
+        .map(|_| {
+            let fork = create(&d, &a, json!({"snapshot": snap_id}));
+            assert_eq!(
+                (&fork["snapshot"], &fork["image"]),
+                (&json!(snap_id), &Value::Null),
+                "{fork}"
+            );
+            sid(&fork)
+        })
+        .collect();
+    let expected = before.clone();
+    for fork in &forks {
+        let state = sh(&d, &a, fork, HOST_STATE);
+        assert_eq!(state, expected, "fork {fork}");
+        assert_eq!(
+            sh(&d, &a, fork, "test ! -e /tmp/.brig && echo none"),
+            "none\n"
+        );
+    }
+    sh(
+        &d,
+        &a,
+        &forks[0],
+        "echo f1 > /workspace/proj/f1 && echo t1 > /tmp/t1 && rm /workspace/private",
+    );
+    for other in [&forks[1], &origin] {
+        assert_eq!(
+            sh(
+                &d,
+                &a,
+                other,
+                "test ! -e /workspace/proj/f1 && test ! -e /tmp/t1 && cat /workspace/private"
+            ),
+            "secret\n",
+            "{other} sees a fork's writes"
+        );
+    }
+
+    // Restore: the original's /tmp and /workspace are the snapshot's again.
+    sh(
+        &d,
+        &a,
+        &origin,
+        "echo later > /workspace/later && rm -r /workspace/proj/sub && echo changed > /tmp/t/f",
+    );
+    let (status, restored) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin}/restore"),
+        Some(&a),
+        Some(json!({"snapshot_id": snap_id})),
+    );
+    assert_eq!(status, 200, "{restored}");
+    assert_eq!(sid(&restored), origin);
+    assert_eq!(sh(&d, &a, &origin, HOST_STATE), expected);
+
+    // Another tenant neither sees nor starts from it.
+    let (status, body) = d.request("GET", &format!("/v1/snapshots/{snap_id}"), Some(&b), None);
+    assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
+    let (status, body) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&b),
+        Some(json!({"snapshot": snap_id})),
+    );
+    assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
+    assert_eq!(session_count(&d, &b), 0);
+
+    // A fork whose disk cannot hold the snapshot is refused whole: nothing is left.
+    let sessions = session_count(&d, &a);
+    let (status, body) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&a),
+        Some(json!({"snapshot": snap_id, "limits": {"disk": "2M"}})),
+    );
+    assert_eq!(
+        (status, error_code(&body)),
+        (422, "invalid_request"),
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("do not fit") && message.contains("limits.disk"),
+        "{message}"
+    );
+    assert_eq!(session_count(&d, &a), sessions);
+    // ... and so is a restore, which leaves the session as it was.
+    let small = sid(&create(&d, &a, json!({"limits": {"disk": "2M"}})));
+    sh(&d, &a, &small, "echo mine > /workspace/mine");
+    let (status, body) = d.request(
+        "POST",
+        &format!("/v1/sessions/{small}/restore"),
+        Some(&a),
+        Some(json!({"snapshot_id": snap_id})),
+    );
+    assert_eq!(
+        (status, error_code(&body)),
+        (422, "invalid_request"),
+        "{body}"
+    );
+    assert_eq!(sh(&d, &a, &small, "cat /workspace/mine"), "mine\n");
+
+    // One storage, one delete path; forks keep their copies.
+    let (status, _) = d.request(
+        "DELETE",
+        &format!("/v1/snapshots/{snap_id}"),
+        Some(&a),
+        None,
+    );
+    assert_eq!(status, 204);
+    assert_eq!(
+        sh(&d, &a, &forks[1], "cat /workspace/proj/sub/a.txt"),
+        "hello\n"
+    );
+    for id in forks.iter().chain([&origin, &small]) {
+        delete_session(&d, &a, id);
+    }
+}
+
+/// A symlink in a host session's /tmp or /workspace is data: neither the snapshot
+/// (which reads those directories from the host) nor a fork (which fills new ones
+/// from it) follows it to a host file.
+#[test]
+fn root_symlinks_in_a_host_snapshot_never_reach_the_host() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let canary = tempfile::tempdir().unwrap();
+    let secret = canary.path().join("secret");
+    std::fs::write(&secret, "host secret\n").unwrap();
+    let listing = |dir: &Path| {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let stamp = |path: &Path| {
+        let meta = std::fs::symlink_metadata(path).unwrap();
+        (
+            meta.len(),
+            meta.modified().unwrap(),
+            std::fs::read(path).ok(),
+        )
+    };
+    let watched = [
+        Path::new("/etc/shadow"),
+        Path::new("/etc/passwd"),
+        secret.as_path(),
+    ];
+    let before: Vec<_> = watched.iter().map(|p| stamp(p)).collect();
+    let canary_before = listing(canary.path());
+
+    let origin = sid(&create(&d, &key, json!({})));
+    let dir = canary.path().display();
+    sh(
+        &d,
+        &key,
+        &origin,
+        &format!(
+            "ln -s /etc/shadow /workspace/evil && ln -s ../../.. /workspace/up \
+             && ln -s {dir}/secret /workspace/canary && ln -s {dir} /tmp/canary_dir \
+             && ln -s /etc /workspace/etc && mkdir /workspace/d && ln -s / /workspace/d/root"
+        ),
+    );
+    let (status, snap) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin}/snapshots"),
+        Some(&key),
+        Some(json!({})),
+    );
+    assert_eq!(status, 201, "{snap}");
+    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
+    let fork = sid(&create(&d, &key, json!({"snapshot": snap_id})));
+    // The links came over as links, with their targets as written.
+    assert_eq!(
+        sh(
+            &d,
+            &key,
+            &fork,
+            "cd /workspace && for l in evil up canary /tmp/canary_dir etc d/root; do \
+             printf '%s -> %s\\n' $l \"$(readlink $l)\"; test -L $l || echo not-a-link; done"
+        ),
+        format!(
+            "evil -> /etc/shadow\nup -> ../../..\ncanary -> {dir}/secret\n\
+             /tmp/canary_dir -> {dir}\netc -> /etc\nd/root -> /\n"
+        )
+    );
+    // Read through the files API, they resolve inside the fork: no host file.
+    let (status, _) = d.raw(
+        "GET",
+        &files_url(&fork, "/workspace/canary"),
+        Some(&key),
+        None,
+        None,
+    );
+    assert_eq!(status, 404);
+    // A restore goes the same way.
+    let (status, body) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin}/restore"),
+        Some(&key),
+        Some(json!({"snapshot_id": snap_id})),
+    );
+    assert_eq!(status, 200, "{body}");
+    // Nothing on the host was read into the layer or written.
+    let after: Vec<_> = watched.iter().map(|p| stamp(p)).collect();
+    assert_eq!(before, after, "a host file changed");
+    assert_eq!(
+        listing(canary.path()),
+        canary_before,
+        "something was made in the canary dir"
+    );
+    let layer_has_secret = std::process::Command::new("grep")
+        .args(["-rqa", "host secret"])
+        .arg(d.store().join("layers"))
+        .status()
+        .unwrap()
+        .success();
+    assert!(
+        !layer_has_secret,
+        "the host file's contents went into a layer"
+    );
+    for id in [&origin, &fork] {
+        delete_session(&d, &key, id);
+    }
+    let (status, _) = d.request(
+        "DELETE",
+        &format!("/v1/snapshots/{snap_id}"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 204);
+}
+
 // ---------------------------------------------------------------------------------
 // Volumes
 

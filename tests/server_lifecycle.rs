@@ -1692,17 +1692,29 @@ fn snapshots_fork_and_restore_and_belong_to_their_tenant() {
     );
     assert_eq!(status, 204);
 
-    // A session on the host's dirs has no layers to snapshot.
+    // A session on the host's dirs is snapshotted too: its /tmp and /workspace
+    // (tests/server_api.rs has the details).
     let host = id_of(&create(&d, &key, json!({})));
-    let (status, e) = d.request(
+    let (status, host_snap) = d.request(
         "POST",
         &format!("/v1/sessions/{host}/snapshots"),
         Some(&key),
         Some(json!({})),
     );
-    assert_eq!(status, 409, "{e}");
-    assert_eq!(e["error"]["code"], "conflict");
+    assert_eq!(status, 201, "{host_snap}");
+    assert_eq!(host_snap["base"], "host", "{host_snap}");
+    assert_eq!(host_snap["image"], "", "{host_snap}");
     sh(&d, &key, &host, "true");
+    let (status, _) = d.request(
+        "DELETE",
+        &format!(
+            "/v1/snapshots/{}",
+            host_snap["snapshot_id"].as_str().unwrap()
+        ),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 204);
 
     // Delete: gone for new sessions; the forks keep running on their layers.
     let (status, _) = d.request(

@@ -24,6 +24,10 @@ pub struct LaunchRequest {
     /// An image in `store` to use as the root (its user becomes the sandbox's user
     /// unless `user` is set).
     pub image: Option<String>,
+    /// Without `image`: a snapshot of a session's /tmp and /workspace in `store` (an
+    /// image of kind `scratch`) that fills this sandbox's (`Filesystem::seed`).
+    #[serde(default)]
+    pub seed: Option<String>,
     pub user: Option<(u32, u32)>,
     pub store: PathBuf,
     /// Where the session's init will listen (the helper binds it).
@@ -143,6 +147,9 @@ fn start(request: LaunchRequest) -> Result<Launched, Failure> {
         let image_error = |e: brig_image::ImageError| (e.code().to_string(), e.to_string());
         let store = brig_image::store::Store::open(&request.store).map_err(image_error)?;
         let record = store.image(name).map_err(image_error)?;
+        record
+            .check_root()
+            .map_err(|e| ("wrong_image_kind".to_string(), e.to_string()))?;
         let layers = store.use_layers(&record).map_err(image_error)?;
         if user.is_none() {
             user = Some(match &record.config.user {
@@ -152,13 +159,31 @@ fn start(request: LaunchRequest) -> Result<Launched, Failure> {
             });
         }
         spec.filesystem.root = RootSource::Layers(layers.mounts.clone());
-        spec.filesystem.capture_writes = true;
         image_env = record.config.env.clone();
         if let Some(workdir) = &record.config.workdir {
             cwd = workdir.clone();
         }
         holds.extend(layers.into_locks().into_iter().map(OwnedFd::from));
     }
+    // Locked against gc until the sandbox has copied it (it does before it is ready).
+    let mut _seed_layer = None;
+    if let Some(name) = &request.seed {
+        let image_error = |e: brig_image::ImageError| (e.code().to_string(), e.to_string());
+        let store = brig_image::store::Store::open(&request.store).map_err(image_error)?;
+        let record = store.image(name).map_err(image_error)?;
+        if record.kind != brig_image::store::ImageKind::Scratch || record.layers.len() != 1 {
+            return Err((
+                "wrong_image_kind".to_string(),
+                format!("image {name} is not a snapshot of a session's /tmp and /workspace"),
+            ));
+        }
+        let layers = store.use_layers(&record).map_err(image_error)?;
+        spec.filesystem.seed = layers.mounts.first().cloned();
+        _seed_layer = Some(layers);
+    }
+    // Every session can be snapshotted: its init keeps what the sandbox writes
+    // reachable (an image's upper layer, else its private /tmp and /workspace).
+    spec.filesystem.capture_writes = true;
     let (uid, gid) = user.unwrap_or((spec.identity.uid, spec.identity.gid));
     spec.identity = Identity {
         uid,

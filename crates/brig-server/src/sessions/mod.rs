@@ -757,12 +757,15 @@ pub fn workspace_path(relative: &str, cwd: &str) -> Result<String, ApiError> {
     Ok(format!("{}/{}", cwd.trim_end_matches('/'), relative))
 }
 
-/// Starts a sandbox through the launch helper.
+/// Starts a sandbox through the launch helper: from `image` (a root) or the host's
+/// system dirs, whose /tmp and /workspace `seed` (a host snapshot's store image)
+/// fills.
 pub async fn launch_sandbox(
     shared: &Shared,
     id: &str,
     spec: SandboxSpec,
     image: Option<String>,
+    seed: Option<String>,
     background: bool,
 ) -> Result<Launched, ApiError> {
     let dir = session_dir(shared, id);
@@ -772,9 +775,11 @@ pub async fn launch_sandbox(
         .map_err(ApiError::internal)?;
     // A fresh name per sandbox: a restore starts the new one beside the old.
     let socket = dir.join(format!("agent-{}.sock", crate::auth::random_hex(4)));
+    let disk_bytes = spec.limits.disk_bytes;
     let request = LaunchRequest {
         spec,
         image,
+        seed,
         user: None,
         store: shared.args.store.clone(),
         control_socket: socket.clone(),
@@ -818,7 +823,13 @@ pub async fn launch_sandbox(
             }
             Err(match code.as_str() {
                 "no_such_image" | "image_not_found" | "not_found" => ApiError::not_found(message),
-                "bad_name" | "invalid_name" | "policy" => ApiError::invalid(message),
+                "bad_name" | "invalid_name" | "policy" | "wrong_image_kind" => {
+                    ApiError::invalid(message)
+                }
+                // A snapshot larger than the disk asked for: the request's to fix.
+                "disk_full" => ApiError::invalid(format!(
+                    "{message}: ask for a larger limits.disk (this one is {disk_bytes} bytes)"
+                )),
                 _ => ApiError::internal(format!("{code}: {message}")),
             })
         }
@@ -1023,20 +1034,23 @@ async fn create_with(
             ));
         }
     }
-    let image = match &request.snapshot {
+    let (image, seed) = match &request.snapshot {
         Some(id) => {
-            let (image, mounts) = snapshots::image_and_mounts(state, &caller.tenant, id).await?;
+            let source = snapshots::source(state, &caller.tenant, id).await?;
             // A fork keeps the bundles of the session it was snapshotted from (its
             // files expect them), unless it names its own.
-            if request.mounts.is_none() && !mounts.is_empty() {
-                request.mounts = Some(mounts);
+            if request.mounts.is_none() && !source.mounts.is_empty() {
+                request.mounts = Some(source.mounts.clone());
             }
-            Some(image)
+            source.start()
         }
-        None => request
-            .image
-            .clone()
-            .or_else(|| shared.args.default_session_image.clone()),
+        None => (
+            request
+                .image
+                .clone()
+                .or_else(|| shared.args.default_session_image.clone()),
+            None,
+        ),
     };
     if let Some(files) = &request.files {
         for file in files {
@@ -1101,7 +1115,7 @@ async fn create_with(
         Some(name) => crate::volumes::ensure(state, &caller.tenant, name, volume_size).await?,
         None => false,
     };
-    let started = start_session(state, caller, &request, image, spec, limits, event).await;
+    let started = start_session(state, caller, &request, image, seed, spec, limits, event).await;
     let (session, recorded) = match started {
         Ok(started) => started,
         Err(e) => {
@@ -1139,11 +1153,13 @@ async fn create_with(
 
 /// The part of [`create`] that starts the sandbox (from the pool or launched) and
 /// records the session; on error nothing of it is left.
+#[allow(clippy::too_many_arguments)]
 async fn start_session(
     state: &AppState,
     caller: &Caller,
     request: &CreateSession,
     image: Option<String>,
+    seed: Option<String>,
     spec: SandboxSpec,
     limits: brig_policy::Limits,
     event: Option<NewAuditEvent>,
@@ -1170,7 +1186,7 @@ async fn start_session(
             (launched, Some(pool_row))
         }
         None => (
-            launch_sandbox(shared, &id, spec, image.clone(), false).await?,
+            launch_sandbox(shared, &id, spec, image.clone(), seed, false).await?,
             None,
         ),
     };

@@ -224,7 +224,7 @@ async fn fill_one(state: &AppState, image: Key) -> Result<Ready, ApiError> {
     // At idle priority until taken: a refill then never slows the creates and execs
     // it runs beside. Root only: an unprivileged daemon could not raise it again.
     let background = rustix::process::geteuid().is_root();
-    let launched = launch_sandbox(state, &id, spec, image.clone(), background).await?;
+    let launched = launch_sandbox(state, &id, spec, image.clone(), None, background).await?;
     let runtime = serde_json::to_string(&launched).map_err(ApiError::internal)?;
     let row_id = id.clone();
     let now = crate::db::now_rfc3339();

@@ -1,11 +1,25 @@
-//! Snapshots: a session's writes become a new image layer on top of its image
-//! (brig-image's snapshot, the same as `brig run --snapshot-to`). Sessions start
-//! from a snapshot (fork: any number of them), and a session can be restored to one.
+//! Snapshots: what a session wrote, kept to start sessions from (fork: any number
+//! of them) or to restore a session to.
 //!
-//! A snapshot is stored in the image store as image `snap-<id>`; the database maps
-//! it to its tenant, so one tenant never sees or starts another's.
+//! - A session started from an image (or an image snapshot): its writes (the
+//!   overlay's upper layer) become a new layer on top of its image (brig-image's
+//!   snapshot, the same as `brig run --snapshot-to`). /tmp is not kept (it is a
+//!   private tmpfs beside the image root).
+//! - A session on the host's system dirs writes only its private /tmp and
+//!   /workspace: they become one layer whose tree is `tmp/...` and `workspace/...`
+//!   (an image of kind `scratch`, brig-image's `snapshot_scratch`), their whole
+//!   content, so deletions need nothing. A fork or restore is a new sandbox on the
+//!   host's system dirs whose /tmp and /workspace are filled from it as it starts
+//!   (brig-jail's seed: a copy, costing time proportional to the snapshot's size,
+//!   bounded by the new session's disk limit).
+//!
+//! Either is stored in the image store as image `snap-<id>`: one storage and one
+//! delete path. The database maps it to its tenant, so one tenant never sees or
+//! starts another's; its `image` column is the base image, empty for a host
+//! snapshot.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -45,8 +59,12 @@ pub struct SnapshotInfo {
     pub snapshot_id: String,
     pub name: Option<String>,
     pub session_id: String,
-    /// The image the session ran (the snapshot's base).
+    /// The image the session ran (the snapshot's base); empty for a snapshot of a
+    /// session on the host's system dirs.
     pub image: String,
+    /// What the snapshot holds: "image" (a layer on top of `image`) or "host" (the
+    /// /tmp and /workspace of a session on the host's system dirs).
+    pub base: String,
     pub created_at: String,
     /// Size of the new layer (compressed).
     pub size_bytes: u64,
@@ -70,24 +88,38 @@ fn image_name(snapshot_id: &str) -> String {
     format!("snap-{}", snapshot_id.trim_start_matches("snap_"))
 }
 
-/// The store image of a caller's snapshot (404 for unknown or another tenant's).
-pub async fn image_of(
-    state: &AppState,
-    tenant: &str,
-    snapshot_id: &str,
-) -> Result<String, ApiError> {
-    get(state, tenant, snapshot_id).await?;
-    Ok(image_name(snapshot_id))
+const BASE_IMAGE: &str = "image";
+const BASE_HOST: &str = "host";
+
+/// What a session starts from when it starts from a snapshot.
+pub struct Source {
+    /// The snapshot's image in the store.
+    pub image: String,
+    /// A snapshot of a session on the host's system dirs.
+    pub host: bool,
+    /// The bundle mounts of the snapshotted session.
+    pub mounts: Vec<BundleMount>,
 }
 
-/// [`image_of`] and the bundle mounts of the snapshotted session.
-pub async fn image_and_mounts(
-    state: &AppState,
-    tenant: &str,
-    snapshot_id: &str,
-) -> Result<(String, Vec<BundleMount>), ApiError> {
+impl Source {
+    /// The `image` and `seed` of [`super::launch_sandbox`].
+    pub fn start(&self) -> (Option<String>, Option<String>) {
+        if self.host {
+            (None, Some(self.image.clone()))
+        } else {
+            (Some(self.image.clone()), None)
+        }
+    }
+}
+
+/// A caller's snapshot to start from (404 for unknown or another tenant's).
+pub async fn source(state: &AppState, tenant: &str, snapshot_id: &str) -> Result<Source, ApiError> {
     let info = get(state, tenant, snapshot_id).await?;
-    Ok((image_name(snapshot_id), info.mounts))
+    Ok(Source {
+        image: image_name(snapshot_id),
+        host: info.base == BASE_HOST,
+        mounts: info.mounts,
+    })
 }
 
 async fn get(state: &AppState, tenant: &str, id: &str) -> Result<SnapshotInfo, ApiError> {
@@ -113,11 +145,18 @@ async fn get(state: &AppState, tenant: &str, id: &str) -> Result<SnapshotInfo, A
 }
 
 fn row_to_info(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotInfo> {
+    let image: String = row.get(3)?;
     Ok(SnapshotInfo {
         snapshot_id: row.get(0)?,
         name: row.get(1)?,
         session_id: row.get(2)?,
-        image: row.get(3)?,
+        base: if image.is_empty() {
+            BASE_HOST
+        } else {
+            BASE_IMAGE
+        }
+        .to_string(),
+        image,
         created_at: row.get(4)?,
         size_bytes: row.get::<_, i64>(5)? as u64,
         mounts: row
@@ -160,34 +199,39 @@ async fn create_snapshot(
     Ok((StatusCode::CREATED, ApiJson(result?)))
 }
 
-/// Pauses the session, turns its upper layer into a new image, resumes it.
+/// Pauses the session, turns what it wrote into a new image, resumes it.
 pub async fn snapshot(
     state: &AppState,
     session: &Arc<Session>,
     name: Option<String>,
 ) -> Result<SnapshotInfo, ApiError> {
     let sandbox = session.sandbox();
-    let Some(base) = sandbox.image.clone() else {
-        return Err(ApiError::conflict(
-            "only sessions started from an image (or a snapshot) can be snapshotted",
-        ));
-    };
+    let base = sandbox.image.clone();
     let _gate = session.gate.write().await;
     let was_paused = session.paused.load(std::sync::atomic::Ordering::SeqCst);
-    // Init is in the sandbox's cgroup: frozen, it cannot answer. So the upper layer's
-    // descriptor is taken while it runs (a paused session is thawed for that moment).
+    // Init is in the sandbox's cgroup: frozen, it cannot answer. So the descriptors
+    // of what it writes are taken while it runs (a paused session is thawed for
+    // that moment).
     if was_paused {
         freeze(session, false).await?;
     }
-    let upper = async {
-        let (reply, mut fds) = super::agent::call(&sandbox.control_socket, &AgentRequest::Upper)
+    let request = match base {
+        Some(_) => AgentRequest::Upper,
+        None => AgentRequest::Scratch,
+    };
+    let writes = async {
+        let (reply, fds) = super::agent::call(&sandbox.control_socket, &request)
             .await
             .map_err(super::exec::sandbox_gone)?;
-        match (reply, fds.pop()) {
-            (AgentReply::Done, Some(fd)) => Ok(fd),
-            (AgentReply::Error { message }, _) => Err(ApiError::conflict(message)),
-            (other, _) => Err(ApiError::internal(format!(
-                "unexpected agent reply {other:?}"
+        match reply {
+            AgentReply::Done if fds.len() == 1 => Ok(Writes::Upper(fds)),
+            AgentReply::Scratch { names } if names.len() == fds.len() && !fds.is_empty() => {
+                Ok(Writes::Scratch(names.into_iter().zip(fds).collect()))
+            }
+            AgentReply::Error { message } => Err(ApiError::conflict(message)),
+            other => Err(ApiError::internal(format!(
+                "unexpected agent reply {other:?} with {} descriptors",
+                fds.len()
             ))),
         }
     }
@@ -195,31 +239,60 @@ pub async fn snapshot(
     // Frozen, so the layer is one consistent moment of the session's files.
     freeze(session, true).await?;
     let result = async {
-        let writes = upper?;
+        let writes = writes?;
         let snapshot_id = format!("snap_{}", crate::auth::random_hex(12));
         let image = image_name(&snapshot_id);
         let store_dir = state.args.store.clone();
         let placeholders = sandbox.placeholders.clone();
         let base_name = base.clone();
+        let origin = format!("snapshot of session {}", session.id);
         let (record, base_layers) = tokio::task::spawn_blocking(move || {
             let store = brig_image::store::Store::open(&store_dir)?;
-            let base = store.image(&base_name)?;
-            let base_layers = base.layers.len();
-            brig_image::ops::snapshot(
-                &store,
-                &brig_image::ops::Snapshot {
-                    base: &base,
-                    name: &image,
-                    writes: writes.as_fd(),
-                    placeholders: &placeholders,
-                    // One mapped id: what the sandbox wrote belongs to it, and it
-                    // stands for the image's root (see `brig run --snapshot-to`).
-                    force_owner: Some((0, 0)),
-                    replace: false,
-                },
-                &brig_image::Silent,
-            )
-            .map(|record| (record, base_layers))
+            match (base_name, writes) {
+                (Some(base_name), Writes::Upper(mut upper)) => {
+                    let writes = upper.pop().expect("one descriptor, checked above");
+                    let base = store.image(&base_name)?;
+                    let base_layers = base.layers.len();
+                    brig_image::ops::snapshot(
+                        &store,
+                        &brig_image::ops::Snapshot {
+                            base: &base,
+                            name: &image,
+                            writes: writes.as_fd(),
+                            placeholders: &placeholders,
+                            // One mapped id: what the sandbox wrote belongs to it, and it
+                            // stands for the image's root (see `brig run --snapshot-to`).
+                            force_owner: Some((0, 0)),
+                            replace: false,
+                        },
+                        &brig_image::Silent,
+                    )
+                    .map(|record| (record, base_layers))
+                }
+                (_, Writes::Scratch(dirs)) => {
+                    let dirs: Vec<(&str, std::os::fd::BorrowedFd<'_>)> = dirs
+                        .iter()
+                        .map(|(name, fd)| (name.as_str(), fd.as_fd()))
+                        .collect();
+                    brig_image::ops::snapshot_scratch(
+                        &store,
+                        &brig_image::ops::ScratchSnapshot {
+                            name: &image,
+                            dirs: &dirs,
+                            exclude: &scratch_exclusions(&placeholders),
+                            // Everything there is the session user's: a fork's copy
+                            // is its own user's, whatever is stored.
+                            force_owner: Some((0, 0)),
+                            origin: &origin,
+                        },
+                        &brig_image::Silent,
+                    )
+                    .map(|record| (record, 0))
+                }
+                (None, Writes::Upper(_)) => Err(brig_image::ImageError::Unsupported(
+                    "an upper layer without a base image".into(),
+                )),
+            }
         })
         .await
         .map_err(ApiError::internal)?
@@ -238,7 +311,8 @@ pub async fn snapshot(
             snapshot_id: snapshot_id.clone(),
             name,
             session_id: session.id.clone(),
-            image: base,
+            base: if base.is_some() { BASE_IMAGE } else { BASE_HOST }.to_string(),
+            image: base.unwrap_or_default(),
             created_at: crate::db::now_rfc3339(),
             size_bytes,
             mounts: session.request.mounts.clone().unwrap_or_default(),
@@ -272,6 +346,32 @@ pub async fn snapshot(
         freeze(session, false).await?;
     }
     result
+}
+
+/// What a session hands over for its snapshot (see brig-jail's `mounts::Writes`).
+enum Writes {
+    /// Its image root's upper layer (one descriptor).
+    Upper(Vec<OwnedFd>),
+    /// Its private directories by name (`tmp`, `workspace`).
+    Scratch(Vec<(String, OwnedFd)>),
+}
+
+/// What a host snapshot leaves out, relative to its tree: the daemon's own files
+/// in /tmp (background processes' output, the execute driver) and the mount points
+/// brig made below /tmp and /workspace (empty directories over which bundles were
+/// bound; a fork that mounts them makes them again).
+fn scratch_exclusions(placeholders: &[String]) -> Vec<PathBuf> {
+    // Where `processes::JOBS_DIR` and the execute driver live.
+    let mut exclude = vec![PathBuf::from("tmp/.brig")];
+    for path in placeholders {
+        let below = ["/tmp/", "/workspace/"]
+            .iter()
+            .any(|dir| path.starts_with(dir) && path.len() > dir.len());
+        if below {
+            exclude.push(PathBuf::from(path.trim_start_matches('/')));
+        }
+    }
+    exclude
 }
 
 #[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots",
@@ -372,14 +472,18 @@ async fn restore_session(
 ) -> Result<ApiJson<super::SessionInfo>, ApiError> {
     let result = async {
         let session = lookup(&state, &caller, &id)?;
-        let image = image_of(&state, &caller.tenant, &request.snapshot_id).await?;
+        let (image, seed) = source(&state, &caller.tenant, &request.snapshot_id)
+            .await?
+            .start();
         let _gate = session.gate.write().await;
         let limits = limits_of(&session.request)?;
         // The session keeps its own mounts and volume (held while it lives).
         let spec = spec_for(&state, &caller.tenant, &session.request, &limits)?;
         prepare_bundles(&state, &caller.tenant, &session.request).await?;
         // The new sandbox gets its own socket beside the old one, then replaces it.
-        let launched = launch_sandbox(&state, &session.id, spec, Some(image), false).await?;
+        // Nothing of the old sandbox changes until the new one is ready (a snapshot
+        // larger than the session's disk fails here).
+        let launched = launch_sandbox(&state, &session.id, spec, image, seed, false).await?;
         let old = session.replace_sandbox(launched);
         let handle = old.handle.clone();
         let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
