@@ -172,7 +172,7 @@ impl EtcTree {
         key.update(FORMAT);
         let mut mounted: Vec<&str> = Vec::new();
         for (index, op) in plan.ops.iter().enumerate().skip(first) {
-            let path = op_path(op);
+            let path = op.path();
             if !under_etc(path) {
                 continue;
             }
@@ -370,24 +370,6 @@ impl EtcTree {
     }
 }
 
-fn op_path(op: &FsOp) -> &str {
-    match op {
-        FsOp::Dir { path, .. }
-        | FsOp::Symlink { path, .. }
-        | FsOp::File { path, .. }
-        | FsOp::Copy { path, .. }
-        | FsOp::Bind { path, .. }
-        | FsOp::Scratch { path, .. }
-        | FsOp::Tmpfs { path, .. }
-        | FsOp::Proc { path }
-        | FsOp::Devpts { path }
-        | FsOp::Mask { path }
-        | FsOp::ReadOnly { path }
-        | FsOp::Seal { path }
-        | FsOp::Generated { path, .. } => path,
-    }
-}
-
 /// The metadata of a regular file everybody may read, small enough to copy into an
 /// entry; `None` for anything else.
 fn copyable(source: &Path) -> Option<std::fs::Metadata> {
@@ -573,7 +555,7 @@ mod tests {
     fn etc_ops(plan: &FsPlan) -> Vec<&FsOp> {
         plan.ops
             .iter()
-            .filter(|op| op_path(op) == "/etc" || op_path(op).starts_with("/etc/"))
+            .filter(|op| op.path() == "/etc" || op.path().starts_with("/etc/"))
             .collect()
     }
 

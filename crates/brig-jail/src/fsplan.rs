@@ -142,6 +142,27 @@ pub enum FsOp {
     },
 }
 
+impl FsOp {
+    /// Where in the sandbox this step acts.
+    pub fn path(&self) -> &str {
+        match self {
+            FsOp::Dir { path, .. }
+            | FsOp::Symlink { path, .. }
+            | FsOp::File { path, .. }
+            | FsOp::Copy { path, .. }
+            | FsOp::Bind { path, .. }
+            | FsOp::Scratch { path, .. }
+            | FsOp::Tmpfs { path, .. }
+            | FsOp::Proc { path }
+            | FsOp::Devpts { path }
+            | FsOp::Mask { path }
+            | FsOp::ReadOnly { path }
+            | FsOp::Seal { path }
+            | FsOp::Generated { path, .. } => path,
+        }
+    }
+}
+
 /// What tells one version of a host file from another: writing to the file changes
 /// its change time, replacing it changes its inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -891,24 +912,7 @@ mod tests {
     }
 
     fn paths(plan: &FsPlan) -> Vec<String> {
-        plan.ops
-            .iter()
-            .map(|op| match op {
-                FsOp::Dir { path, .. }
-                | FsOp::Symlink { path, .. }
-                | FsOp::File { path, .. }
-                | FsOp::Copy { path, .. }
-                | FsOp::Bind { path, .. }
-                | FsOp::Scratch { path, .. }
-                | FsOp::Tmpfs { path, .. }
-                | FsOp::Proc { path }
-                | FsOp::Devpts { path }
-                | FsOp::Mask { path }
-                | FsOp::ReadOnly { path }
-                | FsOp::Seal { path } => path.clone(),
-                FsOp::Generated { path, .. } => path.clone(),
-            })
-            .collect()
+        plan.ops.iter().map(|op| op.path().to_string()).collect()
     }
 
     #[test]
