@@ -106,8 +106,9 @@ echo "== 1000 idle sessions"
 idle=$(python3 bench/daemon_load.py "$url" "$key" idle 1000 "$daemon_pid"); echo "$idle"
 stop_daemon
 
-# A pool of 48: the idle pattern takes one at a time, the busy one 40 back to back.
-start_daemon --pool host=48
+# A pool of 96: the idle pattern takes one at a time, the busy one 40 back to back
+# (the daemon refills during a burst only once less than half the pool is left).
+start_daemon --pool host=96
 sleep 2
 echo "== create -> first exec, warm pool"
 warm=$(python3 bench/daemon_load.py "$url" "$key" create 100 pooled); echo "$warm"

@@ -102,18 +102,24 @@ def pool_ready(client):
 def create(client, n, pattern):
     """Session create -> first exec, `n` times. `pattern`:
     - "cold": no pool;
-    - "pooled": 0.3 s between creates, for the pool to refill (the daemon waits
-      100 ms after a take, then launches); an idle machine between requests;
+    - "pooled": 0.3 s between creates, for the pool to refill (the daemon launches
+      once nothing was taken for 100 ms); an idle machine between requests;
     - "busy": back to back, from a pool holding at least `n` ready sandboxes (waited
-      for first), so that no refill runs meanwhile; a daemon kept busy.
+      for first; the daemon refills after the burst unless less than half the pool
+      is left, so give it a pool of more than 2n), so that no refill runs meanwhile;
+      a daemon kept busy.
     """
     if pattern == "busy":
-        for _ in range(600):
-            if pool_ready(client) >= n:
+        # Full: at least n ready, and no launch under way (a second later, the same).
+        last = None
+        for _ in range(120):
+            ready = pool_ready(client)
+            if ready >= n and ready == last:
                 break
-            time.sleep(0.1)
+            last = ready
+            time.sleep(1)
         else:
-            raise SystemExit(f"the pool never held {n} sandboxes")
+            raise SystemExit(f"the pool never settled with {n} sandboxes")
     samples = []
     was_pooled = []
     for _ in range(n):

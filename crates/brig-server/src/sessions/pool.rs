@@ -7,8 +7,9 @@
 //! that dies leaves nothing its successor does not clean up at start.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::launch::Launched;
 use super::{launch_sandbox, session_dir, CreateSession};
@@ -18,10 +19,12 @@ use crate::state::{AppState, Shared};
 
 /// How often the filler checks the pool when nothing wakes it.
 const REFILL_INTERVAL: Duration = Duration::from_millis(500);
-/// How long after a take the filler waits before launching a replacement: a launch
-/// is a few milliseconds of CPU, and the session just taken is about to run its first
-/// exec, which should not compete with it.
-const REFILL_DELAY: Duration = Duration::from_millis(100);
+/// How long after the last take the filler waits before launching a replacement. A
+/// launch is several milliseconds of kernel work (namespaces, mounts, cgroups) that
+/// idle priority does not make preemptible, a session just taken is about to run its
+/// first exec, and creates come in bursts: so the pool refills after a burst of
+/// creates, not during it. Other requests (polls, health checks) do not hold it up.
+const QUIET: Duration = Duration::from_millis(100);
 /// Pause after a failed launch, so a broken image does not spin.
 const FAILURE_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -35,6 +38,9 @@ pub struct Pool {
     /// Held by the filler from a launch until its sandbox is in `ready`, and by
     /// `drain`: a launch under way at shutdown is drained too, not left running.
     filling: tokio::sync::Mutex<()>,
+    /// When a sandbox was last taken, in nanoseconds since `epoch`.
+    last_take: AtomicU64,
+    epoch: Instant,
 }
 
 /// A started sandbox waiting for a session.
@@ -57,7 +63,14 @@ impl Pool {
             ready: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
             filling: tokio::sync::Mutex::new(()),
+            last_take: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
+    }
+
+    fn since_last_take(&self) -> Duration {
+        let last = Duration::from_nanos(self.last_take.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
     }
 
     /// Takes a ready sandbox for `image`, if any; the filler starts a replacement.
@@ -70,24 +83,28 @@ impl Pool {
             .get_mut(&key)
             .and_then(|list| list.pop());
         if taken.is_some() {
+            let now = self.epoch.elapsed().as_nanos() as u64;
+            self.last_take.fetch_max(now, Ordering::Relaxed);
             self.wake.notify_one();
             crate::metrics::set_pool(image.unwrap_or("host"), self.size(&key) as f64);
         }
         taken
     }
 
-    /// After a take: waits up to [`REFILL_DELAY`] before the filler launches, but not
-    /// once a pool is low (less than half its target ready): a burst of creates is
-    /// under way then, and the next ones would go cold, which costs each of them far
-    /// more than competing with a launch.
-    async fn settle(&self) {
-        let deadline = tokio::time::Instant::now() + REFILL_DELAY;
-        while !self.low() {
-            if tokio::time::timeout_at(deadline, self.wake.notified())
-                .await
-                .is_err()
-            {
+    /// Waits until no sandbox has been taken for [`QUIET`], but not once a pool is
+    /// low (less than half its target ready): a burst has gone on long enough to
+    /// drain it then, and the next creates would go cold, which costs each of them
+    /// far more than sharing the machine with a launch.
+    async fn quiet(&self) {
+        loop {
+            let since = self.since_last_take();
+            if since >= QUIET || self.low() {
                 return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(QUIET - since) => {}
+                // Another take: it may have made the pool low.
+                _ = self.wake.notified() => {}
             }
         }
     }
@@ -181,6 +198,7 @@ pub fn spawn_filler(state: &AppState) {
                 if pool.size(&key) >= target {
                     continue;
                 }
+                pool.quiet().await;
                 let filled = {
                     let _filling = pool.filling.lock().await;
                     if state.is_shutting_down() {
@@ -205,12 +223,7 @@ pub fn spawn_filler(state: &AppState) {
             }
             if !launched_any {
                 let pool = &state.sessions().pool;
-                if tokio::time::timeout(REFILL_INTERVAL, pool.wake.notified())
-                    .await
-                    .is_ok()
-                {
-                    pool.settle().await;
-                }
+                let _ = tokio::time::timeout(REFILL_INTERVAL, pool.wake.notified()).await;
             }
         }
     });
