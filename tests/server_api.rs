@@ -533,6 +533,121 @@ fn root_exec_timeout_kills_the_process_group() {
     delete_session(&d, &key, &id);
 }
 
+/// A client that hangs up during an exec (its HTTP timeout, a crash) does not leave
+/// the command running: sync, streamed and bash execs are killed when their client
+/// goes, long before their `timeout_ms`, and audited as `client_closed`.
+#[test]
+fn root_an_exec_whose_client_hangs_up_is_killed_and_audited() {
+    use std::io::{Read, Write};
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    let sleeps = || {
+        sh(
+            &d,
+            &key,
+            &id,
+            "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done",
+        )
+        .lines()
+        .filter(|c| *c == "sleep")
+        .count()
+    };
+    let cases = [
+        (
+            "exec",
+            "exec",
+            json!({"argv": ["sleep", "60"], "timeout_ms": 50_000}),
+        ),
+        (
+            "exec/stream",
+            "exec.stream",
+            json!({"cmd": "echo started; sleep 60", "timeout_ms": 50_000}),
+        ),
+        (
+            "bash",
+            "bash",
+            json!({"cmd": "sleep 60", "timeout_ms": 50_000}),
+        ),
+    ];
+    for (route, action, body) in cases {
+        let body = serde_json::to_vec(&body).unwrap();
+        let mut client = std::net::TcpStream::connect(d.addr()).unwrap();
+        write!(
+            client,
+            "POST /v1/sessions/{id}/{route} HTTP/1.1\r\nHost: brig\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        client.write_all(&body).unwrap();
+        if route == "exec/stream" {
+            // Up to the first output: the command runs.
+            client
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&seen).contains("started") {
+                let n = client.read(&mut buf).unwrap();
+                assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+                seen.extend_from_slice(&buf[..n]);
+            }
+        } else {
+            assert!(
+                common::eventually(10_000, || sleeps() == 1),
+                "{route}: the command did not start"
+            );
+        }
+        drop(client);
+        assert!(
+            common::eventually(5_000, || sleeps() == 0),
+            "{route}: the command outlived its client"
+        );
+        let audited = || {
+            let path = format!("/v1/audit?session_id={id}&outcome=client_closed&action={action}");
+            let (status, found) = d.request("GET", &path, Some(&key), None);
+            assert_eq!(status, 200, "{found}");
+            found["events"].as_array().unwrap().len()
+        };
+        assert!(
+            common::eventually(5_000, || audited() == 1),
+            "{route}: {} client_closed audit events, not 1",
+            audited()
+        );
+    }
+    // A one-shot run is its own short session: it goes on to its end, is cleaned
+    // up, and is audited all the same.
+    let body =
+        serde_json::to_vec(&json!({"code": "import time\ntime.sleep(1)\nprint('done')"})).unwrap();
+    let mut client = std::net::TcpStream::connect(d.addr()).unwrap();
+    write!(
+        client,
+        "POST /v1/execute HTTP/1.1\r\nHost: brig\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    client.write_all(&body).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(client);
+    let executed = || {
+        let (_, found) = d.request("GET", "/v1/audit?action=execute", Some(&key), None);
+        found["events"].as_array().unwrap().clone()
+    };
+    assert!(
+        common::eventually(10_000, || executed().len() == 1),
+        "no audit event for a one-shot run whose client hung up"
+    );
+    assert_eq!(executed()[0]["outcome"], "ok", "{:?}", executed());
+    assert!(
+        common::eventually(5_000, || session_count(&d, &key) == 1),
+        "the one-shot run's session was not deleted"
+    );
+    delete_session(&d, &key, &id);
+}
+
 /// An agent that starts a server in the background and prints where it listens: the
 /// server keeps the command's stdout open, so the daemon stops waiting for the streams
 /// to end after a short grace, and keeps what they carried by then.

@@ -319,17 +319,18 @@ async fn execute(
     caller: Caller,
     ApiJson(request): ApiJson<ExecuteRequest>,
 ) -> Result<ApiJson<ExecuteResponse>, ApiError> {
-    // In its own task: a client that hangs up must not leave a session half made.
-    let task_state = state.clone();
-    let task_caller = caller.clone();
-    let task_request = request.clone();
-    let result =
-        tokio::spawn(async move { run(&task_state, &task_caller, &task_request, None).await })
-            .await
-            .map_err(ApiError::internal)
-            .and_then(|r| r);
-    audit_execute(&state, &caller, &request, &result).await;
-    result.map(ApiJson)
+    // In its own task, audit included: a client that hangs up must not leave a
+    // session half made, nor a run unrecorded. The run is short (its timeout is
+    // capped by --max-execute-timeout) and cleans up after itself.
+    tokio::spawn(async move {
+        let result = run(&state, &caller, &request, None).await;
+        audit_execute(&state, &caller, &request, &result).await;
+        result
+    })
+    .await
+    .map_err(ApiError::internal)
+    .and_then(|r| r)
+    .map(ApiJson)
 }
 
 async fn audit_execute(

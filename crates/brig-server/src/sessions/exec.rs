@@ -240,8 +240,11 @@ async fn run_inner(
         })?;
     // The sandbox has its copies; ours would keep the pipes from ever closing.
     drop((stdin_r, stdout_w, stderr_w));
-    let job = match agent.recv().await.map_err(sandbox_gone)?.0 {
-        AgentReply::Started { job, .. } => job,
+    let mut job = match agent.recv().await.map_err(sandbox_gone)?.0 {
+        AgentReply::Started { job, .. } => KillOnDrop {
+            socket: sandbox.control_socket.clone(),
+            job: Some(job),
+        },
         AgentReply::ExecFailed { message, exit_code } => {
             let text = format!("brig: {message}\n");
             if let Some(chunks) = &chunks {
@@ -301,7 +304,9 @@ async fn run_inner(
             },
             _ = tokio::time::sleep_until(deadline), if !timed_out && exit.is_none() => {
                 timed_out = true;
-                kill_job(&sandbox.control_socket, job).await;
+                if let Some(job) = job.job {
+                    kill_job(&sandbox.control_socket, job).await;
+                }
             }
             _ = tokio::time::sleep_until(grace.unwrap_or(deadline)), if grace.is_some() => break,
         }
@@ -309,6 +314,8 @@ async fn run_inner(
             grace = Some(tokio::time::Instant::now() + OUTPUT_GRACE);
         }
     }
+    // Ended (or its sandbox did): nothing left to kill.
+    job.job = None;
     if let Some(task) = stdin_task {
         task.abort();
     }
@@ -347,6 +354,88 @@ pub async fn kill_job(socket: &std::path::Path, job: u64) {
             .await;
     }
 }
+
+/// Kills a started job when the exec running it is dropped before its end was seen.
+/// hyper drops the handler of a client that hung up, and with it the task that
+/// enforces `timeout_ms`: a command nobody waits for would otherwise run on, past its
+/// timeout, while the tenant's exec permit is already free again.
+struct KillOnDrop {
+    socket: std::path::PathBuf,
+    /// `None` once there is nothing to kill.
+    job: Option<u64>,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let (Some(job), Ok(runtime)) = (self.job.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let socket = std::mem::take(&mut self.socket);
+        runtime.spawn(async move { kill_job(&socket, job).await });
+    }
+}
+
+/// Audits an exec whose request is dropped before its result (the client hung up;
+/// [`KillOnDrop`] ends the command): every exec is recorded, abandoned ones too.
+pub struct AuditIfAbandoned {
+    state: AppState,
+    caller: Caller,
+    session_id: String,
+    action: &'static str,
+    /// `None` once the exec's own audit event is certain.
+    detail: Option<serde_json::Value>,
+}
+
+impl AuditIfAbandoned {
+    pub fn new(
+        state: &AppState,
+        caller: &Caller,
+        session_id: &str,
+        action: &'static str,
+        request: &ExecRequest,
+    ) -> AuditIfAbandoned {
+        AuditIfAbandoned {
+            state: state.clone(),
+            caller: caller.clone(),
+            session_id: session_id.to_string(),
+            action,
+            detail: Some(serde_json::json!({"argv": request.argv, "cmd": request.cmd,
+                "error": "the client closed the connection before the command ended; it was killed"})),
+        }
+    }
+
+    /// The exec finished: its caller records it.
+    pub fn disarm(&mut self) {
+        self.detail = None;
+    }
+}
+
+impl Drop for AuditIfAbandoned {
+    fn drop(&mut self) {
+        let (Some(detail), Ok(runtime)) =
+            (self.detail.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let (state, caller) = (self.state.clone(), self.caller.clone());
+        let (session_id, action) = (std::mem::take(&mut self.session_id), self.action);
+        runtime.spawn(async move {
+            audit::record(
+                &state,
+                &caller,
+                Some(&session_id),
+                action,
+                detail,
+                CLIENT_CLOSED,
+            )
+            .await;
+        });
+    }
+}
+
+/// The audit outcome of an exec whose client hung up before it ended.
+pub const CLIENT_CLOSED: &str = "client_closed";
 
 pub fn sandbox_gone(e: std::io::Error) -> ApiError {
     ApiError::conflict(format!("the session's sandbox is not reachable: {e}"))
@@ -430,12 +519,14 @@ async fn exec_sync(
     ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<ExecRequest>,
 ) -> Result<ApiJson<ExecResult>, ApiError> {
+    let mut abandoned = AuditIfAbandoned::new(&state, &caller, &id, "exec", &request);
     let result = async {
         let session = lookup(&state, &caller, &id)?;
         let command = Command::from_request(&state, &session, &request)?;
         run(&state, &session, command, None).await
     }
     .await;
+    abandoned.disarm();
     audit_exec(&state, &caller, &id, "exec", &request, &result).await;
     result.map(ApiJson)
 }
@@ -509,8 +600,18 @@ async fn exec_stream(
     let (events_tx, events_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let (chunks_tx, mut chunks_rx) = mpsc::channel::<(Stream, Vec<u8>)>(64);
     let task_state = state.clone();
+    let mut abandoned = AuditIfAbandoned::new(&state, &caller, &id, "exec.stream", &request);
+    let client = events_tx.clone();
     let runner = tokio::spawn(async move {
-        let result = run(&task_state, &session, command, Some(chunks_tx)).await;
+        let result = tokio::select! {
+            result = run(&task_state, &session, command, Some(chunks_tx)) => result,
+            // The client hung up: nobody reads the rest. The run is dropped, which
+            // kills the command (`KillOnDrop`) and audits it (`abandoned`).
+            _ = client.closed() => {
+                return Err(ApiError::conflict("the client closed the connection"));
+            }
+        };
+        abandoned.disarm();
         audit_exec(
             &task_state,
             &caller,
@@ -605,6 +706,7 @@ async fn bash(
         timeout_ms: request.timeout_ms,
         ..Default::default()
     };
+    let mut abandoned = AuditIfAbandoned::new(&state, &caller, &id, "bash", &exec);
     let result = async {
         let session = lookup(&state, &caller, &id)?;
         let command = Command::from_request(&state, &session, &exec)?;
@@ -622,6 +724,7 @@ async fn bash(
         Ok(result)
     }
     .await;
+    abandoned.disarm();
     audit_exec(&state, &caller, &id, "bash", &exec, &result).await;
     let r = result?;
     Ok(ApiJson(BashResult {
