@@ -63,6 +63,13 @@ pub enum AgentRequest {
         argv: Vec<String>,
         env: Vec<String>,
         cwd: String,
+        /// Kill the job (its process group) if this connection closes before the job
+        /// has ended: for a command whose requester waits for it (a synchronous or
+        /// streamed exec), so that a daemon that dies, or drops the request when its
+        /// client hangs up, does not leave it running past its timeout. Left out of
+        /// the message when false: inits started by older daemons refuse the field.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        bound: bool,
     },
     Signal {
         job: u64,
@@ -244,6 +251,8 @@ struct Job {
     exit: Option<JobExit>,
     /// Connections to tell when it ends: the one that started it and any waiters.
     notify: Vec<u64>,
+    /// The connection whose closing kills it (`bound` execs).
+    bound_to: Option<u64>,
 }
 
 struct Connection {
@@ -382,9 +391,9 @@ impl AgentState {
                         },
                     );
                 }
-                // EOF or a broken connection: forget it; its jobs keep running.
+                // EOF or a broken connection.
                 Ok(None) | Err(_) => {
-                    self.connections.remove(&id);
+                    self.close(id);
                     return;
                 }
             }
@@ -401,14 +410,30 @@ impl AgentState {
         };
         if send_packet(connection.socket.as_raw_fd(), reply, fds).is_err() {
             // A full or broken socket: the daemon is gone or not reading.
-            self.connections.remove(&id);
+            self.close(id);
+        }
+    }
+
+    /// Forgets a connection. Jobs it started keep running, except those bound to it,
+    /// which are killed: nobody waits for them any more.
+    fn close(&mut self, id: u64) {
+        self.connections.remove(&id);
+        for job in self.jobs.values() {
+            if job.bound_to == Some(id) && job.exit.is_none() {
+                let _ = nix::sys::signal::kill(Pid::from_raw(-job.pid.as_raw()), Signal::SIGKILL);
+            }
         }
     }
 
     fn handle(&mut self, id: u64, request: AgentRequest, fds: Vec<OwnedFd>) {
         match request {
-            AgentRequest::Exec { argv, env, cwd } => {
-                let reply = self.exec(id, &argv, &env, &cwd, fds);
+            AgentRequest::Exec {
+                argv,
+                env,
+                cwd,
+                bound,
+            } => {
+                let reply = self.exec(id, &argv, &env, &cwd, bound, fds);
                 self.reply(id, &reply);
             }
             AgentRequest::Signal { job, signal } => {
@@ -494,6 +519,7 @@ impl AgentState {
         argv: &[String],
         env: &[String],
         cwd: &str,
+        bound: bool,
         fds: Vec<OwnedFd>,
     ) -> AgentReply {
         let bad = |message: String| AgentReply::Error { message };
@@ -549,6 +575,7 @@ impl AgentState {
                 pid,
                 exit: None,
                 notify: vec![id],
+                bound_to: bound.then_some(id),
             },
         );
         AgentReply::Started {

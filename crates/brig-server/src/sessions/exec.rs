@@ -221,26 +221,18 @@ async fn run_inner(
     let (stdout_r, stdout_w) = pipe()?;
     let (stderr_r, stderr_w) = pipe()?;
     let mut agent = Agent::connect(&sandbox.control_socket).map_err(sandbox_gone)?;
-    agent
-        .send(
-            &AgentRequest::Exec {
-                argv: command.argv.clone(),
-                env: command.env,
-                cwd: command.cwd,
-            },
-            &[stdin_r.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()],
-        )
-        .await
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::InvalidInput {
-                ApiError::too_large(e.to_string())
-            } else {
-                sandbox_gone(e)
-            }
-        })?;
+    let stdio = [stdin_r.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()];
+    let reply = start_bound(
+        &mut agent,
+        command.argv.clone(),
+        command.env,
+        command.cwd,
+        &stdio,
+    )
+    .await?;
     // The sandbox has its copies; ours would keep the pipes from ever closing.
     drop((stdin_r, stdout_w, stderr_w));
-    let mut job = match agent.recv().await.map_err(sandbox_gone)?.0 {
+    let mut job = match reply {
         AgentReply::Started { job, .. } => KillOnDrop {
             socket: sandbox.control_socket.clone(),
             job: Some(job),
@@ -353,6 +345,51 @@ pub async fn kill_job(socket: &std::path::Path, job: u64) {
             })
             .await;
     }
+}
+
+/// Starts a command that init kills if this connection closes first (the daemon
+/// died, or the request was dropped); returns init's first reply. An init started
+/// by an older daemon refuses the `bound` field: the exec is then sent unbound, and
+/// only [`KillOnDrop`] ends it if the request is dropped.
+async fn start_bound(
+    agent: &mut Agent,
+    argv: Vec<String>,
+    env: Vec<String>,
+    cwd: String,
+    stdio: &[std::os::fd::BorrowedFd<'_>],
+) -> Result<AgentReply, ApiError> {
+    let mut request = AgentRequest::Exec {
+        argv,
+        env,
+        cwd,
+        bound: true,
+    };
+    let reply = send_exec(agent, &request, stdio).await?;
+    match (&reply, &mut request) {
+        (AgentReply::Error { message }, AgentRequest::Exec { bound, .. })
+            if message.contains("unknown field `bound`") =>
+        {
+            *bound = false;
+            send_exec(agent, &request, stdio).await
+        }
+        _ => Ok(reply),
+    }
+}
+
+/// Sends an exec request with its stdio and returns init's first reply.
+async fn send_exec(
+    agent: &mut Agent,
+    request: &AgentRequest,
+    stdio: &[std::os::fd::BorrowedFd<'_>],
+) -> Result<AgentReply, ApiError> {
+    agent.send(request, stdio).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::InvalidInput {
+            ApiError::too_large(e.to_string())
+        } else {
+            sandbox_gone(e)
+        }
+    })?;
+    Ok(agent.recv().await.map_err(sandbox_gone)?.0)
 }
 
 /// Kills a started job when the exec running it is dropped before its end was seen.
@@ -739,6 +776,96 @@ async fn bash(
 #[cfg(test)]
 mod tests {
     use super::Utf8Chunker;
+
+    /// A fake init on a unix socket that answers each exec with what `answer` says;
+    /// returns the socket's path and a thread that ends with the requests it got.
+    fn fake_init(
+        dir: &std::path::Path,
+        answer: fn(&[u8]) -> serde_json::Value,
+    ) -> (std::path::PathBuf, std::thread::JoinHandle<Vec<String>>) {
+        use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketType};
+        let path = dir.join("agent.sock");
+        let listener =
+            rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).unwrap();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+        rustix::net::listen(&listener, 1).unwrap();
+        let server = std::thread::spawn(move || {
+            let conn = rustix::net::accept(&listener).unwrap();
+            let mut seen = Vec::new();
+            let mut buf = vec![0u8; 1 << 16];
+            // The descriptors that come with a request are not received: the kernel
+            // closes them.
+            while let Ok((n, _)) = rustix::net::recv(&conn, &mut buf[..], RecvFlags::empty()) {
+                if n == 0 {
+                    break;
+                }
+                seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                let reply = serde_json::to_vec(&answer(&buf[..n])).unwrap();
+                rustix::net::send(&conn, &reply, SendFlags::empty()).unwrap();
+            }
+            seen
+        });
+        (path, server)
+    }
+
+    async fn start(path: &std::path::Path) -> brig_jail::agent::AgentReply {
+        use std::os::fd::AsFd;
+        let mut agent = super::Agent::connect(path).unwrap();
+        let (r, w) = super::pipe().unwrap();
+        let stdio = [r.as_fd(), w.as_fd(), w.as_fd()];
+        let argv = vec!["true".to_string()];
+        super::start_bound(&mut agent, argv, vec![], "/".into(), &stdio)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn execs_are_bound_and_unbound_for_an_init_that_predates_binding() {
+        use brig_jail::agent::AgentReply;
+        let started = serde_json::json!({"type": "started", "job": 1, "pid": 2});
+        // An init of this version takes the field.
+        let dir = tempfile::tempdir().unwrap();
+        let (path, server) = fake_init(
+            dir.path(),
+            |_| serde_json::json!({"type": "started", "job": 1, "pid": 2}),
+        );
+        assert_eq!(
+            start(&path).await,
+            serde_json::from_value::<AgentReply>(started.clone()).unwrap()
+        );
+        let seen = server.join().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert!(seen[0].contains(r#""bound":true"#), "{seen:?}");
+
+        // An older init knows exec without it, and refuses unknown fields (its
+        // request type, and the error text serde gives it).
+        #[derive(serde::Deserialize)]
+        #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+        #[allow(dead_code)]
+        enum OldRequest {
+            Exec {
+                argv: Vec<String>,
+                env: Vec<String>,
+                cwd: String,
+            },
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (path, server) = fake_init(dir.path(), |packet| {
+            match serde_json::from_slice::<OldRequest>(packet) {
+                Ok(_) => serde_json::json!({"type": "started", "job": 1, "pid": 2}),
+                Err(e) => {
+                    serde_json::json!({"type": "error", "message": format!("bad request: {e}")})
+                }
+            }
+        });
+        assert_eq!(
+            start(&path).await,
+            serde_json::from_value::<AgentReply>(started).unwrap()
+        );
+        let seen = server.join().unwrap();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(!seen[1].contains("bound"), "{seen:?}");
+    }
 
     #[test]
     fn chunker_keeps_characters_whole() {

@@ -159,6 +159,8 @@ async fn start(
                 argv: command.argv.clone(),
                 env: command.env,
                 cwd: command.cwd,
+                // A background process outlives the request that started it.
+                bound: false,
             },
             &[stdin_r.as_fd(), out.as_fd(), err.as_fd()],
         )
