@@ -1,17 +1,20 @@
 //! Loop devices, for kernels that cannot mount an image file directly.
 //!
 //! Hand-written because the maintained crates generate their bindings with bindgen
-//! (a libclang build dependency) for three ioctls.
+//! (a libclang build dependency) for a handful of ioctls.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
+use rustix::ioctl::NoArg;
+
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+const LOOP_SET_CAPACITY: rustix::ioctl::Opcode = rustix::ioctl::opcode::none(0x4C, 0x07);
 const LO_FLAGS_READ_ONLY: u32 = 1;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 
@@ -155,6 +158,17 @@ impl LoopDevice {
             }
         }
         Ok(None)
+    }
+
+    /// Makes the bound device at `path` take the current size of its backing file
+    /// (after the file grew), without detaching it from the filesystem it carries.
+    pub fn set_capacity(path: &Path) -> io::Result<()> {
+        // Opened read-only: a block device that is mounted may refuse to be opened
+        // for writing (BLK_DEV_WRITE_MOUNTED), and root may resize it anyway.
+        let device = OpenOptions::new().read(true).open(path)?;
+        // SAFETY: LOOP_SET_CAPACITY takes no argument.
+        unsafe { rustix::ioctl::ioctl(&device, NoArg::<LOOP_SET_CAPACITY>::new()) }
+            .map_err(Into::into)
     }
 
     /// Detaches now; for when the mount that would trigger autoclear failed.

@@ -256,7 +256,7 @@ fn make_disk(parent: &Path, dir: &Path, capacity: u64) -> Result<(bool, u64), Ap
             )))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            brig_jail::disk::format(&image, capacity).map_err(|e| fail(&image, e))?;
+            brig_jail::disk::format(&image, capacity, MAX_CAPACITY).map_err(|e| fail(&image, e))?;
             (true, capacity)
         }
         Err(e) => return Err(fail(&image, e)),
