@@ -4,11 +4,18 @@
 //!
 //! A volume is the directory `<data-dir>/volumes/<tenant>/<name>`, holding
 //! `disk.ext4`, a sparse image file with an ext4 filesystem of the volume's capacity
-//! (fixed when it is created), and `root`, where the daemon mounts it (see
+//! (set when it is created), and `root`, where the daemon mounts it (see
 //! [`brig_jail::disk`]). The capacity is what caps a session's writes: past it the
 //! sandbox gets ENOSPC, and the host never gives the volume more than that. The
 //! tenant's disk quota counts the capacity (reserved when the volume is made, like
 //! a cloud disk), so a tenant's volumes can never take more than its quota.
+//!
+//! A volume can grow (`PATCH /v1/volumes/{name}`, see [`grow`]), never shrink: the
+//! growth is checked against the quota under the lock session creates check theirs
+//! under, then the image and its filesystem grow in place
+//! ([`brig_jail::disk::grow`]), also while sessions use it if the host lets the
+//! daemon grow a mounted filesystem (else 409 until they end). The capacity recorded
+//! is what the filesystem holds: the new one once it has grown, never before.
 //!
 //! `<data-dir>/volumes`, each tenant's directory and each volume's are 0700: on the
 //! host only root reaches a volume. Each session has its own leased host uid, so a
@@ -23,9 +30,10 @@
 //! deleted or the daemon stops (then only if no live session uses it: sessions
 //! outlive the daemon, and a restarted daemon finds the mount in place). It lives
 //! until `DELETE /v1/volumes/{name}`, which answers 409 while any live session (or a
-//! create under way, see [`crate::sessions::Holds`]) uses it. Several live sessions
-//! may use one volume at the same time: they share one filesystem and see each
-//! other's writes at once, with no locking beyond what the programs in them do.
+//! create or a growth under way, see [`crate::sessions::Holds`]) uses it. Several
+//! live sessions may use one volume at the same time: they share one filesystem and
+//! see each other's writes at once, with no locking beyond what the programs in them
+//! do.
 
 use std::path::{Path, PathBuf};
 
@@ -99,19 +107,23 @@ pub fn mount_point(shared: &Shared, tenant: &str, name: &str) -> PathBuf {
 /// A request's `volume_size` in bytes: between [`brig_jail::disk::MIN_SIZE`] and
 /// [`MAX_CAPACITY`].
 pub fn requested_capacity(size: Option<&Size>) -> Result<Option<u64>, ApiError> {
-    let Some(size) = size else {
-        return Ok(None);
-    };
+    size.map(|size| capacity_in_range("volume_size", size))
+        .transpose()
+}
+
+/// A capacity asked for in the request's `field`, in bytes: between
+/// [`brig_jail::disk::MIN_SIZE`] and [`MAX_CAPACITY`].
+fn capacity_in_range(field: &str, size: &Size) -> Result<u64, ApiError> {
     let bytes = size.bytes()?;
     let min = brig_jail::disk::MIN_SIZE;
     if !(min..=MAX_CAPACITY).contains(&bytes) {
         return Err(ApiError::invalid(format!(
-            "volume_size must be between {} MiB and {} TiB",
+            "{field} must be between {} MiB and {} TiB",
             min >> 20,
             MAX_CAPACITY >> 40
         )));
     }
-    Ok(Some(bytes))
+    Ok(bytes)
 }
 
 /// The capacity a create would add to the tenant's disk use: that of the volume it
@@ -189,18 +201,11 @@ pub async fn ensure(
         .map_err(ApiError::internal)?;
     match made {
         Ok((new_disk, actual)) => {
-            if actual != stored {
-                // An image adopted without its row: the file's size is the cap.
-                let (t, n) = (tenant.to_string(), name.to_string());
-                shared
-                    .db
-                    .call(move |conn| {
-                        conn.execute(
-                            "UPDATE volumes SET capacity_bytes = ?3 WHERE tenant = ?1 AND name = ?2",
-                            rusqlite::params![t, n, crate::db::to_sql_int(actual)],
-                        )
-                    })
-                    .await?;
+            // An image adopted without its row: the file's size is the cap. (A known
+            // volume's image may be longer than its capacity after a growth that
+            // failed: the rest is unused.)
+            if new_row && actual != stored {
+                record_capacity(shared, tenant, name, actual).await?;
             }
             Ok(new_row && new_disk)
         }
@@ -268,6 +273,125 @@ fn make_disk(parent: &Path, dir: &Path, capacity: u64) -> Result<(bool, u64), Ap
         let _ = std::fs::remove_dir(mount_point.join("lost+found"));
     }
     Ok((new, actual))
+}
+
+/// The recorded capacity of a tenant's volume; `None` if there is no such volume.
+async fn capacity_of(shared: &Shared, tenant: &str, name: &str) -> Result<Option<u64>, ApiError> {
+    use rusqlite::OptionalExtension;
+    let (tenant, name) = (tenant.to_string(), name.to_string());
+    let stored = shared
+        .db
+        .call(move |conn| {
+            conn.query_row(
+                "SELECT capacity_bytes FROM volumes WHERE tenant = ?1 AND name = ?2",
+                rusqlite::params![tenant, name],
+                |row| row.get::<_, i64>(0),
+            )
+            .optional()
+        })
+        .await?;
+    Ok(stored.map(crate::db::from_sql_int))
+}
+
+async fn record_capacity(
+    shared: &Shared,
+    tenant: &str,
+    name: &str,
+    capacity: u64,
+) -> Result<(), ApiError> {
+    let (tenant, name) = (tenant.to_string(), name.to_string());
+    shared
+        .db
+        .call(move |conn| {
+            conn.execute(
+                "UPDATE volumes SET capacity_bytes = ?3 WHERE tenant = ?1 AND name = ?2",
+                rusqlite::params![tenant, name, crate::db::to_sql_int(capacity)],
+            )
+        })
+        .await?;
+    Ok(())
+}
+
+/// Grows a tenant's volume to `capacity` bytes (within [`capacity_in_range`]),
+/// which its disk quota must have room for; also while sessions use it, where the
+/// host lets the daemon grow a mounted filesystem.
+async fn grow(state: &AppState, tenant: &str, name: &str, capacity: u64) -> Result<(), ApiError> {
+    let held = Held::Volume {
+        tenant: tenant.to_string(),
+        name: name.to_string(),
+    };
+    // The lock session creates check their quota under, held until the capacity is
+    // recorded: no create or other growth can count the same room meanwhile. The
+    // capacity is recorded only once the filesystem has it, so the lock is held
+    // across the growth (usually a fraction of a second; a create holds it across
+    // making a volume and starting its sandbox too).
+    let _admission = state.sessions().admit().await;
+    // Meanwhile a delete answers 409, and a daemon stopping leaves the volume alone.
+    let _claim = state.holds.claim(vec![held.clone()]).await;
+    let Some(stored) = capacity_of(state, tenant, name).await? else {
+        return Err(ApiError::not_found(format!("no volume {name}")));
+    };
+    if stored == 0 {
+        return Err(ApiError::conflict(format!(
+            "volume {name} was made by an older brig, without a size cap; delete it and \
+             let a session make it again"
+        )));
+    }
+    if capacity <= stored {
+        return Err(ApiError::invalid(format!(
+            "volume {name} has a capacity of {stored} bytes and volumes only grow: ask for \
+             more than that"
+        )));
+    }
+    let quotas = state.auth.quotas(tenant).await?;
+    let used = state
+        .sessions()
+        .usage(tenant)
+        .disk_bytes
+        .saturating_add(state.db.stored_bytes(tenant).await?);
+    let wanted = used.saturating_add(capacity - stored);
+    if wanted > quotas.max_disk_bytes {
+        return Err(ApiError::quota(format!(
+            "tenant {tenant} would use {wanted} of its {} bytes of disk",
+            quotas.max_disk_bytes
+        )));
+    }
+    let users = crate::sessions::users(state, &held);
+    if !users.is_empty() && !brig_jail::disk::can_grow_online() {
+        return Err(ApiError::conflict(format!(
+            "volume {name} is in use by sessions {users:?}, and this host does not let the \
+             daemon grow a mounted filesystem (it lacks CAP_SYS_RESOURCE); delete them first"
+        )));
+    }
+    let (image, mount_point) = (
+        path(state, tenant, name).join(IMAGE),
+        self::mount_point(state, tenant, name),
+    );
+    let grown =
+        tokio::task::spawn_blocking(move || brig_jail::disk::grow(&image, &mount_point, capacity))
+            .await
+            .map_err(ApiError::internal)?;
+    let (now, result) = match grown {
+        Ok(()) => (capacity, Ok(())),
+        Err(brig_jail::disk::GrowError::InUse) => (
+            stored,
+            Err(ApiError::conflict(format!(
+                "volume {name} is still mounted by a sandbox that is ending; try again shortly"
+            ))),
+        ),
+        // What the filesystem holds now: as before, or more if it grew part of the
+        // way (within what the quota allowed).
+        Err(brig_jail::disk::GrowError::Failed { error, size }) => (
+            size.map_or(stored, |size| size.clamp(stored, capacity)),
+            Err(ApiError::internal(format_args!(
+                "grow volume {tenant}/{name} to {capacity} bytes: {error}"
+            ))),
+        ),
+    };
+    if now != stored {
+        record_capacity(state, tenant, name, now).await?;
+    }
+    result
 }
 
 async fn forget_row(shared: &Shared, tenant: &str, name: &str) {
@@ -479,8 +603,8 @@ pub struct VolumeInfo {
     /// Bytes in use in it (what `df` calls Used): live while the daemon has it
     /// mounted, else as it was when last unmounted.
     pub size_bytes: u64,
-    /// The most it can hold, fixed when it was made; what the tenant's disk quota
-    /// counts.
+    /// The most it can hold: set when it was made, more after a `PATCH`; what the
+    /// tenant's disk quota counts.
     pub capacity_bytes: u64,
     pub created_at: String,
     /// Live sessions that mount it now.
@@ -492,10 +616,19 @@ pub struct VolumeList {
     pub volumes: Vec<VolumeInfo>,
 }
 
+/// `PATCH /v1/volumes/{name}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateVolume {
+    /// The new capacity, more than the current one (volumes only grow) and at most
+    /// 1 TiB: e.g. "20G", or a number of bytes.
+    pub capacity: Size,
+}
+
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_volumes))
-        .routes(routes!(delete_volume))
+        .routes(routes!(update_volume, delete_volume))
 }
 
 /// The tenant's volumes.
@@ -506,16 +639,26 @@ async fn list_volumes(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<ApiJson<VolumeList>, ApiError> {
-    let tenant = caller.tenant.clone();
+    let volumes = infos(&state, &caller.tenant, None).await?;
+    Ok(ApiJson(VolumeList { volumes }))
+}
+
+/// The tenant's volumes as listed, by name; only the one called `only` if given.
+async fn infos(
+    state: &AppState,
+    tenant: &str,
+    only: Option<&str>,
+) -> Result<Vec<VolumeInfo>, ApiError> {
+    let (t, only) = (tenant.to_string(), only.map(str::to_string));
     let rows = state
         .db
         .call(move |conn| {
             let mut stmt = conn.prepare(
                 "SELECT name, capacity_bytes, created_at, size_bytes FROM volumes
-                 WHERE tenant = ?1 ORDER BY name",
+                 WHERE tenant = ?1 AND (?2 IS NULL OR name = ?2) ORDER BY name",
             )?;
             let rows = stmt
-                .query_map([tenant], |row| {
+                .query_map(rusqlite::params![t, only], |row| {
                     Ok((
                         row.get::<_, String>(0)?,
                         row.get::<_, i64>(1)?,
@@ -529,7 +672,7 @@ async fn list_volumes(
         .await?;
     let mounts: Vec<(PathBuf, i64)> = rows
         .iter()
-        .map(|(name, _, _, stored)| (mount_point(&state, &caller.tenant, name), *stored))
+        .map(|(name, _, _, stored)| (mount_point(state, tenant, name), *stored))
         .collect();
     let sizes = tokio::task::spawn_blocking(move || {
         mounts
@@ -539,24 +682,62 @@ async fn list_volumes(
     })
     .await
     .map_err(ApiError::internal)?;
-    let volumes = rows
+    Ok(rows
         .into_iter()
         .zip(sizes)
         .map(|((name, capacity, created_at, _), size_bytes)| {
             let held = Held::Volume {
-                tenant: caller.tenant.clone(),
+                tenant: tenant.to_string(),
                 name: name.clone(),
             };
             VolumeInfo {
-                sessions: crate::sessions::users(&state, &held),
+                sessions: crate::sessions::users(state, &held),
                 name,
                 size_bytes,
                 capacity_bytes: crate::db::from_sql_int(capacity),
                 created_at,
             }
         })
-        .collect();
-    Ok(ApiJson(VolumeList { volumes }))
+        .collect())
+}
+
+/// Grow a volume to a larger capacity, also while sessions use it (they see the
+/// room at once); its data stays. Returns the volume as listed.
+#[utoipa::path(patch, path = "/v1/volumes/{name}", tag = "volumes",
+    params(("name" = String, Path)), request_body = UpdateVolume,
+    responses((status = 200, body = VolumeInfo), (status = 401, body = crate::error::ErrorBody),
+              (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody),
+              (status = 422, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
+    security(("bearer" = []), ("api_key" = [])))]
+async fn update_volume(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(request): ApiJson<UpdateVolume>,
+) -> Result<ApiJson<VolumeInfo>, ApiError> {
+    let mut capacity = None;
+    let result = async {
+        validate_name(&name)?;
+        let bytes = capacity_in_range("capacity", &request.capacity)?;
+        capacity = Some(bytes);
+        grow(&state, &caller.tenant, &name, bytes).await
+    }
+    .await;
+    audit::record(
+        &state,
+        &caller,
+        None,
+        "volume.grow",
+        serde_json::json!({"volume": name, "capacity_bytes": capacity}),
+        audit::outcome(&result),
+    )
+    .await;
+    result?;
+    infos(&state, &caller.tenant, Some(&name))
+        .await?
+        .pop()
+        .map(ApiJson)
+        .ok_or_else(|| ApiError::not_found(format!("no volume {name}")))
 }
 
 /// Delete a volume and its files: 409 while a session uses it.

@@ -383,7 +383,7 @@ fn session_dir(shared: &Shared, id: &str) -> PathBuf {
 pub struct Sessions {
     live: RwLock<Live>,
     pub pool: pool::Pool,
-    /// Serializes quota checks with the inserts they guard.
+    /// Serializes quota checks with the inserts they guard (see [`Sessions::admit`]).
     admission: tokio::sync::Mutex<()>,
 }
 
@@ -481,6 +481,12 @@ impl Sessions {
             .get(tenant)
             .copied()
             .unwrap_or_default()
+    }
+
+    /// The lock under which a tenant's disk and session quotas are checked and what
+    /// they admit is recorded: a session create, a volume's growth.
+    pub async fn admit(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.admission.lock().await
     }
 
     pub fn of_tenant(&self, tenant: &str) -> Vec<Arc<Session>> {
