@@ -3981,6 +3981,126 @@ fn root_host_sessions_snapshot_fork_and_restore_their_tmp_and_workspace() {
     }
 }
 
+/// The brig cgroups beside a session's (every controller's parent of its leaves)
+/// that hold no process: what a sandbox that failed to start would leave behind.
+fn empty_brig_cgroups(session: &Value) -> BTreeSet<PathBuf> {
+    let mut found = BTreeSet::new();
+    for leaf in leaves_of(session) {
+        let Some(parent) = Path::new(&leaf).parent() else {
+            continue;
+        };
+        for entry in std::fs::read_dir(parent).unwrap().flatten() {
+            let path = entry.path();
+            let ours = entry.file_name().to_string_lossy().starts_with("brig-");
+            let procs = std::fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
+            if ours && path.is_dir() && procs.trim().is_empty() {
+                found.insert(path);
+            }
+        }
+    }
+    found
+}
+
+/// A fork or restore of a host snapshot copies its files into tmpfs, which the new
+/// sandbox's memory pays for: one whose memory cannot hold them is refused whole
+/// (422, nothing started or left), as one whose disk cannot is, even when its disk
+/// could hold them.
+#[test]
+fn root_host_snapshot_larger_than_a_forks_memory_is_refused_whole() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let origin = create(&d, &key, json!({}));
+    let origin_id = sid(&origin);
+    sh(
+        &d,
+        &key,
+        &origin_id,
+        "head -c 48000000 /dev/urandom > /workspace/big && echo small > /tmp/small",
+    );
+    let (status, snap) = d.request(
+        "POST",
+        &format!("/v1/sessions/{origin_id}/snapshots"),
+        Some(&key),
+        Some(json!({})),
+    );
+    assert_eq!(status, 201, "{snap}");
+    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
+    // Room on disk, not in memory.
+    let limits = json!({"memory": "32M", "disk": "256M"});
+    let small = sid(&create(&d, &key, json!({"limits": limits})));
+    sh(&d, &key, &small, "echo mine > /workspace/mine");
+    let sandboxes_before = sandboxes(&d);
+    let empty_before = empty_brig_cgroups(&origin);
+    let sessions = session_count(&d, &key);
+    let refused = |status: u16, body: &Value| {
+        assert_eq!(
+            (status, error_code(body)),
+            (422, "invalid_request"),
+            "{body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("do not fit in the sandbox's memory")
+                && message.contains("limits.memory"),
+            "{message}"
+        );
+    };
+    let (status, body) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key),
+        Some(json!({"snapshot": snap_id, "limits": limits})),
+    );
+    refused(status, &body);
+    assert_eq!(session_count(&d, &key), sessions);
+    // A restore is refused the same way and leaves the session as it was.
+    let (status, body) = d.request(
+        "POST",
+        &format!("/v1/sessions/{small}/restore"),
+        Some(&key),
+        Some(json!({"snapshot_id": snap_id})),
+    );
+    refused(status, &body);
+    assert_eq!(sh(&d, &key, &small, "cat /workspace/mine"), "mine\n");
+    assert_eq!(
+        sandboxes(&d),
+        sandboxes_before,
+        "a refused start left a sandbox"
+    );
+    assert!(
+        common::eventually(5_000, || empty_brig_cgroups(&origin)
+            .is_subset(&empty_before)),
+        "a refused start left a cgroup: {:?}",
+        empty_brig_cgroups(&origin)
+    );
+    // With the memory, the same fork starts and has the files.
+    let fork = sid(&create(
+        &d,
+        &key,
+        json!({"snapshot": snap_id, "limits": {"memory": "256M", "disk": "256M"}}),
+    ));
+    assert_eq!(
+        sh(
+            &d,
+            &key,
+            &fork,
+            "stat -c %s /workspace/big && cat /tmp/small"
+        ),
+        "48000000\nsmall\n"
+    );
+    for id in [&origin_id, &small, &fork] {
+        delete_session(&d, &key, id);
+    }
+    let (status, _) = d.request(
+        "DELETE",
+        &format!("/v1/snapshots/{snap_id}"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 204);
+}
+
 /// A symlink in a host session's /tmp or /workspace is data: neither the snapshot
 /// (which reads those directories from the host) nor a fork (which fills new ones
 /// from it) follows it to a host file.

@@ -32,6 +32,10 @@ pub enum JailError {
     /// The sandbox's disk (its scratch tmpfs) cannot hold what it must start with.
     #[error("{0}")]
     DiskFull(String),
+    /// The sandbox's memory cannot hold what it must start with (a seed's files,
+    /// which fill tmpfs pages charged to its memory limit).
+    #[error("{0}")]
+    MemoryFull(String),
     #[error("brig must start sandboxes from a single-threaded process (found {0} threads)")]
     MultiThreaded(usize),
     #[error("no free host id in range {start}-{end}: too many sandboxes at once")]
@@ -52,11 +56,13 @@ impl JailError {
                 "landlock_unavailable" => "landlock_unavailable",
                 "invalid_host_path" => "invalid_host_path",
                 "disk_full" => "disk_full",
+                "memory_full" => "memory_full",
                 _ => "setup_failed",
             },
             JailError::HostPath { .. } => "invalid_host_path",
             JailError::Unsupported(_) => "unsupported",
             JailError::DiskFull(_) => "disk_full",
+            JailError::MemoryFull(_) => "memory_full",
             JailError::MultiThreaded(_) => "multi_threaded",
             JailError::IdsExhausted { .. } => "ids_exhausted",
         }

@@ -5,8 +5,10 @@
 //! Init does it after joining the cgroup (the tmpfs pages are the sandbox's, charged
 //! to its memory) and before anything of the sandbox runs, as the sandbox user: what
 //! it creates is that user's, and the scratch tmpfs's size (the disk limit) bounds
-//! it. A snapshot that does not fit fails the start ([`JailError::DiskFull`]); the
-//! sandbox is then torn down whole, so no half-filled sandbox is ever handed out.
+//! it. A snapshot that does not fit fails the start ([`JailError::DiskFull`], or
+//! [`JailError::MemoryFull`] when the memory limit is the smaller: init is then
+//! usually OOM-killed, which the supervisor reports as that); the sandbox is then
+//! torn down whole, so no half-filled sandbox is ever handed out.
 //!
 //! The snapshot's content came from untrusted code, so nothing in it is followed:
 //! both trees are walked through directory descriptors one component at a time
@@ -240,6 +242,13 @@ impl Filling {
             return JailError::DiskFull(format!(
                 "the snapshot's files do not fit in the sandbox's disk of {} bytes (full at {path})",
                 self.disk_bytes
+            ));
+        }
+        // Its tmpfs pages are charged to the sandbox's memory: a write the memory
+        // limit refuses (rather than an OOM kill, see the supervisor) is that.
+        if e == Errno::NOMEM {
+            return JailError::MemoryFull(format!(
+                "the snapshot's files do not fit in the sandbox's memory (full at {path})"
             ));
         }
         JailError::sys(

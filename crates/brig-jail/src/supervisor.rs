@@ -363,6 +363,29 @@ impl Limiter<'_> {
         };
         init::send_msg(sync.as_raw_fd(), flag, &files)
     }
+
+    /// A sandbox that died before it was ready, with `oom_kills` in its cgroup, ran
+    /// out of memory while it was set up: the kernel killed init, so all the parent
+    /// sees is that it exited. The usual cause is a seed (`seed.rs`) larger than the
+    /// memory its /tmp and /workspace tmpfs pages are charged to, which is the
+    /// caller's to fix, not a failure of the host.
+    fn explain_setup_failure(&self, e: JailError, seeded: bool, oom_kills: u64) -> JailError {
+        if oom_kills == 0 || matches!(e, JailError::InSandbox { .. }) {
+            return e;
+        }
+        let memory = match self.limits.memory_bytes {
+            Some(bytes) => format!("memory of {bytes} bytes"),
+            None => "memory".to_string(),
+        };
+        JailError::MemoryFull(if seeded {
+            format!(
+                "the snapshot's files do not fit in the sandbox's {memory} \
+                 (its /tmp and /workspace are held in memory)"
+            )
+        } else {
+            format!("the sandbox ran out of its {memory} while it was set up")
+        })
+    }
 }
 
 /// Candidate paths for argv[0]: itself if it has a slash, else each PATH entry.
@@ -546,7 +569,8 @@ fn run_sandbox(
             Err(e) => {
                 let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
                 let _ = waitpid(child, None);
-                Err(e)
+                let oom_kills = limiter.cgroup.as_ref().map_or(0, |c| c.oom_kills());
+                Err(limiter.explain_setup_failure(e, plan.seed.is_some(), oom_kills))
             }
         };
     }
@@ -582,9 +606,14 @@ fn run_sandbox(
     if let Some(message) = watch.failed {
         return Err(message);
     }
-    let ready = watch
-        .ready
-        .ok_or_else(|| JailError::Setup("the sandbox exited during setup".into()))?;
+    let ready = watch.ready.ok_or_else(|| {
+        // From the stats read above: the cgroup may be gone by now.
+        limiter.explain_setup_failure(
+            JailError::Setup("the sandbox exited during setup".into()),
+            plan.seed.is_some(),
+            stats.as_ref().map_or(0, |s| s.oom_kills),
+        )
+    })?;
     let (caps, landlock, seccomp_installed, namespaces, child_timings) = ready;
     timeline.marks.extend(child_timings);
     if let Some(at) = watch.exited_at {

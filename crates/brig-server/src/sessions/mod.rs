@@ -836,6 +836,10 @@ pub async fn launch_sandbox(
                 "disk_full" => ApiError::invalid(format!(
                     "{message}: ask for a larger limits.disk (this one is {disk_bytes} bytes)"
                 )),
+                // The same for its memory, which a host snapshot's files fill (tmpfs).
+                "memory_full" => {
+                    ApiError::invalid(format!("{message}: ask for a larger limits.memory"))
+                }
                 _ => ApiError::internal(format!("{code}: {message}")),
             })
         }
