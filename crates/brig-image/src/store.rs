@@ -178,6 +178,25 @@ fn name_to_file(name: &str) -> String {
         .replace(':', "%3A")
 }
 
+/// The name [`name_to_file`] escaped; `None` for a file name it cannot have made.
+fn file_to_name(file: &str) -> Option<String> {
+    let mut name = String::with_capacity(file.len());
+    let mut rest = file;
+    while let Some(at) = rest.find('%') {
+        name.push_str(&rest[..at]);
+        let escaped = match rest.get(at..at + 3)? {
+            "%25" => '%',
+            "%2F" => '/',
+            "%3A" => ':',
+            _ => return None,
+        };
+        name.push(escaped);
+        rest = &rest[at + 3..];
+    }
+    name.push_str(rest);
+    validate_name(&name).ok().map(|()| name)
+}
+
 fn hex_of(digest: &str) -> Result<&str> {
     let hex = digest
         .strip_prefix("sha256:")
@@ -409,6 +428,21 @@ impl Store {
         )
     }
 
+    /// The names of the stored images, without reading their records.
+    pub fn image_names(&self) -> Result<Vec<String>> {
+        let dir = self.root.join("images");
+        let mut names = Vec::new();
+        for entry in fs::read_dir(&dir).context(|| format!("list {}", dir.display()))? {
+            let entry = entry.context(|| format!("list {}", dir.display()))?;
+            let file = entry.file_name().to_string_lossy().into_owned();
+            if let Some(name) = file.strip_suffix(".json").and_then(file_to_name) {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
     pub fn images(&self) -> Result<Vec<ImageRecord>> {
         let dir = self.root.join("images");
         let mut images = Vec::new();
@@ -569,41 +603,69 @@ impl Store {
         }
         digests.sort();
         for digest in digests {
-            let Ok(hex) = hex_of(&digest) else { continue };
             let keep = referenced.contains(&digest);
-            if keep && !unmount_idle {
+            if (keep && !unmount_idle) || hex_of(&digest).is_err() {
                 continue;
             }
-            let path = self.layer_file(hex);
-            let file = File::open(&path).ok();
-            if let Some(file) = &file {
-                if rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive).is_err() {
-                    if !keep {
-                        report.in_use.push(digest);
-                    }
-                    continue;
-                }
-            }
-            let mount_point = self.mount_point(&digest)?;
-            if is_mount_point(&mount_point) {
-                crate::mount::unmount_layer(&mount_point)?;
-                report.unmounted.push(digest.clone());
-            }
-            let _ = fs::remove_dir(&mount_point);
-            if keep {
-                continue;
-            }
-            let bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            let _ = fs::remove_file(self.layer_record_path(hex));
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(ImageError::io(format!("remove {}", path.display()), e)),
-            }
-            report.freed_bytes += bytes;
-            report.removed_layers.push(digest);
+            self.release_layer(&digest, keep, &mut report)?;
         }
         Ok(report)
+    }
+
+    /// Removes an image and those of its layers that no other image references and
+    /// no sandbox uses (those stay for gc): undoes a commit as far as it can be
+    /// undone now, without a whole gc.
+    pub fn discard_image(&self, name: &str) -> Result<GcReport> {
+        let image = self.image(name)?;
+        let _store = self.exclusive()?;
+        fs::remove_file(self.image_path(name)).context(|| format!("remove image {name}"))?;
+        let mut referenced = std::collections::BTreeSet::new();
+        for other in self.images()? {
+            referenced.extend(other.layers);
+        }
+        let mut report = GcReport::default();
+        for digest in image.layers {
+            if !referenced.contains(&digest) && hex_of(&digest).is_ok() {
+                self.release_layer(&digest, false, &mut report)?;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Under the exclusive lock: unmounts a layer no sandbox uses and, unless
+    /// `keep`, removes its files; one a sandbox uses is left alone (and reported
+    /// unless kept).
+    fn release_layer(&self, digest: &str, keep: bool, report: &mut GcReport) -> Result<()> {
+        let hex = hex_of(digest)?;
+        let path = self.layer_file(hex);
+        let file = File::open(&path).ok();
+        if let Some(file) = &file {
+            if rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive).is_err() {
+                if !keep {
+                    report.in_use.push(digest.to_string());
+                }
+                return Ok(());
+            }
+        }
+        let mount_point = self.mount_point(digest)?;
+        if is_mount_point(&mount_point) {
+            crate::mount::unmount_layer(&mount_point)?;
+            report.unmounted.push(digest.to_string());
+        }
+        let _ = fs::remove_dir(&mount_point);
+        if keep {
+            return Ok(());
+        }
+        let bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let _ = fs::remove_file(self.layer_record_path(hex));
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ImageError::io(format!("remove {}", path.display()), e)),
+        }
+        report.freed_bytes += bytes;
+        report.removed_layers.push(digest.to_string());
+        Ok(())
     }
 
     /// Total bytes of an image's layer files.
@@ -713,4 +775,87 @@ fn random() -> u64 {
         return nanos ^ u64::from(std::process::id());
     }
     u64::from_ne_bytes(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_file_names_map_back_to_image_names() {
+        for name in ["alpine", "library/python:3.12", "snap-0123abcd", "a.b_c-d"] {
+            assert_eq!(file_to_name(&name_to_file(name)).as_deref(), Some(name));
+        }
+        for file in ["", ".hidden", "bad%", "bad%2", "bad%41", "sp ace"] {
+            assert_eq!(file_to_name(file), None, "{file:?}");
+        }
+    }
+
+    /// A layer of `contents` (one file), committed.
+    fn layer(store: &Store, contents: &str) -> LayerRecord {
+        let work = store.work_dir("test").unwrap();
+        let tree = work.path().join("tree");
+        fs::create_dir(&tree).unwrap();
+        fs::write(tree.join("f"), contents).unwrap();
+        store
+            .commit_layer(
+                &tree,
+                &pack::PackOptions::default(),
+                work.path(),
+                &crate::Silent,
+            )
+            .unwrap()
+    }
+
+    fn image(store: &Store, name: &str, layers: &[&LayerRecord]) {
+        let work = store.work_dir("test").unwrap();
+        let record = ImageRecord {
+            name: name.into(),
+            layers: layers.iter().map(|l| l.digest.clone()).collect(),
+            config: Default::default(),
+            created_unix: now_unix(),
+            origin: "test".into(),
+            kind: Default::default(),
+        };
+        store.commit_image(&record, false, work.path()).unwrap();
+    }
+
+    #[test]
+    fn discarding_an_image_removes_the_layers_only_it_has_and_no_sandbox_uses() {
+        if which("mkfs.erofs").is_none() {
+            eprintln!("skipped: this test needs mkfs.erofs");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let (shared, own, used) = (layer(&store, "a"), layer(&store, "b"), layer(&store, "c"));
+        image(&store, "base", &[&shared]);
+        image(&store, "snap-1", &[&shared, &own, &used]);
+        // A sandbox running from it holds its layer files (see `use_layers`).
+        let hex = hex_of(&used.digest).unwrap().to_string();
+        let held = File::open(store.layer_file(&hex)).unwrap();
+        rustix::fs::flock(&held, FlockOperation::LockShared).unwrap();
+
+        let report = store.discard_image("snap-1").unwrap();
+        assert!(!store.has_image("snap-1"));
+        assert_eq!(store.image_names().unwrap(), ["base"]);
+        assert_eq!(report.removed_layers, [own.digest.as_str()]);
+        assert_eq!(report.freed_bytes, own.file_bytes);
+        assert_eq!(report.in_use, [used.digest.as_str()]);
+        assert!(!store.has_layer(&own.digest));
+        assert!(store.has_layer(&shared.digest), "another image has it");
+        assert!(store.has_layer(&used.digest), "a sandbox uses it");
+        assert!(matches!(
+            store.discard_image("snap-1"),
+            Err(ImageError::NoSuchImage(_))
+        ));
+    }
+
+    fn which(tool: &str) -> Option<PathBuf> {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(tool))
+                .find(|p| p.is_file())
+        })
+    }
 }
