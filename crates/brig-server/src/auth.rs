@@ -561,6 +561,8 @@ pub struct Usage {
     pub file_bytes: u64,
     /// The capacity of its volumes (`/v1/volumes`).
     pub volume_bytes: u64,
+    /// The layers its snapshots hold (`/v1/snapshots`), each once.
+    pub snapshot_bytes: u64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -607,6 +609,7 @@ async fn tenant_info(state: &AppState, row: TenantRow) -> Result<TenantInfo, Api
         concurrent_execs: state.auth.running_execs(&row.name),
         file_bytes: state.db.file_bytes(&row.name).await?,
         volume_bytes: crate::volumes::usage(state, &row.name).await?,
+        snapshot_bytes: state.db.snapshot_bytes(&row.name).await?,
     };
     Ok(TenantInfo {
         quotas: state.auth.quotas(&row.name).await?,

@@ -146,7 +146,39 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE volumes ADD COLUMN capacity_bytes INTEGER NOT NULL DEFAULT 0;
     "#,
+    // 5: the layers each snapshot holds in the image store beyond the operator's
+    // images, with their file sizes: what the tenant's disk quota counts for its
+    // snapshots (each layer once, however many of its snapshots hold it). A snapshot
+    // made before counts the size recorded for it, under a digest of its own.
+    r#"
+    CREATE TABLE snapshot_layers (
+        snapshot_id TEXT,
+        tenant TEXT,
+        digest TEXT,
+        size_bytes INTEGER,
+        PRIMARY KEY(snapshot_id, digest)
+    );
+    CREATE INDEX snapshot_layers_tenant ON snapshot_layers(tenant, digest);
+    INSERT INTO snapshot_layers (snapshot_id, tenant, digest, size_bytes)
+        SELECT id, tenant, 'snapshot:' || id, size_bytes FROM snapshots WHERE size_bytes > 0;
+    "#,
 ];
+
+/// Bytes a tenant keeps on disk outside its sessions (`?1` is the tenant): its
+/// stored files, its volumes' capacity and the layers its snapshots hold, each
+/// layer once (one a fork's snapshot builds on is held by both snapshots).
+const STORED_BYTES: &str = "
+    SELECT (SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE tenant = ?1)
+         + (SELECT COALESCE(SUM(capacity_bytes), 0) FROM volumes WHERE tenant = ?1)
+         + (SELECT COALESCE(SUM(size_bytes), 0) FROM (
+               SELECT MAX(size_bytes) AS size_bytes FROM snapshot_layers
+               WHERE tenant = ?1 GROUP BY digest))";
+
+/// The snapshot part of [`STORED_BYTES`].
+const SNAPSHOT_BYTES: &str = "
+    SELECT COALESCE(SUM(size_bytes), 0) FROM (
+        SELECT MAX(size_bytes) AS size_bytes FROM snapshot_layers
+        WHERE tenant = ?1 GROUP BY digest)";
 
 // ---------------------------------------------------------------------------------
 // Time
@@ -642,9 +674,11 @@ impl Db {
     // -----------------------------------------------------------------------------
     // Files
 
-    /// Records a stored file if the tenant's stored files plus `reserved` other bytes
-    /// stay within `max_disk_bytes` (checked and inserted in one transaction, so two
-    /// concurrent uploads cannot both slip under the quota): 429 otherwise.
+    /// Records a stored file if what the tenant stores (see [`Db::stored_bytes`])
+    /// plus `reserved` other bytes (its sessions' disks) stay within
+    /// `max_disk_bytes` (checked and inserted in one transaction, so two concurrent
+    /// uploads, or an upload and a snapshot, cannot both slip under the quota): 429
+    /// otherwise.
     pub async fn insert_file_within(
         &self,
         file: FileRow,
@@ -653,11 +687,7 @@ impl Db {
     ) -> Result<(), ApiError> {
         self.try_call(move |conn| {
             let tx = conn.transaction()?;
-            let used: i64 = tx.query_row(
-                "SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE tenant = ?1",
-                [&file.tenant],
-                |row| row.get(0),
-            )?;
+            let used: i64 = tx.query_row(STORED_BYTES, [&file.tenant], |row| row.get(0))?;
             let total = from_sql_int(used)
                 .saturating_add(reserved)
                 .saturating_add(file.size_bytes);
@@ -777,20 +807,104 @@ impl Db {
         .map(from_sql_int)
     }
 
-    /// Bytes a tenant keeps on disk outside its sessions: its stored files and its
-    /// volumes' capacity. One statement on the fast connection: a create
-    /// asks for it on every call.
+    /// Bytes a tenant keeps on disk outside its sessions: its stored files, its
+    /// volumes' capacity and its snapshots' layers. One statement on the fast
+    /// connection: a create asks for it on every call.
     pub async fn stored_bytes(&self, tenant: &str) -> Result<u64, ApiError> {
         let tenant = tenant.to_string();
         self.quick(move |conn| {
-            conn.prepare_cached(
-                "SELECT (SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE tenant = ?1)
-                      + (SELECT COALESCE(SUM(capacity_bytes), 0) FROM volumes WHERE tenant = ?1)",
-            )?
-            .query_row([&tenant], |row| row.get::<_, i64>(0))
+            conn.prepare_cached(STORED_BYTES)?
+                .query_row([&tenant], |row| row.get::<_, i64>(0))
         })
         .await
         .map(from_sql_int)
+    }
+
+    /// Bytes of the layers the tenant's snapshots hold, each layer once.
+    pub async fn snapshot_bytes(&self, tenant: &str) -> Result<u64, ApiError> {
+        let tenant = tenant.to_string();
+        self.quick(move |conn| {
+            conn.prepare_cached(SNAPSHOT_BYTES)?
+                .query_row([&tenant], |row| row.get::<_, i64>(0))
+        })
+        .await
+        .map(from_sql_int)
+    }
+
+    // -----------------------------------------------------------------------------
+    // Snapshots
+
+    /// Records a snapshot and the layers it holds if what the tenant stores with
+    /// them (see [`Db::stored_bytes`]: a layer it already holds adds nothing) plus
+    /// `reserved` other bytes (its sessions' disks) stays within `max_disk_bytes`:
+    /// checked and inserted in one transaction, so two concurrent snapshots (or a
+    /// snapshot and an upload) cannot both slip under the quota. 429 otherwise, and
+    /// nothing is recorded.
+    pub async fn insert_snapshot_within(
+        &self,
+        snapshot: SnapshotRow,
+        reserved: u64,
+        max_disk_bytes: u64,
+    ) -> Result<(), ApiError> {
+        self.try_call(move |conn| {
+            let tx = conn.transaction()?;
+            let before: i64 = tx.query_row(STORED_BYTES, [&snapshot.tenant], |row| row.get(0))?;
+            tx.execute(
+                "INSERT INTO snapshots (id, tenant, name, session_id, image, created_at, \
+                 size_bytes, mounts) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    snapshot.id,
+                    snapshot.tenant,
+                    snapshot.name,
+                    snapshot.session_id,
+                    snapshot.image,
+                    snapshot.created_at,
+                    to_sql_int(snapshot.size_bytes),
+                    snapshot.mounts
+                ],
+            )?;
+            for (digest, size) in &snapshot.layers {
+                tx.execute(
+                    "INSERT OR IGNORE INTO snapshot_layers (snapshot_id, tenant, digest, \
+                     size_bytes) VALUES (?1, ?2, ?3, ?4)",
+                    params![snapshot.id, snapshot.tenant, digest, to_sql_int(*size)],
+                )?;
+            }
+            let after: i64 = tx.query_row(STORED_BYTES, [&snapshot.tenant], |row| row.get(0))?;
+            let total = from_sql_int(after).saturating_add(reserved);
+            if total > max_disk_bytes {
+                // Dropped without a commit: rolled back.
+                return Err(ApiError::quota(format!(
+                    "tenant {} would use {total} of its {max_disk_bytes} bytes of disk with this \
+                     snapshot ({} bytes more); delete snapshots, files, volumes or sessions first",
+                    snapshot.tenant,
+                    from_sql_int(after).saturating_sub(from_sql_int(before))
+                )));
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Deletes a tenant's snapshot row and its layers' (freeing them in its quota,
+    /// unless another of its snapshots holds them too); false if there is none.
+    pub async fn delete_snapshot(&self, tenant: &str, id: &str) -> Result<bool, ApiError> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.call(move |conn| {
+            let tx = conn.transaction()?;
+            let deleted = tx.execute(
+                "DELETE FROM snapshots WHERE id = ?1 AND tenant = ?2",
+                params![id, tenant],
+            )?;
+            tx.execute(
+                "DELETE FROM snapshot_layers WHERE snapshot_id = ?1 AND tenant = ?2",
+                params![id, tenant],
+            )?;
+            tx.commit()?;
+            Ok(deleted == 1)
+        })
+        .await
     }
 
     /// Every file id known (for the startup sweep of orphaned blobs).
@@ -1000,6 +1114,25 @@ impl FileRow {
             expires_at: row.get::<_, Option<String>>(6)?.unwrap_or_default(),
         })
     }
+}
+
+/// A snapshot to record: its row of the `snapshots` table and the layers it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub tenant: String,
+    pub name: Option<String>,
+    pub session_id: String,
+    /// The base image; empty for a snapshot of a session on the host's system dirs.
+    pub image: String,
+    pub created_at: String,
+    /// Its new layer's size (what the API shows).
+    pub size_bytes: u64,
+    /// Its session's bundle mounts, as JSON.
+    pub mounts: String,
+    /// The layers of its image beyond the operator's images, by digest, with their
+    /// file sizes: what the tenant's disk quota counts for it.
+    pub layers: Vec<(String, u64)>,
 }
 
 /// An audit event to append.
@@ -1231,6 +1364,7 @@ mod tests {
                 "keys",
                 "processes",
                 "sessions",
+                "snapshot_layers",
                 "snapshots",
                 "tenants",
                 "volumes"
@@ -1321,6 +1455,98 @@ mod tests {
                 .unwrap(),
             None
         );
+    }
+
+    #[tokio::test]
+    async fn snapshots_made_before_the_layer_table_keep_counting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("brig.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for sql in &MIGRATIONS[..4] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 4).unwrap();
+            conn.execute_batch(
+                "INSERT INTO snapshots (id, tenant, image, size_bytes) VALUES
+                     ('snap_a', 't', 'alpine', 700), ('snap_b', 't', '', 0),
+                     ('snap_c', 'u', '', 5);",
+            )
+            .unwrap();
+        }
+        let db = Db::open(&path).unwrap();
+        assert_eq!(db.snapshot_bytes("t").await.unwrap(), 700);
+        assert_eq!(db.stored_bytes("u").await.unwrap(), 5);
+        assert!(db.delete_snapshot("t", "snap_a").await.unwrap());
+        assert_eq!(db.snapshot_bytes("t").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn snapshot_quota_is_checked_with_the_insert_and_counts_each_layer_once() {
+        let (_dir, db) = temp_db();
+        let snapshot = |id: &str, layers: &[(&str, u64)]| SnapshotRow {
+            id: id.into(),
+            tenant: "t".into(),
+            name: None,
+            session_id: "ses_1".into(),
+            image: "alpine".into(),
+            created_at: now_rfc3339(),
+            size_bytes: layers.last().map_or(0, |l| l.1),
+            mounts: "[]".into(),
+            layers: layers.iter().map(|(d, n)| (d.to_string(), *n)).collect(),
+        };
+        db.insert_snapshot_within(snapshot("a", &[("sha256:1", 40)]), 10, 100)
+            .await
+            .unwrap();
+        // A fork's snapshot holds the layer it builds on too: counted once.
+        db.insert_snapshot_within(
+            snapshot("b", &[("sha256:1", 40), ("sha256:2", 30)]),
+            10,
+            100,
+        )
+        .await
+        .unwrap();
+        assert_eq!(db.snapshot_bytes("t").await.unwrap(), 70);
+        let err = db
+            .insert_snapshot_within(snapshot("c", &[("sha256:3", 21)]), 10, 100)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "quota_exceeded");
+        assert!(err.message.contains("21 bytes more"), "{}", err.message);
+        let rows: i64 = db
+            .call(|c| c.query_row("SELECT COUNT(*) FROM snapshots", [], |r| r.get(0)))
+            .await
+            .unwrap();
+        assert_eq!(rows, 2, "a refused snapshot left its row");
+        assert_eq!(db.stored_bytes("t").await.unwrap(), 70);
+        // Files and snapshots share the quota, checked in one transaction each.
+        let file = FileRow {
+            id: "f".into(),
+            tenant: "t".into(),
+            filename: "f".into(),
+            size_bytes: 25,
+            sha256: String::new(),
+            created_at: now_rfc3339(),
+            expires_at: rfc3339_after(Duration::from_secs(60)),
+        };
+        let err = db
+            .insert_file_within(file.clone(), 10, 100)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "quota_exceeded");
+        // Deleting the first frees only what no other snapshot holds.
+        assert!(db.delete_snapshot("t", "a").await.unwrap());
+        assert!(!db.delete_snapshot("t", "a").await.unwrap());
+        assert!(!db.delete_snapshot("other", "b").await.unwrap());
+        assert_eq!(db.snapshot_bytes("t").await.unwrap(), 70);
+        assert!(db.delete_snapshot("t", "b").await.unwrap());
+        assert_eq!(db.snapshot_bytes("t").await.unwrap(), 0);
+        db.insert_file_within(file, 10, 100).await.unwrap();
+        db.insert_snapshot_within(snapshot("c", &[("sha256:3", 21)]), 10, 100)
+            .await
+            .unwrap();
+        assert_eq!(db.stored_bytes("t").await.unwrap(), 46);
+        assert_eq!(db.snapshot_bytes("other").await.unwrap(), 0);
     }
 
     #[tokio::test]

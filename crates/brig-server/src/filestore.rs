@@ -198,8 +198,12 @@ async fn receive(
 ) -> Result<FileMeta, ApiError> {
     let max_size = state.args.max_file_size_bytes;
     let max_disk = state.auth.quotas(tenant).await?.max_disk_bytes;
-    let reserved = reserved_disk(state, tenant).await?;
-    let used = state.db.file_bytes(tenant).await?.saturating_add(reserved);
+    let reserved = reserved_disk(state, tenant);
+    let used = state
+        .db
+        .stored_bytes(tenant)
+        .await?
+        .saturating_add(reserved);
     let room = max_disk.saturating_sub(used);
     let dir = tenant_dir(state, tenant);
     create_tenant_dir(&dir).await?;
@@ -256,18 +260,14 @@ async fn receive(
     Ok(row.into())
 }
 
-/// The disk the tenant's live sessions hold (their `disk` limits) and its volumes'
-/// capacity, which its disk quota counts together with its stored files.
-async fn reserved_disk(state: &Shared, tenant: &str) -> Result<u64, ApiError> {
-    let sessions: u64 = state.sessions.get().map_or(0, |sessions| {
-        sessions
-            .of_tenant(tenant)
-            .iter()
-            .map(|s| s.disk_bytes)
-            .sum()
-    });
-    let volumes = crate::volumes::usage(state, tenant).await?;
-    Ok(sessions.saturating_add(volumes))
+/// The disk the tenant's live sessions hold (their `disk` limits), which its disk
+/// quota counts together with what it stores (files, volumes, snapshots: see
+/// `Db::stored_bytes`).
+fn reserved_disk(state: &Shared, tenant: &str) -> u64 {
+    state
+        .sessions
+        .get()
+        .map_or(0, |sessions| sessions.usage(tenant).disk_bytes)
 }
 
 /// Stores a file the daemon produced (e.g. an output of `/v1/execute`) for `tenant`.
@@ -315,7 +315,7 @@ pub async fn store_file(
         created_at: now_rfc3339(),
         expires_at: rfc3339_after(Duration::from_millis(state.args.file_ttl_ms)),
     };
-    let reserved = reserved_disk(state, tenant).await?;
+    let reserved = reserved_disk(state, tenant);
     if let Err(e) = state
         .db
         .insert_file_within(row.clone(), reserved, max_disk)

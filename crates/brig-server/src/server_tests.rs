@@ -498,7 +498,13 @@ async fn keys_and_tenants_are_admin_business() {
     let acme_row = &list["tenants"][0];
     assert_eq!(
         acme_row["usage"],
-        json!({"sessions": 0, "concurrent_execs": 0, "file_bytes": 0, "volume_bytes": 0})
+        json!({
+            "sessions": 0,
+            "concurrent_execs": 0,
+            "file_bytes": 0,
+            "volume_bytes": 0,
+            "snapshot_bytes": 0
+        })
     );
 }
 
