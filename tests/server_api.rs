@@ -4101,6 +4101,343 @@ fn root_host_snapshot_larger_than_a_forks_memory_is_refused_whole() {
     assert_eq!(status, 204);
 }
 
+/// What `GET /v1/tenants` says `tenant` uses.
+fn tenant_usage(d: &Daemon, tenant: &str) -> Value {
+    let (status, tenants) = d.request("GET", "/v1/tenants", Some(d.admin_key()), None);
+    assert_eq!(status, 200, "{tenants}");
+    tenants["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tenant"] == tenant)
+        .unwrap_or_else(|| panic!("no tenant {tenant} in {tenants}"))["usage"]
+        .clone()
+}
+
+fn set_disk_quota(d: &Daemon, tenant: &str, bytes: u64) {
+    let (status, body) = d.request(
+        "PUT",
+        &format!("/v1/tenants/{tenant}/quotas"),
+        Some(d.admin_key()),
+        Some(json!({ "max_disk_bytes": bytes })),
+    );
+    assert_eq!(status, 200, "{body}");
+}
+
+fn take_snapshot(d: &Daemon, key: &str, id: &str) -> (u16, Value) {
+    d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/snapshots"),
+        Some(key),
+        Some(json!({})),
+    )
+}
+
+fn delete_snapshot(d: &Daemon, key: &str, snapshot: &Value) {
+    let id = snapshot["snapshot_id"].as_str().unwrap();
+    let (status, body) = d.request("DELETE", &format!("/v1/snapshots/{id}"), Some(key), None);
+    assert_eq!(status, 204, "{body}");
+}
+
+fn snapshot_ids(d: &Daemon, key: &str) -> Vec<String> {
+    let (status, list) = d.request("GET", "/v1/snapshots", Some(key), None);
+    assert_eq!(status, 200, "{list}");
+    list["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["snapshot_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The image records and layer files in the daemon's store, by file name.
+fn store_contents(d: &Daemon) -> (BTreeSet<String>, BTreeSet<String>) {
+    let names = |dir: &str, ext: &str| -> BTreeSet<String> {
+        std::fs::read_dir(d.store().join(dir))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|name| name.ends_with(ext))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    (names("images", ".json"), names("layers", ".erofs"))
+}
+
+/// `len` incompressible bytes (a layer of them is about as large).
+fn noise(seed: u64, len: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    Noise {
+        state: seed,
+        left: len,
+        hash: Sha256::new(),
+    }
+    .read_to_end(&mut out)
+    .unwrap();
+    out
+}
+
+/// A tenant's snapshots count in its disk quota, as its sessions' disks, files and
+/// volumes do, wherever the quota is checked: a snapshot beyond it is refused with
+/// 429 after packing and leaves nothing (no snapshot, image or layer; the session
+/// runs on, or stays paused, as it was), one of a tenant already at its quota is
+/// refused at once, and deleting a snapshot frees its bytes.
+///
+/// Each session is snapshotted (packed) at most once: a second snapshot of one
+/// session fails on its own (the sandbox's writes, handed over as a detached mount,
+/// are used up by the first).
+#[test]
+fn root_snapshots_count_in_the_disk_quota() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "q");
+    const MIB: u64 = 1 << 20;
+    let disk = 32 * MIB;
+    let quota = disk + 24 * MIB;
+    set_disk_quota(&d, "q", quota);
+    let session = |data_bytes: u64| {
+        let id = sid(&create(&d, &key, json!({"limits": {"disk": disk}})));
+        sh(
+            &d,
+            &key,
+            &id,
+            &format!("head -c {data_bytes} /dev/urandom > /workspace/data"),
+        );
+        id
+    };
+    let origin = session(8_000_000);
+    let (status, first) = take_snapshot(&d, &key, &origin);
+    assert_eq!(status, 201, "{first}");
+    let first_bytes = first["size_bytes"].as_u64().unwrap();
+    assert!(first_bytes >= 8_000_000, "{first}");
+    let usage = tenant_usage(&d, "q");
+    assert_eq!(usage["snapshot_bytes"], first_bytes, "{usage}");
+
+    // 24 MiB beside the session's disk, 8 MB of them the snapshot's: what would fit
+    // without it is refused everywhere the quota is checked.
+    let (ct, form) = multipart("big.bin", &vec![0u8; 18 * MIB as usize]);
+    let (status, body) = d.raw("POST", "/v1/files", Some(&key), Some(&ct), Some(form));
+    assert_eq!(status, 429, "upload: {}", String::from_utf8_lossy(&body));
+    for body in [
+        json!({"limits": {"disk": 18 * MIB}}),
+        json!({"limits": {"disk": 4 * MIB}, "volume": "v", "volume_size": "16M"}),
+    ] {
+        let (status, out) = d.request("POST", "/v1/sessions", Some(&key), Some(body.clone()));
+        assert_eq!(
+            (status, error_code(&out)),
+            (429, "quota_exceeded"),
+            "{body}: {out}"
+        );
+    }
+    assert_eq!(session_count(&d, &key), 1);
+    assert!(
+        volumes(&d, &key).is_empty(),
+        "a refused create made a volume"
+    );
+    delete_session(&d, &key, &origin);
+
+    // An 18 MB snapshot does not fit beside the first: refused after packing, with
+    // nothing left of it, running or paused.
+    let store_before = store_contents(&d);
+    for paused in [false, true] {
+        let id = session(18_000_000);
+        let digest = sh(&d, &key, &id, "sha256sum /workspace/data");
+        if paused {
+            let (status, _) = d.request(
+                "POST",
+                &format!("/v1/sessions/{id}/pause"),
+                Some(&key),
+                None,
+            );
+            assert_eq!(status, 200);
+        }
+        let (status, body) = take_snapshot(&d, &key, &id);
+        assert_eq!(
+            (status, error_code(&body)),
+            (429, "quota_exceeded"),
+            "{body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("of its {quota} bytes of disk with this snapshot")),
+            "{message}"
+        );
+        assert_eq!(
+            snapshot_ids(&d, &key),
+            [first["snapshot_id"].as_str().unwrap()]
+        );
+        assert_eq!(
+            store_contents(&d),
+            store_before,
+            "a refused snapshot left files"
+        );
+        assert_eq!(tenant_usage(&d, "q")["snapshot_bytes"], first_bytes);
+        let (_, info) = d.request("GET", &format!("/v1/sessions/{id}"), Some(&key), None);
+        let state = if paused { "paused" } else { "running" };
+        assert_eq!(info["state"], state, "{info}");
+        if paused {
+            let (status, _) = d.request(
+                "POST",
+                &format!("/v1/sessions/{id}/resume"),
+                Some(&key),
+                None,
+            );
+            assert_eq!(status, 200);
+        }
+        assert_eq!(sh(&d, &key, &id, "sha256sum /workspace/data"), digest);
+        delete_session(&d, &key, &id);
+    }
+
+    // At its quota already, a tenant's snapshot is refused before anything is
+    // packed: the session can still be snapshotted once there is room.
+    let last = session(18_000_000);
+    set_disk_quota(&d, "q", disk + first_bytes);
+    let (status, body) = take_snapshot(&d, &key, &last);
+    assert_eq!(
+        (status, error_code(&body)),
+        (429, "quota_exceeded"),
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("leaves no room for a snapshot"),
+        "{message}"
+    );
+    assert_eq!(store_contents(&d), store_before);
+
+    // Deleting a snapshot frees its bytes, in the quota and on disk: the 18 MB
+    // one fits now.
+    set_disk_quota(&d, "q", quota);
+    delete_snapshot(&d, &key, &first);
+    assert_eq!(tenant_usage(&d, "q")["snapshot_bytes"], 0);
+    let (images, layers) = store_contents(&d);
+    assert!(
+        images.is_empty() && layers.is_empty(),
+        "left in the store: {images:?} {layers:?}"
+    );
+    let (status, second) = take_snapshot(&d, &key, &last);
+    assert_eq!(status, 201, "{second}");
+    assert_eq!(
+        tenant_usage(&d, "q")["snapshot_bytes"],
+        second["size_bytes"]
+    );
+    delete_snapshot(&d, &key, &second);
+    delete_session(&d, &key, &last);
+}
+
+/// A snapshot of a session started from another snapshot holds that one's layer
+/// too: the quota counts each layer once, and for as long as any of the tenant's
+/// snapshots holds it (deleting the first keeps its layer, and its bytes, until the
+/// second goes).
+#[test]
+fn root_snapshots_of_forks_count_each_layer_once_while_any_holds_it() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "chain");
+    import_tiny_image(&d, "tiny");
+    let (_, operator_layers) = store_contents(&d);
+    let put = |id: &str, path: &str, data: Vec<u8>| {
+        let (status, body) = d.raw("PUT", &files_url(id, path), Some(&key), None, Some(data));
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    };
+    let origin = sid(&create(&d, &key, json!({"image": "tiny"})));
+    put(&origin, "/etc/first", noise(1, 4_000_000));
+    let (status, first) = take_snapshot(&d, &key, &origin);
+    assert_eq!(status, 201, "{first}");
+    let a = first["size_bytes"].as_u64().unwrap();
+    assert!(a >= 4_000_000, "{first}");
+    let fork = sid(&create(&d, &key, json!({"snapshot": first["snapshot_id"]})));
+    put(&fork, "/etc/second", noise(2, 1_000_000));
+    let (status, second) = take_snapshot(&d, &key, &fork);
+    assert_eq!(status, 201, "{second}");
+    let b = second["size_bytes"].as_u64().unwrap();
+    assert!((1_000_000..a).contains(&b), "{second}");
+    assert_eq!(tenant_usage(&d, "chain")["snapshot_bytes"], a + b);
+    delete_session(&d, &key, &fork);
+    delete_session(&d, &key, &origin);
+    // The second still has the first's layer: it stays, counted.
+    delete_snapshot(&d, &key, &first);
+    assert_eq!(tenant_usage(&d, "chain")["snapshot_bytes"], a + b);
+    let (_, layers) = store_contents(&d);
+    assert_eq!(layers.len(), operator_layers.len() + 2, "{layers:?}");
+    let fork = sid(&create(
+        &d,
+        &key,
+        json!({"snapshot": second["snapshot_id"]}),
+    ));
+    let (status, body) = d.raw(
+        "GET",
+        &files_url(&fork, "/etc/first"),
+        Some(&key),
+        None,
+        None,
+    );
+    assert_eq!((status, body.len()), (200, 4_000_000));
+    delete_session(&d, &key, &fork);
+    delete_snapshot(&d, &key, &second);
+    assert_eq!(tenant_usage(&d, "chain")["snapshot_bytes"], 0);
+    assert_eq!(store_contents(&d).1, operator_layers);
+}
+
+/// Snapshots taken at the same moment cannot both slip under the quota: the check
+/// and the record are one step.
+#[test]
+fn root_concurrent_snapshots_cannot_both_slip_under_the_disk_quota() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "race");
+    const MIB: u64 = 1 << 20;
+    let disk = 16 * MIB;
+    // Room for one 6 MB snapshot beside two sessions' disks, not for two.
+    set_disk_quota(&d, "race", 2 * disk + 9 * MIB);
+    for round in 0..2 {
+        let sessions: Vec<String> = (0..2)
+            .map(|_| sid(&create(&d, &key, json!({"limits": {"disk": disk}}))))
+            .collect();
+        for id in &sessions {
+            sh(
+                &d,
+                &key,
+                id,
+                "head -c 6000000 /dev/urandom > /workspace/data",
+            );
+        }
+        let (_, layers_before) = store_contents(&d);
+        let results: Vec<(u16, Value)> = std::thread::scope(|scope| {
+            let takes: Vec<_> = sessions
+                .iter()
+                .map(|id| scope.spawn(|| take_snapshot(&d, &key, id)))
+                .collect();
+            takes.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let made: Vec<&Value> = results
+            .iter()
+            .filter(|(status, _)| *status == 201)
+            .map(|(_, s)| s)
+            .collect();
+        assert_eq!(made.len(), 1, "round {round}: {results:?}");
+        let (status, refused) = results.iter().find(|(status, _)| *status != 201).unwrap();
+        assert_eq!(
+            (*status, error_code(refused)),
+            (429, "quota_exceeded"),
+            "{refused}"
+        );
+        assert_eq!(snapshot_ids(&d, &key).len(), 1);
+        assert_eq!(
+            tenant_usage(&d, "race")["snapshot_bytes"],
+            made[0]["size_bytes"]
+        );
+        let (_, layers) = store_contents(&d);
+        assert_eq!(layers.len(), layers_before.len() + 1, "{layers:?}");
+        delete_snapshot(&d, &key, made[0]);
+        for id in &sessions {
+            delete_session(&d, &key, id);
+        }
+    }
+}
+
 /// A symlink in a host session's /tmp or /workspace is data: neither the snapshot
 /// (which reads those directories from the host) nor a fork (which fills new ones
 /// from it) follows it to a host file.

@@ -17,6 +17,12 @@
 //! delete path. The database maps it to its tenant, so one tenant never sees or
 //! starts another's; its `image` column is the base image, empty for a host
 //! snapshot.
+//!
+//! Snapshots count in their tenant's disk quota: the layers each holds beyond the
+//! operator's images (`snapshot_layers`), each layer once per tenant. The size is
+//! known only once the layer is packed, so the quota is checked then (and up front,
+//! against a tenant already at its quota); a refused snapshot's image and new
+//! layer are removed again, and deleting a snapshot removes what only it held.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
@@ -169,7 +175,9 @@ fn row_to_info(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotInfo> {
 #[utoipa::path(post, path = "/v1/sessions/{id}/snapshots", tag = "snapshots",
     params(("id" = String, Path)), request_body = CreateSnapshot,
     responses((status = 201, body = SnapshotInfo), (status = 404, body = crate::error::ErrorBody),
-              (status = 409, body = crate::error::ErrorBody)),
+              (status = 409, body = crate::error::ErrorBody),
+              (status = 429, description = "No room for it in the tenant's disk quota",
+               body = crate::error::ErrorBody)),
     security(("bearer" = [])))]
 async fn create_snapshot(
     State(state): State<AppState>,
@@ -199,7 +207,9 @@ async fn create_snapshot(
     Ok((StatusCode::CREATED, ApiJson(result?)))
 }
 
-/// Pauses the session, turns what it wrote into a new image, resumes it.
+/// Pauses the session, turns what it wrote into a new image, resumes it, and
+/// records the snapshot if the tenant's disk quota has room for the layers it holds
+/// (429 otherwise, with the image and its new layer removed again).
 pub async fn snapshot(
     state: &AppState,
     session: &Arc<Session>,
@@ -207,6 +217,21 @@ pub async fn snapshot(
 ) -> Result<SnapshotInfo, ApiError> {
     let sandbox = session.sandbox();
     let base = sandbox.image.clone();
+    // A snapshot only ever adds to what the tenant uses: at its quota already, it is
+    // refused before the session is paused or anything is packed.
+    let used = state
+        .db
+        .stored_bytes(&session.tenant)
+        .await?
+        .saturating_add(state.sessions().usage(&session.tenant).disk_bytes);
+    let max = state.auth.quotas(&session.tenant).await?.max_disk_bytes;
+    if used >= max {
+        return Err(ApiError::quota(format!(
+            "tenant {} uses {used} of its {max} bytes of disk, which leaves no room for a \
+             snapshot; delete snapshots, files, volumes or sessions first",
+            session.tenant
+        )));
+    }
     let _gate = session.gate.write().await;
     let was_paused = session.paused.load(std::sync::atomic::Ordering::SeqCst);
     // Init is in the sandbox's cgroup: frozen, it cannot answer. So the descriptors
@@ -238,114 +263,205 @@ pub async fn snapshot(
     .await;
     // Frozen, so the layer is one consistent moment of the session's files.
     freeze(session, true).await?;
-    let result = async {
-        let writes = writes?;
-        let snapshot_id = format!("snap_{}", crate::auth::random_hex(12));
-        let image = image_name(&snapshot_id);
-        let store_dir = state.args.store.clone();
-        let placeholders = sandbox.placeholders.clone();
-        let base_name = base.clone();
-        let origin = format!("snapshot of session {}", session.id);
-        let (record, base_layers) = tokio::task::spawn_blocking(move || {
-            let store = brig_image::store::Store::open(&store_dir)?;
-            match (base_name, writes) {
-                (Some(base_name), Writes::Upper(mut upper)) => {
-                    let writes = upper.pop().expect("one descriptor, checked above");
-                    let base = store.image(&base_name)?;
-                    let base_layers = base.layers.len();
-                    brig_image::ops::snapshot(
-                        &store,
-                        &brig_image::ops::Snapshot {
-                            base: &base,
-                            name: &image,
-                            writes: writes.as_fd(),
-                            placeholders: &placeholders,
-                            // One mapped id: what the sandbox wrote belongs to it, and it
-                            // stands for the image's root (see `brig run --snapshot-to`).
-                            force_owner: Some((0, 0)),
-                            replace: false,
-                        },
-                        &brig_image::Silent,
-                    )
-                    .map(|record| (record, base_layers))
-                }
-                (_, Writes::Scratch(dirs)) => {
-                    let dirs: Vec<(&str, std::os::fd::BorrowedFd<'_>)> = dirs
-                        .iter()
-                        .map(|(name, fd)| (name.as_str(), fd.as_fd()))
-                        .collect();
-                    brig_image::ops::snapshot_scratch(
-                        &store,
-                        &brig_image::ops::ScratchSnapshot {
-                            name: &image,
-                            dirs: &dirs,
-                            exclude: &scratch_exclusions(&placeholders),
-                            // Everything there is the session user's: a fork's copy
-                            // is its own user's, whatever is stored.
-                            force_owner: Some((0, 0)),
-                            origin: &origin,
-                        },
-                        &brig_image::Silent,
-                    )
-                    .map(|record| (record, 0))
-                }
-                (None, Writes::Upper(_)) => Err(brig_image::ImageError::Unsupported(
+    let snapshot_id = format!("snap_{}", crate::auth::random_hex(12));
+    let image = image_name(&snapshot_id);
+    let packed = pack(state, session, &sandbox, writes, &image).await;
+    // Only the packing needs the session frozen: it is thawed before the quota is
+    // checked, so that check never keeps it waiting, and a refused snapshot leaves
+    // it as it was.
+    let thawed = if was_paused {
+        Ok(())
+    } else {
+        freeze(session, false).await
+    };
+    let packed = match (packed, thawed) {
+        (Ok(packed), Ok(())) => packed,
+        (Ok(_), Err(e)) => {
+            discard(state, &image).await;
+            return Err(e);
+        }
+        (Err(e), _) => return Err(e),
+    };
+    let info = SnapshotInfo {
+        snapshot_id: snapshot_id.clone(),
+        name,
+        session_id: session.id.clone(),
+        base: if base.is_some() {
+            BASE_IMAGE
+        } else {
+            BASE_HOST
+        }
+        .to_string(),
+        image: base.unwrap_or_default(),
+        created_at: crate::db::now_rfc3339(),
+        size_bytes: packed.size_bytes,
+        mounts: session.request.mounts.clone().unwrap_or_default(),
+    };
+    let row = crate::db::SnapshotRow {
+        id: snapshot_id,
+        tenant: session.tenant.clone(),
+        name: info.name.clone(),
+        session_id: info.session_id.clone(),
+        image: info.image.clone(),
+        created_at: info.created_at.clone(),
+        size_bytes: info.size_bytes,
+        mounts: serde_json::to_string(&info.mounts).map_err(ApiError::internal)?,
+        layers: packed.layers,
+    };
+    let recorded = {
+        // Under the lock session creates check the quota under, so neither passes
+        // on a count the other is about to change; the transaction does the same
+        // for concurrent snapshots and uploads.
+        let _admission = state.sessions().admission.lock().await;
+        let reserved = state.sessions().usage(&session.tenant).disk_bytes;
+        let max = state.auth.quotas(&session.tenant).await?.max_disk_bytes;
+        state.db.insert_snapshot_within(row, reserved, max).await
+    };
+    if let Err(e) = recorded {
+        discard(state, &image).await;
+        return Err(e);
+    }
+    Ok(info)
+}
+
+/// A snapshot's image, made: the size of its new layer and the layers it holds.
+struct Packed {
+    size_bytes: u64,
+    layers: Vec<(String, u64)>,
+}
+
+/// Turns what the session wrote into image `image` (the session is frozen).
+async fn pack(
+    state: &AppState,
+    session: &Session,
+    sandbox: &super::launch::Launched,
+    writes: Result<Writes, ApiError>,
+    image: &str,
+) -> Result<Packed, ApiError> {
+    let writes = writes?;
+    let store_dir = state.args.store.clone();
+    let placeholders = sandbox.placeholders.clone();
+    let base_name = sandbox.image.clone();
+    let origin = format!("snapshot of session {}", session.id);
+    let image = image.to_string();
+    tokio::task::spawn_blocking(move || {
+        let store = brig_image::store::Store::open(&store_dir)?;
+        let (record, base_layers) = match (base_name, writes) {
+            (Some(base_name), Writes::Upper(mut upper)) => {
+                let writes = upper.pop().expect("one descriptor, checked above");
+                let base = store.image(&base_name)?;
+                let base_layers = base.layers.len();
+                let record = brig_image::ops::snapshot(
+                    &store,
+                    &brig_image::ops::Snapshot {
+                        base: &base,
+                        name: &image,
+                        writes: writes.as_fd(),
+                        placeholders: &placeholders,
+                        // One mapped id: what the sandbox wrote belongs to it, and it
+                        // stands for the image's root (see `brig run --snapshot-to`).
+                        force_owner: Some((0, 0)),
+                        replace: false,
+                    },
+                    &brig_image::Silent,
+                )?;
+                (record, base_layers)
+            }
+            (_, Writes::Scratch(dirs)) => {
+                let dirs: Vec<(&str, std::os::fd::BorrowedFd<'_>)> = dirs
+                    .iter()
+                    .map(|(name, fd)| (name.as_str(), fd.as_fd()))
+                    .collect();
+                let record = brig_image::ops::snapshot_scratch(
+                    &store,
+                    &brig_image::ops::ScratchSnapshot {
+                        name: &image,
+                        dirs: &dirs,
+                        exclude: &scratch_exclusions(&placeholders),
+                        // Everything there is the session user's: a fork's copy
+                        // is its own user's, whatever is stored.
+                        force_owner: Some((0, 0)),
+                        origin: &origin,
+                    },
+                    &brig_image::Silent,
+                )?;
+                (record, 0)
+            }
+            (None, Writes::Upper(_)) => {
+                return Err(brig_image::ImageError::Unsupported(
                     "an upper layer without a base image".into(),
-                )),
+                ))
             }
-        })
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(|e| ApiError::internal(format!("snapshot: {e}")))?;
-        // The new top layer, unless the session wrote nothing (same layers as before).
-        let size_bytes = match record.layers.last() {
-            Some(top) if record.layers.len() > base_layers => {
-                let hex = top.rsplit(':').next().unwrap_or(top);
-                std::fs::metadata(state.args.store.join("layers").join(format!("{hex}.erofs")))
-                    .map(|m| m.len())
-                    .unwrap_or(0)
+        };
+        let measured = (|| {
+            let layers = held_layers(&store, &record)?;
+            // The new top layer, unless the session wrote nothing (same layers as
+            // before).
+            let size_bytes = match record.layers.last() {
+                Some(top) if record.layers.len() > base_layers => store.layer(top)?.file_bytes,
+                _ => 0,
+            };
+            Ok(Packed { size_bytes, layers })
+        })();
+        if measured.is_err() {
+            let _ = store.discard_image(&image);
+        }
+        measured
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(|e| ApiError::internal(format!("snapshot: {e}")))
+}
+
+/// The layers of a snapshot's image that its tenant's disk quota counts, with their
+/// file sizes: all but those of the operator's images (those not made by a
+/// snapshot). A snapshot of a session started from another snapshot holds that
+/// one's layers as well, which stay on disk as long as either image does; each
+/// layer counts once per tenant however many of its snapshots hold it.
+fn held_layers(
+    store: &brig_image::store::Store,
+    record: &brig_image::store::ImageRecord,
+) -> Result<Vec<(String, u64)>, brig_image::ImageError> {
+    let mut operator = std::collections::HashSet::new();
+    if record.kind == brig_image::store::ImageKind::Root {
+        for name in store.image_names()? {
+            if !is_snapshot_image(&name) {
+                // One removed meanwhile (or damaged) has no layers to give.
+                if let Ok(image) = store.image(&name) {
+                    operator.extend(image.layers);
+                }
             }
-            _ => 0,
-        };
-        let info = SnapshotInfo {
-            snapshot_id: snapshot_id.clone(),
-            name,
-            session_id: session.id.clone(),
-            base: if base.is_some() { BASE_IMAGE } else { BASE_HOST }.to_string(),
-            image: base.unwrap_or_default(),
-            created_at: crate::db::now_rfc3339(),
-            size_bytes,
-            mounts: session.request.mounts.clone().unwrap_or_default(),
-        };
-        let mounts = serde_json::to_string(&info.mounts).map_err(ApiError::internal)?;
-        let row = (info.clone(), session.tenant.clone(), mounts);
-        state
-            .db
-            .call(move |conn| {
-                let (info, tenant, mounts) = row;
-                conn.execute(
-                    "INSERT INTO snapshots (id, tenant, name, session_id, image, created_at, size_bytes, mounts)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                    rusqlite::params![
-                        info.snapshot_id,
-                        tenant,
-                        info.name,
-                        info.session_id,
-                        info.image,
-                        info.created_at,
-                        info.size_bytes as i64,
-                        mounts
-                    ],
-                )
-            })
-            .await?;
-        Ok(info)
+        }
     }
+    record
+        .layers
+        .iter()
+        .filter(|digest| !operator.contains(*digest))
+        .map(|digest| Ok((digest.clone(), store.layer(digest)?.file_bytes)))
+        .collect()
+}
+
+/// Whether an image in the store is a snapshot's (see [`image_name`]).
+fn is_snapshot_image(name: &str) -> bool {
+    name.strip_prefix("snap-")
+        .is_some_and(|hex| hex.len() == 24 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Removes a snapshot's image and the layers only it has, so that a refused
+/// snapshot leaves nothing. A layer a sandbox still uses stays (`brig image gc`
+/// takes it later). Failures are logged: the caller has a better error to give.
+async fn discard(state: &AppState, image: &str) {
+    let store_dir = state.args.store.clone();
+    let name = image.to_string();
+    let removed = tokio::task::spawn_blocking(move || {
+        brig_image::store::Store::open(&store_dir)?.discard_image(&name)
+    })
     .await;
-    if !was_paused {
-        freeze(session, false).await?;
+    match removed {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!("cannot remove the snapshot image {image}: {e}"),
+        Err(e) => tracing::warn!("cannot remove the snapshot image {image}: {e}"),
     }
-    result
 }
 
 /// What a session hands over for its snapshot (see brig-jail's `mounts::Writes`).
@@ -422,28 +538,20 @@ async fn delete_snapshot(
         get(&state, &caller.tenant, &id).await?;
         let image = image_name(&id);
         let store_dir = state.args.store.clone();
-        // Sessions running from it keep their layers (they hold them locked); the
-        // layer files go at the next `brig image gc`.
+        // Its layers go with it unless another image has them (a fork's snapshot)
+        // or a session running from it holds them: those go at the next
+        // `brig image gc`.
         tokio::task::spawn_blocking(move || {
             let store = brig_image::store::Store::open(&store_dir)?;
             if store.has_image(&image) {
-                store.remove_image(&image)?;
+                store.discard_image(&image)?;
             }
             Ok::<_, brig_image::ImageError>(())
         })
         .await
         .map_err(ApiError::internal)?
         .map_err(|e| ApiError::internal(format!("remove snapshot image: {e}")))?;
-        let row = id.clone();
-        state
-            .db
-            .call(move |conn| {
-                conn.execute(
-                    "DELETE FROM snapshots WHERE id = ?1",
-                    rusqlite::params![row],
-                )
-            })
-            .await?;
+        state.db.delete_snapshot(&caller.tenant, &id).await?;
         Ok(())
     }
     .await;
@@ -462,7 +570,9 @@ async fn delete_snapshot(
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/restore", tag = "snapshots",
     params(("id" = String, Path)), request_body = RestoreRequest,
-    responses((status = 200, body = super::SessionInfo), (status = 404, body = crate::error::ErrorBody)),
+    responses((status = 200, body = super::SessionInfo), (status = 404, body = crate::error::ErrorBody),
+              (status = 422, description = "The snapshot does not fit in the session's disk or memory",
+               body = crate::error::ErrorBody)),
     security(("bearer" = [])))]
 async fn restore_session(
     State(state): State<AppState>,
