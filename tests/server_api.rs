@@ -4124,6 +4124,71 @@ fn set_disk_quota(d: &Daemon, tenant: &str, bytes: u64) {
     assert_eq!(status, 200, "{body}");
 }
 
+/// A session can be snapshotted any number of times, on the host's dirs and on an
+/// image, before and after a restore: each snapshot holds the files of its moment.
+#[test]
+fn root_a_session_is_snapshotted_again_and_again() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    import_tiny_image(&d, "tiny");
+    let write = |id: &str, path: &str, text: &str| {
+        let (status, body) = d.raw(
+            "PUT",
+            &files_url(id, path),
+            Some(&key),
+            None,
+            Some(text.as_bytes().to_vec()),
+        );
+        assert!(status == 201 || status == 200, "{status} {body:?}");
+    };
+    let read = |id: &str, path: &str| {
+        let (status, body) = d.raw("GET", &files_url(id, path), Some(&key), None, None);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        String::from_utf8(body).unwrap()
+    };
+    for (create_body, path) in [
+        (json!({}), "/workspace/state"),
+        (json!({"image": "tiny"}), "/etc/state"),
+    ] {
+        let origin = sid(&create(&d, &key, create_body.clone()));
+        let mut snapshots = Vec::new();
+        for n in 1..=3 {
+            write(&origin, path, &n.to_string());
+            let (status, snap) = take_snapshot(&d, &key, &origin);
+            assert_eq!(status, 201, "snapshot {n} of {create_body}: {snap}");
+            snapshots.push(snap);
+        }
+        for (n, snap) in snapshots.iter().enumerate() {
+            let fork = sid(&create(&d, &key, json!({"snapshot": snap["snapshot_id"]})));
+            assert_eq!(read(&fork, path), (n + 1).to_string(), "{create_body}");
+            delete_session(&d, &key, &fork);
+        }
+        // Restored to the first, then snapshotted again.
+        let (status, body) = d.request(
+            "POST",
+            &format!("/v1/sessions/{origin}/restore"),
+            Some(&key),
+            Some(json!({"snapshot_id": snapshots[0]["snapshot_id"]})),
+        );
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(read(&origin, path), "1");
+        write(&origin, path, "4");
+        for _ in 0..2 {
+            let (status, snap) = take_snapshot(&d, &key, &origin);
+            assert_eq!(status, 201, "a snapshot after a restore: {snap}");
+            let fork = sid(&create(&d, &key, json!({"snapshot": snap["snapshot_id"]})));
+            assert_eq!(read(&fork, path), "4");
+            delete_session(&d, &key, &fork);
+            snapshots.push(snap);
+        }
+        for snap in &snapshots {
+            delete_snapshot(&d, &key, snap);
+        }
+        delete_session(&d, &key, &origin);
+    }
+}
+
 fn take_snapshot(d: &Daemon, key: &str, id: &str) -> (u16, Value) {
     d.request(
         "POST",

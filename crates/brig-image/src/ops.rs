@@ -2,7 +2,7 @@
 //! it fails or is interrupted (its work directory goes with it; a layer committed
 //! before the failure is unreferenced and left to gc).
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
@@ -278,6 +278,28 @@ fn prune_placeholders(upper: &Path, placeholders: &[String], base: &[PathBuf]) -
         }
     }
     Ok(())
+}
+
+/// Two detached copies of a detached mount of a sandbox's writes, which this
+/// process cannot clone directly: the kernel lets only its own mount namespace
+/// clone a detached mount, and a sandbox's init made this one in the sandbox's. So
+/// it is attached here for a moment (which uses it up: attached and then unmounted,
+/// it cannot be attached again), cloned twice, and unmounted. One copy is for
+/// [`snapshot`] or [`snapshot_scratch`] (which use it up likewise), the other for
+/// the sandbox to keep for its next snapshot.
+pub fn copy_detached(store: &Store, tree: BorrowedFd<'_>) -> Result<(OwnedFd, OwnedFd)> {
+    use rustix::mount::{open_tree, OpenTreeFlags};
+    let work = store.work_dir("copy")?;
+    let attached = Attached::new(tree, &work.path().join("tree"))?;
+    let clone = || {
+        open_tree(
+            rustix::fs::CWD,
+            &attached.path,
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .context(|| format!("clone {}", attached.path.display()))
+    };
+    Ok((clone()?, clone()?))
 }
 
 /// A directory descriptor attached at a path (a bind mount), detached on drop.

@@ -261,6 +261,10 @@ pub async fn snapshot(
         }
     }
     .await;
+    let writes = match writes {
+        Ok(writes) => renew(state, session, &sandbox, writes).await,
+        Err(e) => Err(e),
+    };
     // Frozen, so the layer is one consistent moment of the session's files.
     freeze(session, true).await?;
     let snapshot_id = format!("snap_{}", crate::auth::random_hex(12));
@@ -470,6 +474,54 @@ enum Writes {
     Upper(Vec<OwnedFd>),
     /// Its private directories by name (`tmp`, `workspace`).
     Scratch(Vec<(String, OwnedFd)>),
+}
+
+/// Packing uses up the trees init handed out (see `brig_image::ops::copy_detached`):
+/// packs copies of them instead, and gives init fresh copies to keep for the session's
+/// next snapshot. Init must be running (not frozen) to take them.
+async fn renew(
+    state: &AppState,
+    session: &Session,
+    sandbox: &super::launch::Launched,
+    writes: Writes,
+) -> Result<Writes, ApiError> {
+    let upper = matches!(writes, Writes::Upper(_));
+    let (names, trees): (Vec<String>, Vec<OwnedFd>) = match writes {
+        Writes::Upper(trees) => (vec!["upper".to_string()], trees),
+        Writes::Scratch(named) => named.into_iter().unzip(),
+    };
+    let store_dir = state.args.store.clone();
+    let copies = tokio::task::spawn_blocking(move || {
+        let store = brig_image::store::Store::open(&store_dir)?;
+        trees
+            .iter()
+            .map(|tree| brig_image::ops::copy_detached(&store, tree.as_fd()))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(|e| ApiError::internal(format!("snapshot: {e}")))?;
+    let (to_pack, to_keep): (Vec<OwnedFd>, Vec<OwnedFd>) = copies.into_iter().unzip();
+    let keep = AgentRequest::KeepWrites {
+        names: names.clone(),
+    };
+    let fds: Vec<_> = to_keep.iter().map(|fd| fd.as_fd()).collect();
+    let kept = async {
+        let mut agent = super::agent::Agent::connect(&sandbox.control_socket)?;
+        agent.send(&keep, &fds).await?;
+        agent.recv().await
+    }
+    .await;
+    if !matches!(kept, Ok((AgentReply::Done, _))) {
+        // An init started by an older daemon: this snapshot is fine, the next fails.
+        tracing::warn!(session = %session.id, reply = ?kept.map(|(reply, _)| reply),
+            "the sandbox did not take a copy of its writes for its next snapshot");
+    }
+    Ok(if upper {
+        Writes::Upper(to_pack)
+    } else {
+        Writes::Scratch(names.into_iter().zip(to_pack).collect())
+    })
 }
 
 /// What a host snapshot leaves out, relative to its tree: the daemon's own files
