@@ -4503,6 +4503,86 @@ fn root_concurrent_snapshots_cannot_both_slip_under_the_disk_quota() {
     }
 }
 
+/// Uploads and session creates at the same moment cannot together slip over the
+/// disk quota: both count under the same lock, each seeing what the other took.
+#[test]
+fn root_concurrent_uploads_and_creates_stay_within_the_disk_quota() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "race");
+    const MIB: u64 = 1 << 20;
+    let disk = 16 * MIB;
+    // Room for any two of: a session (16 MiB of disk), a 10 MiB file. Never three.
+    let quota = 2 * disk;
+    set_disk_quota(&d, "race", quota);
+    let data = vec![7u8; (10 * MIB) as usize];
+    for round in 0..6 {
+        let (sessions, files): (Vec<Option<String>>, Vec<Option<String>>) =
+            std::thread::scope(|scope| {
+                let creates: Vec<_> = (0..2)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let body = json!({"limits": {"disk": disk}});
+                            let (status, s) =
+                                d.request("POST", "/v1/sessions", Some(&key), Some(body));
+                            match status {
+                                201 => Some(sid(&s)),
+                                429 => None,
+                                _ => panic!("create: {status} {s}"),
+                            }
+                        })
+                    })
+                    .collect();
+                let uploads: Vec<_> = (0..2)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let (ctype, body) = multipart("f.bin", &data);
+                            let (status, bytes) =
+                                d.raw("POST", "/v1/files", Some(&key), Some(&ctype), Some(body));
+                            let v: Value = serde_json::from_slice(&bytes).unwrap();
+                            match status {
+                                201 => Some(v["file_id"].as_str().unwrap().to_string()),
+                                429 => None,
+                                _ => panic!("upload: {status} {v}"),
+                            }
+                        })
+                    })
+                    .collect();
+                (
+                    creates.into_iter().map(|t| t.join().unwrap()).collect(),
+                    uploads.into_iter().map(|t| t.join().unwrap()).collect(),
+                )
+            });
+        let sessions: Vec<String> = sessions.into_iter().flatten().collect();
+        let files: Vec<String> = files.into_iter().flatten().collect();
+        let used = sessions.len() as u64 * disk + files.len() as u64 * 10 * MIB;
+        assert!(
+            used <= quota,
+            "round {round}: {} sessions and {} files take {used} of {quota} bytes",
+            sessions.len(),
+            files.len()
+        );
+        assert_eq!(
+            sessions.len() + files.len(),
+            2,
+            "round {round}: room for two"
+        );
+        for id in &sessions {
+            delete_session(&d, &key, id);
+        }
+        for file in &files {
+            let (status, _) = d.raw(
+                "DELETE",
+                &format!("/v1/files/{file}"),
+                Some(&key),
+                None,
+                None,
+            );
+            assert_eq!(status, 204);
+        }
+    }
+}
+
 /// A symlink in a host session's /tmp or /workspace is data: neither the snapshot
 /// (which reads those directories from the host) nor a fork (which fills new ones
 /// from it) follows it to a host file.

@@ -249,15 +249,24 @@ async fn receive(
         created_at: now_rfc3339(),
         expires_at: rfc3339_after(Duration::from_millis(state.args.file_ttl_ms)),
     };
-    if let Err(e) = state
-        .db
-        .insert_file_within(row.clone(), reserved, max_disk)
-        .await
-    {
+    if let Err(e) = record_within_quota(state, row.clone(), max_disk).await {
         let _ = tokio::fs::remove_file(&path).await;
         return Err(e);
     }
     Ok(row.into())
+}
+
+/// Records a stored file if the tenant's disk quota has room for it, counting its
+/// live sessions' disk limits under the lock session creates (and snapshots, volume
+/// growths) check the quota under: otherwise a create and an upload could each pass
+/// on a count that leaves out the other.
+async fn record_within_quota(state: &Shared, row: FileRow, max_disk: u64) -> Result<(), ApiError> {
+    let _admission = match state.sessions.get() {
+        Some(sessions) => Some(sessions.admit().await),
+        None => None,
+    };
+    let reserved = reserved_disk(state, &row.tenant);
+    state.db.insert_file_within(row, reserved, max_disk).await
 }
 
 /// The disk the tenant's live sessions hold (their `disk` limits), which its disk
@@ -315,12 +324,7 @@ pub async fn store_file(
         created_at: now_rfc3339(),
         expires_at: rfc3339_after(Duration::from_millis(state.args.file_ttl_ms)),
     };
-    let reserved = reserved_disk(state, tenant);
-    if let Err(e) = state
-        .db
-        .insert_file_within(row.clone(), reserved, max_disk)
-        .await
-    {
+    if let Err(e) = record_within_quota(state, row.clone(), max_disk).await {
         let _ = tokio::fs::remove_file(&path).await;
         return Err(e);
     }
