@@ -481,6 +481,27 @@ mod tests {
         rustix::process::geteuid().is_root()
     }
 
+    /// Unmounts its paths when dropped, also when an assertion fails, so that the
+    /// test's directory goes.
+    struct Unmount(Vec<std::path::PathBuf>);
+
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            for path in &self.0 {
+                let _ = unmount(path);
+            }
+        }
+    }
+
+    /// Two empty directories `a` and `b` in `dir`, unmounted when the guard drops.
+    fn mount_points(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, Unmount) {
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        let guard = Unmount(vec![a.clone(), b.clone()]);
+        (a, b, guard)
+    }
+
     #[test]
     fn a_disk_caps_writes_keeps_data_and_shares_one_device() {
         if !is_root() {
@@ -489,19 +510,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("disk");
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        std::fs::create_dir(&a).unwrap();
-        std::fs::create_dir(&b).unwrap();
-        // Unmounted also when an assertion fails, so that the directory goes.
-        struct Unmount(Vec<std::path::PathBuf>);
-        impl Drop for Unmount {
-            fn drop(&mut self) {
-                for path in &self.0 {
-                    let _ = unmount(path);
-                }
-            }
-        }
-        let _unmount = Unmount(vec![a.clone(), b.clone()]);
+        let (a, b, _unmount) = mount_points(dir.path());
         assert!(format(&image, MIN_SIZE - 1, 1 << 30).is_err());
         assert!(!image.exists());
         format(&image, MIN_SIZE, 1 << 30).unwrap();
@@ -576,18 +585,7 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("disk");
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        std::fs::create_dir(&a).unwrap();
-        std::fs::create_dir(&b).unwrap();
-        struct Unmount(Vec<std::path::PathBuf>);
-        impl Drop for Unmount {
-            fn drop(&mut self) {
-                for path in &self.0 {
-                    let _ = unmount(path);
-                }
-            }
-        }
-        let _unmount = Unmount(vec![a.clone(), b.clone()]);
+        let (a, b, _unmount) = mount_points(dir.path());
         let total = |p: &Path| {
             let stat = rustix::fs::statvfs(p).unwrap();
             stat.f_blocks * stat.f_frsize
