@@ -533,12 +533,29 @@ fn root_exec_timeout_kills_the_process_group() {
     delete_session(&d, &key, &id);
 }
 
+/// Sends a JSON POST on a connection of its own and returns the connection unread,
+/// for the caller to hang up on.
+fn post_unanswered(d: &Daemon, key: &str, path: &str, body: &Value) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = serde_json::to_vec(body).unwrap();
+    let mut client = std::net::TcpStream::connect(d.addr()).unwrap();
+    write!(
+        client,
+        "POST {path} HTTP/1.1\r\nHost: brig\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    client.write_all(&body).unwrap();
+    client
+}
+
 /// A client that hangs up during an exec (its HTTP timeout, a crash) does not leave
 /// the command running: sync, streamed and bash execs are killed when their client
 /// goes, long before their `timeout_ms`, and audited as `client_closed`.
 #[test]
 fn root_an_exec_whose_client_hangs_up_is_killed_and_audited() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     require_root!();
     let d = daemon(&[]);
     let key = d.admin_key().to_string();
@@ -572,16 +589,7 @@ fn root_an_exec_whose_client_hangs_up_is_killed_and_audited() {
         ),
     ];
     for (route, action, body) in cases {
-        let body = serde_json::to_vec(&body).unwrap();
-        let mut client = std::net::TcpStream::connect(d.addr()).unwrap();
-        write!(
-            client,
-            "POST /v1/sessions/{id}/{route} HTTP/1.1\r\nHost: brig\r\nAuthorization: Bearer {key}\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        )
-        .unwrap();
-        client.write_all(&body).unwrap();
+        let mut client = post_unanswered(&d, &key, &format!("/v1/sessions/{id}/{route}"), &body);
         if route == "exec/stream" {
             // Up to the first output: the command runs.
             client
@@ -619,17 +627,8 @@ fn root_an_exec_whose_client_hangs_up_is_killed_and_audited() {
     }
     // A one-shot run is its own short session: it goes on to its end, is cleaned
     // up, and is audited all the same.
-    let body =
-        serde_json::to_vec(&json!({"code": "import time\ntime.sleep(1)\nprint('done')"})).unwrap();
-    let mut client = std::net::TcpStream::connect(d.addr()).unwrap();
-    write!(
-        client,
-        "POST /v1/execute HTTP/1.1\r\nHost: brig\r\nAuthorization: Bearer {key}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    client.write_all(&body).unwrap();
+    let code = json!({"code": "import time\ntime.sleep(1)\nprint('done')"});
+    let client = post_unanswered(&d, &key, "/v1/execute", &code);
     std::thread::sleep(Duration::from_millis(300));
     drop(client);
     let executed = || {

@@ -232,11 +232,8 @@ async fn run_inner(
     .await?;
     // The sandbox has its copies; ours would keep the pipes from ever closing.
     drop((stdin_r, stdout_w, stderr_w));
-    let mut job = match reply {
-        AgentReply::Started { job, .. } => KillOnDrop {
-            socket: sandbox.control_socket.clone(),
-            job: Some(job),
-        },
+    let job = match reply {
+        AgentReply::Started { job, .. } => job,
         AgentReply::ExecFailed { message, exit_code } => {
             let text = format!("brig: {message}\n");
             if let Some(chunks) = &chunks {
@@ -296,9 +293,7 @@ async fn run_inner(
             },
             _ = tokio::time::sleep_until(deadline), if !timed_out && exit.is_none() => {
                 timed_out = true;
-                if let Some(job) = job.job {
-                    kill_job(&sandbox.control_socket, job).await;
-                }
+                kill_job(&sandbox.control_socket, job).await;
             }
             _ = tokio::time::sleep_until(grace.unwrap_or(deadline)), if grace.is_some() => break,
         }
@@ -306,8 +301,6 @@ async fn run_inner(
             grace = Some(tokio::time::Instant::now() + OUTPUT_GRACE);
         }
     }
-    // Ended (or its sandbox did): nothing left to kill.
-    job.job = None;
     if let Some(task) = stdin_task {
         task.abort();
     }
@@ -350,7 +343,7 @@ pub async fn kill_job(socket: &std::path::Path, job: u64) {
 /// Starts a command that init kills if this connection closes first (the daemon
 /// died, or the request was dropped); returns init's first reply. An init started
 /// by an older daemon refuses the `bound` field: the exec is then sent unbound, and
-/// only [`KillOnDrop`] ends it if the request is dropped.
+/// runs on if the request is dropped (as every exec did before binding).
 async fn start_bound(
     agent: &mut Agent,
     argv: Vec<String>,
@@ -392,81 +385,81 @@ async fn send_exec(
     Ok(agent.recv().await.map_err(sandbox_gone)?.0)
 }
 
-/// Kills a started job when the exec running it is dropped before its end was seen.
-/// hyper drops the handler of a client that hung up, and with it the task that
-/// enforces `timeout_ms`: a command nobody waits for would otherwise run on, past its
-/// timeout, while the tenant's exec permit is already free again.
-struct KillOnDrop {
-    socket: std::path::PathBuf,
-    /// `None` once there is nothing to kill.
-    job: Option<u64>,
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let (Some(job), Ok(runtime)) = (self.job.take(), tokio::runtime::Handle::try_current())
-        else {
-            return;
-        };
-        let socket = std::mem::take(&mut self.socket);
-        runtime.spawn(async move { kill_job(&socket, job).await });
-    }
-}
-
-/// Audits an exec whose request is dropped before its result (the client hung up;
-/// [`KillOnDrop`] ends the command): every exec is recorded, abandoned ones too.
-pub struct AuditIfAbandoned {
+/// An exec's audit event: [`ExecAudit::record`] writes it with the result, and a
+/// request dropped before that (its client hung up; init kills the command, which
+/// is bound to the dropped connection) writes it on drop, with outcome
+/// [`CLIENT_CLOSED`]: every exec is recorded, abandoned ones too.
+pub struct ExecAudit {
     state: AppState,
     caller: Caller,
     session_id: String,
     action: &'static str,
-    /// `None` once the exec's own audit event is certain.
-    detail: Option<serde_json::Value>,
+    argv: Option<Vec<String>>,
+    cmd: Option<String>,
+    recorded: bool,
 }
 
-impl AuditIfAbandoned {
+impl ExecAudit {
     pub fn new(
         state: &AppState,
         caller: &Caller,
         session_id: &str,
         action: &'static str,
         request: &ExecRequest,
-    ) -> AuditIfAbandoned {
-        AuditIfAbandoned {
+    ) -> ExecAudit {
+        ExecAudit {
             state: state.clone(),
             caller: caller.clone(),
             session_id: session_id.to_string(),
             action,
-            detail: Some(serde_json::json!({"argv": request.argv, "cmd": request.cmd,
-                "error": "the client closed the connection before the command ended; it was killed"})),
+            argv: request.argv.clone(),
+            cmd: request.cmd.clone(),
+            recorded: false,
         }
     }
 
-    /// The exec finished: its caller records it.
-    pub fn disarm(&mut self) {
-        self.detail = None;
+    pub async fn record(mut self, result: &Result<ExecResult, ApiError>) {
+        self.recorded = true;
+        let (outcome, detail) = match result {
+            Ok(r) => (
+                "ok",
+                serde_json::json!({"argv": self.argv, "cmd": self.cmd,
+                    "exit_code": r.exit_code, "signal": r.signal, "timed_out": r.timed_out,
+                    "duration_ms": r.duration_ms}),
+            ),
+            Err(e) => (
+                e.code,
+                serde_json::json!({"argv": self.argv, "cmd": self.cmd, "error": e.message}),
+            ),
+        };
+        let session_id = Some(self.session_id.as_str());
+        audit::record(
+            &self.state,
+            &self.caller,
+            session_id,
+            self.action,
+            detail,
+            outcome,
+        )
+        .await;
     }
 }
 
-impl Drop for AuditIfAbandoned {
+impl Drop for ExecAudit {
     fn drop(&mut self) {
-        let (Some(detail), Ok(runtime)) =
-            (self.detail.take(), tokio::runtime::Handle::try_current())
-        else {
+        if self.recorded {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let detail = serde_json::json!({"argv": self.argv.take(), "cmd": self.cmd.take(),
+            "error": "the client closed the connection before the command ended; it was killed"});
         let (state, caller) = (self.state.clone(), self.caller.clone());
         let (session_id, action) = (std::mem::take(&mut self.session_id), self.action);
         runtime.spawn(async move {
-            audit::record(
-                &state,
-                &caller,
-                Some(&session_id),
-                action,
-                detail,
-                CLIENT_CLOSED,
-            )
-            .await;
+            let session_id = Some(session_id.as_str());
+            audit::record(&state, &caller, session_id, action, detail, CLIENT_CLOSED).await;
         });
     }
 }
@@ -556,39 +549,15 @@ async fn exec_sync(
     ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<ExecRequest>,
 ) -> Result<ApiJson<ExecResult>, ApiError> {
-    let mut abandoned = AuditIfAbandoned::new(&state, &caller, &id, "exec", &request);
+    let audit = ExecAudit::new(&state, &caller, &id, "exec", &request);
     let result = async {
         let session = lookup(&state, &caller, &id)?;
         let command = Command::from_request(&state, &session, &request)?;
         run(&state, &session, command, None).await
     }
     .await;
-    abandoned.disarm();
-    audit_exec(&state, &caller, &id, "exec", &request, &result).await;
+    audit.record(&result).await;
     result.map(ApiJson)
-}
-
-pub async fn audit_exec(
-    state: &AppState,
-    caller: &Caller,
-    session_id: &str,
-    action: &str,
-    request: &ExecRequest,
-    result: &Result<ExecResult, ApiError>,
-) {
-    let (outcome, detail) = match result {
-        Ok(r) => (
-            "ok",
-            serde_json::json!({"argv": request.argv, "cmd": request.cmd,
-                "exit_code": r.exit_code, "signal": r.signal, "timed_out": r.timed_out,
-                "duration_ms": r.duration_ms}),
-        ),
-        Err(e) => (
-            e.code,
-            serde_json::json!({"argv": request.argv, "cmd": request.cmd, "error": e.message}),
-        ),
-    };
-    audit::record(state, caller, Some(session_id), action, detail, outcome).await;
 }
 
 /// Turns output chunks into UTF-8 text without splitting a character across two
@@ -637,27 +606,18 @@ async fn exec_stream(
     let (events_tx, events_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let (chunks_tx, mut chunks_rx) = mpsc::channel::<(Stream, Vec<u8>)>(64);
     let task_state = state.clone();
-    let mut abandoned = AuditIfAbandoned::new(&state, &caller, &id, "exec.stream", &request);
+    let audit = ExecAudit::new(&state, &caller, &id, "exec.stream", &request);
     let client = events_tx.clone();
     let runner = tokio::spawn(async move {
         let result = tokio::select! {
             result = run(&task_state, &session, command, Some(chunks_tx)) => result,
-            // The client hung up: nobody reads the rest. The run is dropped, which
-            // kills the command (`KillOnDrop`) and audits it (`abandoned`).
+            // The client hung up: nobody reads the rest. The run is dropped, and with
+            // it its connection to init, which kills the command; `audit` records it.
             _ = client.closed() => {
                 return Err(ApiError::conflict("the client closed the connection"));
             }
         };
-        abandoned.disarm();
-        audit_exec(
-            &task_state,
-            &caller,
-            &session.id,
-            "exec.stream",
-            &request,
-            &result,
-        )
-        .await;
+        audit.record(&result).await;
         result
     });
     tokio::spawn(async move {
@@ -743,7 +703,7 @@ async fn bash(
         timeout_ms: request.timeout_ms,
         ..Default::default()
     };
-    let mut abandoned = AuditIfAbandoned::new(&state, &caller, &id, "bash", &exec);
+    let audit = ExecAudit::new(&state, &caller, &id, "bash", &exec);
     let result = async {
         let session = lookup(&state, &caller, &id)?;
         let command = Command::from_request(&state, &session, &exec)?;
@@ -761,8 +721,7 @@ async fn bash(
         Ok(result)
     }
     .await;
-    abandoned.disarm();
-    audit_exec(&state, &caller, &id, "bash", &exec, &result).await;
+    audit.record(&result).await;
     let r = result?;
     Ok(ApiJson(BashResult {
         stdout: r.stdout,
