@@ -139,25 +139,39 @@ impl CreateSession {
             tenant: tenant.to_string(),
             name: name.clone(),
         });
-        files.chain(volume).collect()
+        let snapshot = self.snapshot.iter().map(|id| Held::Snapshot {
+            tenant: tenant.to_string(),
+            id: id.clone(),
+        });
+        files.chain(volume).chain(snapshot).collect()
     }
 }
 
 /// Something on the host that a session uses besides its sandbox and that must
-/// not be deleted while the session lives: its volume, the bundles it mounts.
+/// not be deleted while the session lives: its volume, the bundles it mounts; or
+/// while it starts: the snapshot it starts from (a live session has its layers).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Held {
     Volume { tenant: String, name: String },
     File { tenant: String, file_id: String },
+    Snapshot { tenant: String, id: String },
 }
 
 /// What creates under way hold before they are live sessions, and the lock that
 /// makes "nobody uses it, delete it" atomic with respect to new claims: a create
 /// claims under the lock (then checks that the thing still exists), a delete checks
 /// live sessions and claims and removes under it.
+///
+/// A snapshot is deleted differently, as only starts under way hold it: the delete
+/// closes it (starts that claim it from then on are refused), waits until the starts
+/// that claimed it before have ended, then removes it.
 #[derive(Default)]
 pub struct Holds {
     pending: Mutex<HashMap<Held, usize>>,
+    /// Things being deleted, by how many deletes.
+    closing: Mutex<HashMap<Held, usize>>,
+    /// Notified whenever a claim ends.
+    released: tokio::sync::Notify,
     lock: tokio::sync::Mutex<()>,
 }
 
@@ -194,9 +208,63 @@ impl Holds {
             .keys()
             .filter_map(|h| match h {
                 Held::File { file_id, .. } => Some(file_id.clone()),
-                Held::Volume { .. } => None,
+                Held::Volume { .. } | Held::Snapshot { .. } => None,
             })
             .collect()
+    }
+
+    /// Marks `held` as being deleted, until the returned guard is dropped; see
+    /// [`Holds::is_closing`].
+    pub async fn close(&self, held: Held) -> Closing<'_> {
+        let _lock = self.lock.lock().await;
+        *self
+            .closing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(held.clone())
+            .or_default() += 1;
+        Closing { holds: self, held }
+    }
+
+    /// Whether a delete of `held` is under way: a create that claimed it checks this
+    /// after its claim, and gives up if so.
+    pub fn is_closing(&self, held: &Held) -> bool {
+        self.closing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(held)
+    }
+
+    /// Waits until no create under way holds `held`.
+    pub async fn settled(&self, held: &Held) {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            // Registered before the check, so a claim ending in between is not missed.
+            released.as_mut().enable();
+            if self.pending(held) == 0 {
+                return;
+            }
+            released.await;
+        }
+    }
+}
+
+/// See [`Holds::close`].
+pub struct Closing<'a> {
+    holds: &'a Holds,
+    held: Held,
+}
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        let mut closing = self.holds.closing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = closing.get_mut(&self.held) {
+            *n -= 1;
+            if *n == 0 {
+                closing.remove(&self.held);
+            }
+        }
     }
 }
 
@@ -217,6 +285,8 @@ impl Drop for Claim<'_> {
                 }
             }
         }
+        drop(pending);
+        self.holds.released.notify_waiters();
     }
 }
 
@@ -1119,6 +1189,9 @@ async fn create_with(
     // From here until the session is live, its volume and bundles cannot be deleted.
     let claim = state.holds.claim(request.held(&caller.tenant)).await;
     // One of them may have been deleted before the claim.
+    if let Some(id) = &request.snapshot {
+        snapshots::still_there(state, &caller.tenant, id).await?;
+    }
     check_bundles(state, &caller.tenant, &request).await?;
     prepare_bundles(state, &caller.tenant, &request).await?;
     let made_volume = match &request.volume {
@@ -1647,4 +1720,46 @@ pub fn ensure_running(session: &Session) -> Result<(), ApiError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(id: &str) -> Held {
+        Held::Snapshot {
+            tenant: "t".into(),
+            id: id.into(),
+        }
+    }
+
+    /// A delete closes first, then waits for the claims made before: a claim made
+    /// after the close sees it, and the wait ends when the last earlier claim does.
+    #[tokio::test]
+    async fn a_delete_waits_for_earlier_claims_and_later_claims_see_it_closing() {
+        let holds = Holds::default();
+        let earlier = holds.claim(vec![snapshot("a")]).await;
+        let other = holds.claim(vec![snapshot("b")]).await;
+        let closing = holds.close(snapshot("a")).await;
+        let later = holds.claim(vec![snapshot("a")]).await;
+        assert!(holds.is_closing(&snapshot("a")));
+        assert!(!holds.is_closing(&snapshot("b")));
+        drop(later);
+
+        let a = snapshot("a");
+        let settled = holds.settled(&a);
+        tokio::pin!(settled);
+        let waited =
+            tokio::time::timeout(std::time::Duration::from_millis(50), settled.as_mut()).await;
+        assert!(waited.is_err(), "settled with a claim still held");
+        drop(earlier);
+        tokio::time::timeout(std::time::Duration::from_secs(5), settled)
+            .await
+            .expect("still waiting after the last claim ended");
+        // Another thing's claim does not hold it up, and the close ends with its guard.
+        assert_eq!(holds.pending(&snapshot("b")), 1);
+        drop(closing);
+        assert!(!holds.is_closing(&snapshot("a")));
+        drop(other);
+    }
 }

@@ -39,7 +39,7 @@ use utoipa_axum::routes;
 
 use super::{
     freeze, launch_sandbox, limits_of, lookup, persist, prepare_bundles, spec_for, BundleMount,
-    Session,
+    Held, Session,
 };
 use crate::audit;
 use crate::auth::Caller;
@@ -126,6 +126,26 @@ pub async fn source(state: &AppState, tenant: &str, snapshot_id: &str) -> Result
         host: info.base == BASE_HOST,
         mounts: info.mounts,
     })
+}
+
+/// Checks, once a create or restore has claimed snapshot `snapshot_id`, that it was
+/// not deleted (or its delete begun) before the claim: 404 then, as if it never was.
+pub async fn still_there(
+    state: &AppState,
+    tenant: &str,
+    snapshot_id: &str,
+) -> Result<(), ApiError> {
+    if state.holds.is_closing(&held(tenant, snapshot_id)) {
+        return Err(ApiError::not_found(format!("no snapshot {snapshot_id}")));
+    }
+    get(state, tenant, snapshot_id).await.map(drop)
+}
+
+fn held(tenant: &str, snapshot_id: &str) -> Held {
+    Held::Snapshot {
+        tenant: tenant.to_string(),
+        id: snapshot_id.to_string(),
+    }
 }
 
 async fn get(state: &AppState, tenant: &str, id: &str) -> Result<SnapshotInfo, ApiError> {
@@ -586,8 +606,16 @@ async fn delete_snapshot(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    let result = async {
-        get(&state, &caller.tenant, &id).await?;
+    let (task_state, tenant, task_id) = (state.clone(), caller.tenant.clone(), id.clone());
+    // In its own task: once closed, the snapshot must be removed (or reopened) even if
+    // the client hangs up while the starts under way finish.
+    let result = tokio::spawn(async move {
+        let (state, id) = (task_state, task_id);
+        get(&state, &tenant, &id).await?;
+        // Starts of sessions from it that claimed it before this go on (their image
+        // must stay until their sandbox holds its layers); later ones are 404.
+        let _closing = state.holds.close(held(&tenant, &id)).await;
+        state.holds.settled(&held(&tenant, &id)).await;
         let image = image_name(&id);
         let store_dir = state.args.store.clone();
         // Its layers go with it unless another image has them (a fork's snapshot)
@@ -603,10 +631,12 @@ async fn delete_snapshot(
         .await
         .map_err(ApiError::internal)?
         .map_err(|e| ApiError::internal(format!("remove snapshot image: {e}")))?;
-        state.db.delete_snapshot(&caller.tenant, &id).await?;
+        state.db.delete_snapshot(&tenant, &id).await?;
         Ok(())
-    }
-    .await;
+    })
+    .await
+    .map_err(ApiError::internal)
+    .and_then(|r| r);
     let outcome = audit::outcome(&result);
     audit::record(
         &state,
@@ -634,6 +664,12 @@ async fn restore_session(
 ) -> Result<ApiJson<super::SessionInfo>, ApiError> {
     let result = async {
         let session = lookup(&state, &caller, &id)?;
+        // Until its sandbox runs, the snapshot's delete waits (or this is 404).
+        let _claim = state
+            .holds
+            .claim(vec![held(&caller.tenant, &request.snapshot_id)])
+            .await;
+        still_there(&state, &caller.tenant, &request.snapshot_id).await?;
         let (image, seed) = source(&state, &caller.tenant, &request.snapshot_id)
             .await?
             .start();
