@@ -5273,6 +5273,69 @@ fn can_grow_mounted() -> bool {
     u64::from_str_radix(effective.trim(), 16).unwrap() & (1 << cap_sys_resource) != 0
 }
 
+/// A volume made before brig chose 4 KiB blocks (mke2fs's defaults gave 1 KiB blocks
+/// below 512 MiB) cannot describe 1 TiB: growing it that far is 422 with the
+/// filesystem's reason and changes nothing; a size it can describe still works.
+#[test]
+fn root_an_old_volume_refuses_a_size_its_filesystem_cannot_describe() {
+    require_root!();
+    if can_grow_mounted() {
+        // Grown online, the kernel refuses; this test covers the offline path.
+        eprintln!("skipped: this host grows volumes online (CAP_SYS_RESOURCE)");
+        return;
+    }
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(
+        &d,
+        &key,
+        json!({"volume": "old", "volume_size": "256M"}),
+    ));
+    delete_session(&d, &key, &id);
+    // Made over as the older brig made it.
+    let root = volume_root(&d, "admin", "old");
+    let _ = std::process::Command::new("umount").arg(&root).status();
+    let image = volume_dir(&d, "admin", "old").join("disk.ext4");
+    let made = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-b", "1024"])
+        .arg(&image)
+        .status()
+        .unwrap();
+    assert!(made.success());
+
+    let (status, body) = d.request(
+        "PUT",
+        "/v1/tenants/admin/quotas",
+        Some(&key),
+        Some(json!({"max_disk_bytes": "2T"})),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = grow_volume(&d, &key, "old", json!("1T"));
+    assert_eq!(
+        (status, error_code(&body)),
+        (422, "invalid_request"),
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("block group descriptors"), "{message}");
+    assert!(
+        !message.contains(d.data_dir().to_str().unwrap()),
+        "{message}"
+    );
+    assert_eq!(
+        volume(&d, &key, "old").unwrap()["capacity_bytes"],
+        256u64 << 20
+    );
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 256 << 20);
+
+    let (status, body) = grow_volume(&d, &key, "old", json!("4G"));
+    assert_eq!(status, 200, "{body}");
+    let id = sid(&create(&d, &key, json!({"volume": "old"})));
+    let (size, _) = volume_df(&d, &key, &id);
+    assert!(size > 3 << 30, "{size}");
+    delete_session(&d, &key, &id);
+}
+
 fn grow_volume(d: &Daemon, key: &str, name: &str, capacity: Value) -> (u16, Value) {
     d.request(
         "PATCH",

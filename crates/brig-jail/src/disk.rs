@@ -279,6 +279,9 @@ pub enum GrowError {
     /// Mounted somewhere else (a sandbox's own mount of it) while this process
     /// cannot grow a mounted filesystem ([`can_grow_online`]). Nothing changed.
     InUse,
+    /// The filesystem cannot describe that size (`resize2fs` says why, e.g. one made
+    /// with 1 KiB blocks has room for too few group descriptors). Nothing changed.
+    TooLarge { reason: String },
     /// Growing failed. `size`: the filesystem's size in bytes as it was left, if it
     /// could be read: what it was, or more if it grew part of the way.
     Failed { error: io::Error, size: Option<u64> },
@@ -290,6 +293,7 @@ impl std::fmt::Display for GrowError {
             GrowError::InUse => f.write_str(
                 "mounted elsewhere, and growing a mounted filesystem needs CAP_SYS_RESOURCE",
             ),
+            GrowError::TooLarge { reason } => f.write_str(reason),
             GrowError::Failed { error, .. } => error.fmt(f),
         }
     }
@@ -437,17 +441,41 @@ fn grow_offline(image: &Path, size: u64) -> Result<(), GrowError> {
     let blocks = format!("{}K", size >> 10);
     if let Err(error) = run_e2fs("resize2fs", &[], image, Some(&blocks), |c| c == 0) {
         // resize2fs writes in place, without a journal: repair what it may have left.
-        if let Err(e) = check(image) {
+        let checked = check(image);
+        if let Err(e) = &checked {
             tracing::error!(image = %image.display(), "a disk may be damaged after a failed resize: {e}");
         }
         let now = geometry(image).ok().map(|(b, bs)| b * bs);
         if now == Some(before) {
             // Offline, and the filesystem ends where it did: nothing of it is past there.
             let _ = file.set_len(old_len);
+            // Left whole and as it was: resize2fs refused the size itself.
+            if let (Ok(()), Some(reason)) = (checked, size_refusal(&error)) {
+                return Err(GrowError::TooLarge { reason });
+            }
         }
         return Err(GrowError::Failed { error, size: now });
     }
     Ok(())
+}
+
+/// resize2fs's reason for refusing a size outright, from its output (as
+/// [`run_e2fs`] reports it): the line it prefixes with its name, without the path.
+fn size_refusal(error: &io::Error) -> Option<String> {
+    const REFUSALS: [&str; 3] = [
+        "too many block group descriptors",
+        "too large to be expressed in 32 bits",
+        "not enough reserved gdt blocks",
+    ];
+    let said = error.to_string();
+    said.split("; ")
+        // Prefixed with the program as it was run: `/usr/sbin/resize2fs: ...`.
+        .filter_map(|line| line.split_once("resize2fs: ").map(|(_, reason)| reason))
+        .find(|reason| {
+            let reason = reason.to_ascii_lowercase();
+            REFUSALS.iter().any(|r| reason.contains(r))
+        })
+        .map(|reason| reason.trim_end_matches('.').to_string())
 }
 
 /// The ext4 filesystem at the start of `path` (an image or its device): its size in
@@ -676,7 +704,9 @@ mod tests {
         unmount(&a).unwrap();
 
         // A growth resize2fs refuses (1 KiB blocks, as mkfs makes small filesystems
-        // by default, cannot describe 1 TiB) leaves the disk as it was.
+        // by default, cannot describe 1 TiB) is too large, with resize2fs's reason
+        // (no path in it), and leaves the disk as it was; a size it can describe
+        // still works.
         let old = dir.path().join("old");
         File::create(&old).unwrap().set_len(MIN_SIZE).unwrap();
         run_e2fs("mkfs.ext4", &["-q", "-F", "-b", "1024"], &old, None, |c| {
@@ -684,12 +714,17 @@ mod tests {
         })
         .unwrap();
         match grow_offline(&old, 1 << 40) {
-            Err(GrowError::Failed { size, .. }) => assert_eq!(size, Some(MIN_SIZE)),
+            Err(GrowError::TooLarge { reason }) => {
+                assert!(reason.contains("block group descriptors"), "{reason}");
+                assert!(!reason.contains('/'), "{reason}");
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(len(&old), MIN_SIZE);
         assert_eq!(geometry(&old).unwrap(), (MIN_SIZE / 1024, 1024));
         run_e2fs("e2fsck", &["-f", "-n"], &old, None, |c| c == 0).unwrap();
+        grow_offline(&old, 4 << 30).unwrap();
+        assert_eq!(geometry(&old).unwrap(), (4 << 20, 1024));
         let zeroes = dir.path().join("zeroes");
         std::fs::write(&zeroes, [0u8; 4096]).unwrap();
         let err = geometry(&zeroes).unwrap_err();

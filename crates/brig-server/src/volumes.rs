@@ -379,6 +379,14 @@ async fn grow(state: &AppState, tenant: &str, name: &str, capacity: u64) -> Resu
                 "volume {name} is still mounted by a sandbox that is ending; try again shortly"
             ))),
         ),
+        // Volumes made before 4 KiB blocks were the rule can grow only so far.
+        Err(brig_jail::disk::GrowError::TooLarge { reason }) => (
+            stored,
+            Err(ApiError::invalid(format!(
+                "volume {name} cannot grow to {capacity} bytes, its filesystem says: \
+                 {reason}; it keeps its {stored} bytes (ask for less)"
+            ))),
+        ),
         // What the filesystem holds now: as before, or more if it grew part of the
         // way (within what the quota allowed).
         Err(brig_jail::disk::GrowError::Failed { error, size }) => (
