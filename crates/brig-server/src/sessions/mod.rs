@@ -259,11 +259,16 @@ pub struct Closing<'a> {
 impl Drop for Closing<'_> {
     fn drop(&mut self) {
         let mut closing = self.holds.closing.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = closing.get_mut(&self.held) {
-            *n -= 1;
-            if *n == 0 {
-                closing.remove(&self.held);
-            }
+        count_down(&mut closing, &self.held);
+    }
+}
+
+/// One fewer of `held` in `counts`, which keeps only counts above zero.
+fn count_down(counts: &mut HashMap<Held, usize>, held: &Held) {
+    if let Some(n) = counts.get_mut(held) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(held);
         }
     }
 }
@@ -278,12 +283,7 @@ impl Drop for Claim<'_> {
     fn drop(&mut self) {
         let mut pending = self.holds.pending.lock().unwrap_or_else(|e| e.into_inner());
         for h in &self.held {
-            if let Some(n) = pending.get_mut(h) {
-                *n -= 1;
-                if *n == 0 {
-                    pending.remove(h);
-                }
-            }
+            count_down(&mut pending, h);
         }
         drop(pending);
         self.holds.released.notify_waiters();
