@@ -3707,12 +3707,7 @@ fn root_bundles_follow_snapshots_forks_and_restore() {
         Some(b"mine".to_vec()),
     );
     assert_eq!(status, 201);
-    let (status, snap) = d.request(
-        "POST",
-        &format!("/v1/sessions/{origin}/snapshots"),
-        Some(&key),
-        Some(json!({})),
-    );
+    let (status, snap) = take_snapshot(&d, &key, &origin);
     assert_eq!(status, 201, "{snap}");
     assert_eq!(snap["mounts"], mounts, "{snap}");
     let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
@@ -4017,12 +4012,7 @@ fn root_host_snapshot_larger_than_a_forks_memory_is_refused_whole() {
         &origin_id,
         "head -c 48000000 /dev/urandom > /workspace/big && echo small > /tmp/small",
     );
-    let (status, snap) = d.request(
-        "POST",
-        &format!("/v1/sessions/{origin_id}/snapshots"),
-        Some(&key),
-        Some(json!({})),
-    );
+    let (status, snap) = take_snapshot(&d, &key, &origin_id);
     assert_eq!(status, 201, "{snap}");
     let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
     // Room on disk, not in memory.
@@ -4717,12 +4707,7 @@ fn root_symlinks_in_a_host_snapshot_never_reach_the_host() {
              && ln -s /etc /workspace/etc && mkdir /workspace/d && ln -s / /workspace/d/root"
         ),
     );
-    let (status, snap) = d.request(
-        "POST",
-        &format!("/v1/sessions/{origin}/snapshots"),
-        Some(&key),
-        Some(json!({})),
-    );
+    let (status, snap) = take_snapshot(&d, &key, &origin);
     assert_eq!(status, 201, "{snap}");
     let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
     let fork = sid(&create(&d, &key, json!({"snapshot": snap_id})));
@@ -5296,6 +5281,20 @@ fn root_an_old_volume_refuses_a_size_its_filesystem_cannot_describe() {
     let root = volume_root(&d, "admin", "old");
     let _ = std::process::Command::new("umount").arg(&root).status();
     let image = volume_dir(&d, "admin", "old").join("disk.ext4");
+    // The loop device lets go a moment after the unmount; until then it may still
+    // write the old filesystem's last blocks over the new one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::process::Command::new("losetup")
+        .arg("-j")
+        .arg(&image)
+        .output()
+        .unwrap()
+        .stdout
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the volume's loop device stayed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let made = std::process::Command::new("mkfs.ext4")
         .args(["-q", "-F", "-b", "1024"])
         .arg(&image)
