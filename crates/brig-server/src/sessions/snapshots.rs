@@ -128,17 +128,17 @@ pub async fn source(state: &AppState, tenant: &str, snapshot_id: &str) -> Result
     })
 }
 
-/// Checks, once a create or restore has claimed snapshot `snapshot_id`, that it was
-/// not deleted (or its delete begun) before the claim: 404 then, as if it never was.
+/// [`source`], once a create or restore has claimed snapshot `snapshot_id`: 404 also
+/// when its delete began before the claim, as if it were gone already.
 pub async fn still_there(
     state: &AppState,
     tenant: &str,
     snapshot_id: &str,
-) -> Result<(), ApiError> {
+) -> Result<Source, ApiError> {
     if state.holds.is_closing(&held(tenant, snapshot_id)) {
         return Err(ApiError::not_found(format!("no snapshot {snapshot_id}")));
     }
-    get(state, tenant, snapshot_id).await.map(drop)
+    source(state, tenant, snapshot_id).await
 }
 
 fn held(tenant: &str, snapshot_id: &str) -> Held {
@@ -669,8 +669,7 @@ async fn restore_session(
             .holds
             .claim(vec![held(&caller.tenant, &request.snapshot_id)])
             .await;
-        still_there(&state, &caller.tenant, &request.snapshot_id).await?;
-        let (image, seed) = source(&state, &caller.tenant, &request.snapshot_id)
+        let (image, seed) = still_there(&state, &caller.tenant, &request.snapshot_id)
             .await?
             .start();
         let _gate = session.gate.write().await;
