@@ -1545,8 +1545,10 @@ fn the_warm_pool_refills_after_a_burst_of_creates_unless_it_runs_low() {
     }
 
     // A longer burst (each session deleted at once): once fewer than 8 are ready the
-    // filler launches anyway, so the creates past the pool's 16 are still served from
-    // it. (A filler that waited for the burst to end would let the 17th go cold.)
+    // filler launches anyway, so creates past the pool's 16 are still served from it.
+    // A filler that waited for the burst to end would serve exactly the first 16 and
+    // let the other 8 go cold. Not every one of them need be pooled: on a loaded
+    // machine refills (at idle priority) can fall behind 25 creates a second.
     let mut pooled = Vec::new();
     for _ in 0..24 {
         let session = create(&d, &key, json!({}));
@@ -1557,8 +1559,12 @@ fn the_warm_pool_refills_after_a_burst_of_creates_unless_it_runs_low() {
         std::thread::sleep(Duration::from_millis(40));
     }
     assert!(
-        pooled.iter().all(|p| *p),
-        "creates went cold during a burst: {pooled:?}"
+        pooled[..16].iter().all(|p| *p),
+        "creates went cold with sandboxes ready: {pooled:?}"
+    );
+    assert!(
+        pooled[16..].iter().any(|p| *p),
+        "the pool did not refill during a burst: {pooled:?}"
     );
     inits.extend(
         fx.rows()
