@@ -1,6 +1,7 @@
 //! HTTP-level tests of the foundation's endpoints, through the complete router
 //! (middleware included), without sessions.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -244,6 +245,66 @@ async fn health_and_openapi_need_no_key() {
             .len(),
         paths.len()
     );
+}
+
+/// Every parameter sits where the handler reads it, so clients generated from the
+/// document send it there: `in: path` exactly for the template's `{names}`, the
+/// rest in the query string and required only when the handler cannot do without.
+#[tokio::test]
+async fn openapi_parameters_sit_where_the_routes_read_them() {
+    let h = harness(&[]).await;
+    let doc = serde_json::to_value(openapi(&h.state.args)).unwrap();
+    let mut query = BTreeMap::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let template: BTreeSet<&str> = path
+            .split('/')
+            .filter_map(|part| part.strip_prefix('{')?.strip_suffix('}'))
+            .collect();
+        for (method, operation) in item.as_object().unwrap() {
+            let empty = Vec::new();
+            let params = operation["parameters"].as_array().unwrap_or(&empty);
+            let mut in_path = BTreeSet::new();
+            for param in params {
+                let name = param["name"].as_str().unwrap();
+                match param["in"].as_str().unwrap() {
+                    "path" => {
+                        assert!(
+                            template.contains(name),
+                            "{method} {path}: `{name}` is not in the path"
+                        );
+                        in_path.insert(name);
+                    }
+                    "query" => {
+                        query.insert(
+                            format!("{method} {path} {name}"),
+                            param["required"].as_bool().unwrap_or(false),
+                        );
+                    }
+                    other => panic!("{method} {path}: `{name}` in {other}"),
+                }
+            }
+            assert_eq!(in_path, template, "{method} {path}: path parameters");
+        }
+    }
+    for (parameter, required) in [
+        ("get /v1/sessions/{id}/files path", true),
+        ("delete /v1/sessions/{id}/files recursive", false),
+        ("get /v1/sessions/{id}/archive path", true),
+        ("get /v1/sessions/{id}/processes/{pid}/output stream", false),
+        ("get /v1/sessions/{id}/processes/{pid}/output offset", false),
+        ("post /v1/sessions/{id}/processes/{pid}/stdin close", false),
+        (
+            "post /v1/sessions/{id}/processes/{pid}/wait timeout_ms",
+            false,
+        ),
+        ("get /v1/audit limit", false),
+    ] {
+        assert_eq!(
+            query.get(parameter),
+            Some(&required),
+            "query parameter {parameter}: {query:?}"
+        );
+    }
 }
 
 #[tokio::test]

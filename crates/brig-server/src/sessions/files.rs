@@ -57,6 +57,7 @@ pub fn root_of(session: &Session) -> Result<SandboxRoot, ApiError> {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PathQuery {
     /// Absolute path inside the sandbox.

@@ -412,6 +412,7 @@ async fn get_process(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct OutputQuery {
     /// "stdout" (default) or "stderr".
@@ -548,6 +549,7 @@ async fn process_stream(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct StdinQuery {
     /// Close stdin after writing the body (the process sees end of file).
@@ -665,6 +667,7 @@ async fn process_signal(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct WaitQuery {
     /// Give up (answering the still-running process) after this long; default 30 s.
