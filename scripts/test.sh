@@ -32,6 +32,14 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+# PyPI: openapi-spec-validator checks the daemon's OpenAPI document (a unit test
+# runs it from here), in a virtualenv of the build's own.
+validator=target/test-venv/bin/openapi-spec-validator
+if [ ! -x "$validator" ]; then
+  python3 -m venv target/test-venv
+  target/test-venv/bin/pip install -q --disable-pip-version-check openapi-spec-validator==0.9.0
+fi
+
 # What brig may leave behind if a cleanup path is broken: cgroup leaves, processes,
 # mounts. Recorded before and compared after the whole suite (each test also checks
 # its own runs).

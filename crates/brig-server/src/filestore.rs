@@ -719,6 +719,7 @@ pub struct FileList {
 /// Upload a file (multipart field `file`), streamed to disk.
 #[utoipa::path(
     post,
+    operation_id = "upload_file",
     path = "/v1/files",
     tag = "files",
     request_body(content = inline(UploadForm), content_type = "multipart/form-data"),
@@ -791,6 +792,7 @@ async fn upload(
 /// List the tenant's files.
 #[utoipa::path(
     get,
+    operation_id = "list_files",
     path = "/v1/files",
     tag = "files",
     responses(
@@ -820,6 +822,7 @@ async fn list(
 /// Download a file's bytes (streamed).
 #[utoipa::path(
     get,
+    operation_id = "download_file",
     path = "/v1/files/{file_id}",
     tag = "files",
     params(("file_id" = String, Path)),
@@ -871,6 +874,7 @@ async fn download(
 /// Delete a file.
 #[utoipa::path(
     delete,
+    operation_id = "delete_file",
     path = "/v1/files/{file_id}",
     tag = "files",
     params(("file_id" = String, Path)),

@@ -42,7 +42,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
             `{\"error\": {\"code\", \"message\"}}`; see docs/API.md."
     ),
     modifiers(&SecuritySchemes),
-    components(schemas(ErrorBody)),
+    components(schemas(ErrorBody, crate::audit::AuditFormat)),
     tags(
         (name = "operations", description = "Health, metrics, this document"),
         (name = "tenants", description = "API keys, tenants and quotas"),
@@ -128,7 +128,42 @@ pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
 
 /// The OpenAPI document of everything [`router`] serves.
 pub fn openapi(args: &ServeArgs) -> utoipa::openapi::OpenApi {
-    api_router(args).into_openapi()
+    described(api_router(args).into_openapi())
+}
+
+/// `api` with a description on every response: OpenAPI requires one, and utoipa
+/// leaves it out when the annotation gives none, which makes the document invalid
+/// for validators and client generators. The status's reason phrase stands in.
+fn described(mut api: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::RefOr;
+    for item in api.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.options,
+            &mut item.head,
+            &mut item.patch,
+            &mut item.trace,
+        ];
+        for operation in operations.into_iter().flatten() {
+            for (status, response) in operation.responses.responses.iter_mut() {
+                if let RefOr::T(response) = response {
+                    if response.description.is_empty() {
+                        response.description = status
+                            .parse::<u16>()
+                            .ok()
+                            .and_then(|code| axum::http::StatusCode::from_u16(code).ok())
+                            .and_then(|code| code.canonical_reason())
+                            .unwrap_or("Response")
+                            .to_string();
+                    }
+                }
+            }
+        }
+    }
+    api
 }
 
 /// The complete HTTP service: routes, fallbacks and middleware (outermost first:
@@ -136,7 +171,7 @@ pub fn openapi(args: &ServeArgs) -> utoipa::openapi::OpenApi {
 /// refusal audit, JSON body limit).
 pub fn router(state: AppState) -> Router {
     let (routes, api) = api_router(&state.args).split_for_parts();
-    let doc = api.to_json().unwrap_or_else(|e| {
+    let doc = described(api).to_json().unwrap_or_else(|e| {
         tracing::error!(error = %e, "cannot render the OpenAPI document");
         "{}".to_string()
     });

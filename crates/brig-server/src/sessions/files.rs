@@ -173,7 +173,7 @@ fn io_to_api(e: std::io::Error) -> ApiError {
     }
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/files", tag = "files",
+#[utoipa::path(get, path = "/v1/sessions/{id}/files", tag = "files", operation_id = "download_session_file",
     params(("id" = String, Path), PathQuery),
     responses((status = 200, description = "the file's bytes", content_type = "application/octet-stream"),
               (status = 404, body = crate::error::ErrorBody)),
@@ -205,7 +205,7 @@ async fn download(
     audited(&state, &caller, &id, "file.read", &query.path, result).await
 }
 
-#[utoipa::path(put, path = "/v1/sessions/{id}/files", tag = "files",
+#[utoipa::path(put, path = "/v1/sessions/{id}/files", tag = "files", operation_id = "upload_session_file",
     params(("id" = String, Path), PathQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 201, body = Written), (status = 404, body = crate::error::ErrorBody),
@@ -243,7 +243,7 @@ pub fn write_file(root: &SandboxRoot, path: &str, mut reader: impl Read) -> Resu
     Ok(copied)
 }
 
-#[utoipa::path(delete, path = "/v1/sessions/{id}/files", tag = "files",
+#[utoipa::path(delete, path = "/v1/sessions/{id}/files", tag = "files", operation_id = "remove_session_file",
     params(("id" = String, Path), PathQuery),
     responses((status = 204), (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody)),
     security(("bearer" = [])))]
