@@ -32,8 +32,9 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
-# PyPI: openapi-spec-validator checks the daemon's OpenAPI document (a unit test
-# runs it from here), in a virtualenv of the build's own.
+# PyPI, in a virtualenv of the build's own: openapi-spec-validator checks the
+# daemon's OpenAPI document, and its jsonschema checks live exchanges against it
+# (tests/openapi_conformance.py).
 validator=target/test-venv/bin/openapi-spec-validator
 if [ ! -x "$validator" ]; then
   python3 -m venv target/test-venv

@@ -2574,6 +2574,44 @@ fn root_openapi_documents_exactly_the_routes_served() {
     assert!(body["error"]["code"].is_string(), "{body}");
 }
 
+/// Requests of every kind, successes and refusals, match the document the daemon
+/// serves (statuses, content types, request and response schemas): clients generated
+/// from it can talk to it. The checks are in `tests/openapi_conformance.py`, run with
+/// the Python that `scripts/test.sh` installs `jsonschema` into.
+#[test]
+fn root_every_exchange_matches_the_openapi_document() {
+    require_root!();
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python");
+    if !python.exists() {
+        eprintln!(
+            "skipped: no {} (./scripts/test.sh makes it)",
+            python.display()
+        );
+        return;
+    }
+    let d = daemon(&[]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openapi_conformance.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(d.url(""))
+        .arg(d.admin_key())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, list) = d.request("GET", "/v1/sessions", Some(d.admin_key()), None);
+    assert_eq!(status, 200);
+    assert_eq!(
+        list["sessions"],
+        json!([]),
+        "the script left sessions behind"
+    );
+}
+
 // ---------------------------------------------------------------------------------
 // Bad input
 

@@ -134,8 +134,20 @@ pub fn openapi(args: &ServeArgs) -> utoipa::openapi::OpenApi {
 /// `api` with a description on every response: OpenAPI requires one, and utoipa
 /// leaves it out when the annotation gives none, which makes the document invalid
 /// for validators and client generators. The status's reason phrase stands in.
+/// Every operation also gets a `default` response, the error body, for the statuses
+/// its annotation does not list (401, 413, 429, 503, ... see docs/API.md), so that
+/// generated clients parse every error the same way.
 fn described(mut api: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
-    use utoipa::openapi::RefOr;
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+    let error = ResponseBuilder::new()
+        .description("An error: `{\"error\": {\"code\", \"message\"}}` (codes in docs/API.md)")
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build();
     for item in api.paths.paths.values_mut() {
         let operations = [
             &mut item.get,
@@ -148,7 +160,11 @@ fn described(mut api: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
             &mut item.trace,
         ];
         for operation in operations.into_iter().flatten() {
-            for (status, response) in operation.responses.responses.iter_mut() {
+            let responses = &mut operation.responses.responses;
+            responses
+                .entry("default".to_string())
+                .or_insert_with(|| RefOr::T(error.clone()));
+            for (status, response) in responses.iter_mut() {
                 if let RefOr::T(response) = response {
                     if response.description.is_empty() {
                         response.description = status

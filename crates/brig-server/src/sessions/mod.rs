@@ -74,6 +74,24 @@ impl Size {
     }
 }
 
+fn cpus_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .examples([0.5]),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .examples(["1.5"]),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .description(Some("CPUs, fractional allowed (e.g. 0.5 or \"1.5\")."))
+        .into()
+}
+
 /// Limits of a session's sandbox; each defaults to `brig run`'s default.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -82,6 +100,7 @@ pub struct SessionLimits {
     pub memory: Option<Size>,
     pub pids: Option<u64>,
     /// CPUs, fractional allowed (e.g. 0.5 or "1.5").
+    #[schema(schema_with = cpus_schema)]
     pub cpus: Option<serde_json::Value>,
     /// All writable storage together (the upper layer, /tmp, /workspace).
     pub disk: Option<Size>,

@@ -597,8 +597,25 @@ async fn process_stdin(
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
     /// A name ("TERM", "SIGKILL") or a number.
-    #[schema(value_type = Object)]
+    #[schema(schema_with = signal_schema)]
     pub signal: serde_json::Value,
+}
+
+fn signal_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .examples(["TERM"]),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .examples([15]),
+        )
+        .description(Some("A name (\"TERM\", \"SIGKILL\") or a number."))
+        .into()
 }
 
 pub fn parse_signal(value: &serde_json::Value) -> Result<i32, ApiError> {
