@@ -74,6 +74,8 @@ impl Size {
     }
 }
 
+/// `cpus` is taken as any JSON value and checked by hand (a number or a numeric
+/// string); the document says which values those are.
 fn cpus_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
     use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
     OneOfBuilder::new()

@@ -601,6 +601,8 @@ pub struct SignalRequest {
     pub signal: serde_json::Value,
 }
 
+/// `signal` is taken as any JSON value and checked by [`parse_signal`]; the document
+/// says which values it accepts.
 fn signal_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
     use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
     OneOfBuilder::new()
