@@ -3,14 +3,16 @@
 
     openapi_conformance.py URL ADMIN_KEY
 
-Makes one of each kind of request (sessions, exec, files, processes, snapshots,
-volumes, tenants, keys, stored files, execute, audit), successes and typical
-refusals, and checks each exchange against the document the daemon serves: the
-status is documented (an error may fall to `default`), the content type is one the
-response lists, a JSON body matches the response's schema, and a JSON request that
-succeeded matches the request body's schema. Deletes what it made. Prints the
-mismatches and exits 1 if there are any. Needs `jsonschema` (scripts/test.sh puts it
-in target/test-venv).
+Makes one of each kind of request (sessions, exec and its stream, files and
+archives, processes and their streams, snapshots, volumes, tenants, keys, stored
+files, execute and its stream, audit, metrics), successes and typical refusals,
+and checks each exchange against the document the daemon serves: the status is
+documented (an error may fall to `default`), the content type is one the response
+lists, a JSON body matches the response's schema, and a JSON request that succeeded
+matches the request body's schema. Every operation of the document must be tried:
+a new route without a request here fails the check. Deletes what it made. Prints
+the mismatches and exits 1 if there are any. Needs `jsonschema` (scripts/test.sh
+puts it in target/test-venv).
 """
 
 import http.client
@@ -27,6 +29,7 @@ c = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
 c.request("GET", "/v1/openapi.json")
 doc = json.loads(c.getresponse().read())
 problems = []
+exercised = set()
 
 
 def template_of(method, path):
@@ -51,6 +54,7 @@ def call(method, path, body=None, raw=None, ctype="application/json"):
     r = c.getresponse()
     out = r.read()
     t = template_of(method, path)
+    exercised.add((method.lower(), t))
     op = doc["paths"][t][method.lower()]
     request_schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
     if request_schema and body is not None and r.status < 300:
@@ -102,6 +106,10 @@ call("GET", f"/v1/sessions/{sid}/processes/{pid}")
 call("POST", f"/v1/sessions/{sid}/processes/{pid}/stdin?close=true", raw=b"x\n", ctype="application/octet-stream")
 call("POST", f"/v1/sessions/{sid}/processes/{pid}/wait?timeout_ms=5000")
 call("GET", f"/v1/sessions/{sid}/processes/{pid}/output")
+call("GET", f"/v1/sessions/{sid}/processes/{pid}/stream")
+call("POST", f"/v1/sessions/{sid}/exec/stream", {"argv": ["echo", "hi"]})
+st, tar = call("GET", f"/v1/sessions/{sid}/archive?path=/workspace")
+call("PUT", f"/v1/sessions/{sid}/archive?path=/workspace/copy", raw=tar, ctype="application/x-tar")
 call("POST", f"/v1/sessions/{sid}/processes/{pid}/signal", {"signal": "TERM"})
 call("POST", f"/v1/sessions/{sid}/processes/999/signal", {"signal": "TERM"})
 st, out = call("POST", f"/v1/sessions/{sid}/processes", {"argv": ["sleep", "30"]})
@@ -135,6 +143,7 @@ call("GET", "/v1/files")
 call("GET", f"/v1/files/{fid}")
 call("POST", "/v1/execute", {"code": "print(1)\n1+1", "files": [{"path": "in.txt", "file_id": fid}]})
 call("POST", "/v1/execute", {"code": "x", "timeout_ms": 10**9})
+call("POST", "/v1/execute/stream", {"code": "print(1)"})
 call("DELETE", f"/v1/files/{fid}")
 call("GET", "/v1/audit?limit=5")
 call("GET", "/v1/audit?format=jsonl&limit=2")
@@ -144,6 +153,12 @@ call("DELETE", f"/v1/sessions/{fork}")
 call("DELETE", f"/v1/snapshots/{snap}")
 call("DELETE", f"/v1/sessions/{sid}")
 call("GET", "/health")
+call("GET", "/metrics")
+call("GET", "/v1/openapi.json")
 
+for t, ops in doc["paths"].items():
+    for method in ops:
+        if (method, t) not in exercised:
+            problems.append(f"{method.upper()} {t}: never tried (add it here)")
 print("\n".join(problems) or "every exchange matches the document")
 sys.exit(1 if problems else 0)
