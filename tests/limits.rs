@@ -76,11 +76,12 @@ fn root_fork_bomb_is_stopped_by_pids_limit() {
     assert!(forked <= 18, "forked {forked} with --pids 20");
     assert!(forked >= 5, "forking was not possible at all: {forked}");
     // A classic shell fork bomb ends at the timeout without hurting the host. The
-    // shell starts its `sleep` before the bomb and then only waits (a builtin): a
-    // `sleep` forked after the bomb may find no pid left and end the run early.
+    // top shell forks only before the bomb starts (its `sleep`, then a subshell that
+    // runs the bomb) and then only waits: a shell that fails to fork exits (dash:
+    // "Cannot fork", status 2), and were it the top one the run would end early.
     let (v, code) = run_json(
         &["--pids", "32", "--timeout", "2s"],
-        &["sh", "-c", "sleep 10 & b(){ b|b& }; b; wait"],
+        &["sh", "-c", "sleep 10 & (b(){ b|b& }; b); wait"],
     );
     assert_eq!(code, 124, "{v}");
 }
