@@ -37,7 +37,14 @@ fi
 # (tests/openapi_conformance.py).
 validator=target/test-venv/bin/openapi-spec-validator
 if [ ! -x "$validator" ]; then
-  python3 -m venv target/test-venv
+  rm -rf target/test-venv
+  if ! python3 -m venv target/test-venv; then
+    # Debian's own python3 keeps venv in a package of its own.
+    rm -rf target/test-venv
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv target/test-venv
+  fi
   target/test-venv/bin/pip install -q --disable-pip-version-check openapi-spec-validator==0.9.0
 fi
 
