@@ -288,6 +288,13 @@ impl Cgroup {
         }
         let has_freezer = self.controller(Controller::Freezer).is_some();
         loop {
+            // Usually empty already (init's death ended its pid namespace). Freezing an
+            // empty group would be wasted and is not cheap on v1: the first group
+            // frozen on the host flips a static key, which rewrites kernel text with
+            // an interrupt to every CPU, and thawing flips it back.
+            if self.procs()?.is_empty() {
+                return Ok(());
+            }
             let froze = has_freezer && self.request_freeze(true).is_ok();
             if froze {
                 // Killing a half-frozen group still works: keep going after the timeout.

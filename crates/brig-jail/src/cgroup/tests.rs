@@ -458,6 +458,15 @@ fn v1_comounted_cpu_cpuacct_under_the_callers_cgroups() {
     cgroup.freeze(false).unwrap();
     assert_eq!(tree.read(&format!("{freezer}/freezer.state")), "THAWED");
 
+    // An empty group is not frozen to be killed: on v1 the first frozen group on
+    // the host makes the kernel patch its text on every CPU.
+    for leaf in [cpu, memory, freezer, pids] {
+        tree.write(&format!("{leaf}/cgroup.procs"), "");
+    }
+    tree.write(&format!("{freezer}/freezer.state"), "untouched");
+    cgroup.kill_all().unwrap();
+    assert_eq!(tree.read(&format!("{freezer}/freezer.state")), "untouched");
+
     cgroup.remove().unwrap();
     assert!(tree.dirs_named("sb").is_empty());
     for parent in ["cpu,cpuacct/user/1", "memory/user/1", "pids/user/1"] {
