@@ -132,6 +132,8 @@ call("PATCH", "/v1/volumes/v1", {"capacity": "128M"})
 call("PATCH", "/v1/volumes/v1", {"capacity": "1M"})
 call("DELETE", "/v1/volumes/v1")
 call("GET", "/v1/tenants")
+call("GET", "/v1/tenants/admin")
+call("GET", "/v1/tenants/nobody")
 call("PUT", "/v1/tenants/admin/quotas", {"max_sessions": 50})
 st, out = call("POST", "/v1/keys", {"tenant": "t1", "name": "k"})
 kid = j(out)["key_id"]

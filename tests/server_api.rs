@@ -1769,6 +1769,7 @@ fn root_tenants_never_see_or_touch_each_other() {
             "/v1/execute".to_string(),
             json!({"code": "print(1)", "files": [{"path": "x", "file_id": file_id}]}),
         ),
+        bare("GET", "/v1/tenants/a".to_string()),
         bare("GET", format!("/v1/snapshots/{snap_id}")),
         bare("DELETE", format!("/v1/snapshots/{snap_id}")),
         bare("GET", format!("/v1/files/{file_id}")),
@@ -2086,6 +2087,74 @@ fn root_quotas_refuse_with_429_and_create_nothing() {
         None,
     );
     assert_eq!(status, 204);
+}
+
+/// A tenant reads its own quotas and usage, which adds up to what the disk quota
+/// counts, so that a 429 can be understood without an administrator.
+#[test]
+fn root_a_tenant_reads_its_own_quotas_and_what_its_disk_quota_counts() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "q");
+    let (status, t) = d.request(
+        "PUT",
+        "/v1/tenants/q/quotas",
+        Some(d.admin_key()),
+        Some(json!({"max_sessions": 7, "max_disk_bytes": 4 << 20})),
+    );
+    assert_eq!(status, 200, "{t}");
+    let id = sid(&create(&d, &key, json!({"limits": {"disk": "2M"}})));
+    upload_file(&d, &key, "f.bin", &vec![7u8; 300 << 10]);
+
+    let (status, mine) = d.request("GET", "/v1/tenants/q", Some(&key), None);
+    assert_eq!(status, 200, "{mine}");
+    assert_fields(&mine, &["tenant", "created_at", "quotas", "usage"]);
+    assert_eq!(mine["tenant"], "q");
+    assert_eq!(mine["quotas"]["max_sessions"], 7);
+    assert_eq!(mine["quotas"]["max_disk_bytes"], 4 << 20);
+    let usage = &mine["usage"];
+    assert_eq!(usage["sessions"], 1, "{usage}");
+    assert_eq!(usage["session_disk_bytes"], 2 << 20, "{usage}");
+    assert_eq!(usage["file_bytes"], 300 << 10, "{usage}");
+    assert_eq!(usage["disk_bytes"], (2 << 20) + (300 << 10), "{usage}");
+    // The administrator sees the same; the list agrees.
+    let (status, theirs) = d.request("GET", "/v1/tenants/q", Some(d.admin_key()), None);
+    assert_eq!(status, 200, "{theirs}");
+    assert_eq!(theirs["usage"], *usage);
+    assert_eq!(tenant_usage(&d, "q"), *usage);
+
+    // What the quota refuses adds up with what the tenant was shown, and says where
+    // to look.
+    let (status, body) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key),
+        Some(json!({"limits": {"disk": "2M"}})),
+    );
+    assert_eq!(status, 429, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    let wanted = (2 << 20) + (300 << 10) + (2 << 20);
+    assert!(
+        message.contains(&format!("would use {wanted} of its {} bytes", 4 << 20))
+            && message.contains("GET /v1/tenants/q"),
+        "{message}"
+    );
+
+    // Another tenant, even the administrator's, and an unknown one: 404 alike.
+    for (who, name) in [(key.as_str(), "admin"), (key.as_str(), "nobody")] {
+        let (status, body) = d.request("GET", &format!("/v1/tenants/{name}"), Some(who), None);
+        assert_eq!(status, 404, "{name}: {body}");
+        assert_eq!(error_code(&body), "not_found");
+    }
+    let (status, body) = d.request("GET", "/v1/tenants/nobody", Some(d.admin_key()), None);
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = d.request("GET", "/v1/tenants/q", None, None);
+    assert_eq!(status, 401);
+
+    delete_session(&d, &key, &id);
+    let (_, mine) = d.request("GET", "/v1/tenants/q", Some(&key), None);
+    assert_eq!(mine["usage"]["session_disk_bytes"], 0, "{mine}");
+    assert_eq!(mine["usage"]["disk_bytes"], 300 << 10, "{mine}");
 }
 
 /// The session cap is exact under concurrent creates, pooled and cold alike: of twelve
@@ -2462,6 +2531,7 @@ const DOCUMENTED: &[(&str, &str)] = &[
     ("GET", "/v1/keys"),
     ("DELETE", "/v1/keys/{}"),
     ("GET", "/v1/tenants"),
+    ("GET", "/v1/tenants/{}"),
     ("PUT", "/v1/tenants/{}/quotas"),
     ("POST", "/v1/sessions"),
     ("GET", "/v1/sessions"),

@@ -563,6 +563,10 @@ pub struct Usage {
     pub volume_bytes: u64,
     /// The layers its snapshots hold (`/v1/snapshots`), each once.
     pub snapshot_bytes: u64,
+    /// The `disk` limits of its live sessions: reserved whether written or not.
+    pub session_disk_bytes: u64,
+    /// What counts against `max_disk_bytes`: the four byte counts above together.
+    pub disk_bytes: u64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -604,12 +608,20 @@ where
 }
 
 async fn tenant_info(state: &AppState, row: TenantRow) -> Result<TenantInfo, ApiError> {
+    let file_bytes = state.db.file_bytes(&row.name).await?;
+    let volume_bytes = crate::volumes::usage(state, &row.name).await?;
+    let snapshot_bytes = state.db.snapshot_bytes(&row.name).await?;
+    let session_disk_bytes = crate::filestore::reserved_disk(state, &row.name);
     let usage = Usage {
         sessions: state.db.live_session_count(&row.name).await?,
         concurrent_execs: state.auth.running_execs(&row.name),
-        file_bytes: state.db.file_bytes(&row.name).await?,
-        volume_bytes: crate::volumes::usage(state, &row.name).await?,
-        snapshot_bytes: state.db.snapshot_bytes(&row.name).await?,
+        file_bytes,
+        volume_bytes,
+        snapshot_bytes,
+        session_disk_bytes,
+        disk_bytes: [file_bytes, volume_bytes, snapshot_bytes, session_disk_bytes]
+            .into_iter()
+            .fold(0, u64::saturating_add),
     };
     Ok(TenantInfo {
         quotas: state.auth.quotas(&row.name).await?,
@@ -747,6 +759,33 @@ async fn list_tenants(
     Ok(ApiJson(TenantList { tenants }))
 }
 
+/// One tenant's quotas and usage: any tenant for an administrator, otherwise the
+/// caller's own (another tenant's name answers 404, as an unknown one).
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}",
+    tag = "tenants",
+    params(("tenant" = String, Path)),
+    responses(
+        (status = 200, body = TenantInfo),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 404, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []), ("api_key" = []))
+)]
+async fn get_tenant(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(tenant): ApiPath<String>,
+) -> Result<ApiJson<TenantInfo>, ApiError> {
+    let unknown = || ApiError::not_found(format!("no tenant {tenant}"));
+    if !caller.admin && caller.tenant != tenant {
+        return Err(unknown());
+    }
+    let row = state.db.tenant(&tenant).await?.ok_or_else(unknown)?;
+    Ok(ApiJson(tenant_info(&state, row).await?))
+}
+
 /// Set a tenant's quotas (admin).
 #[utoipa::path(
     put,
@@ -804,6 +843,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(create_key, list_keys))
         .routes(routes!(delete_key))
         .routes(routes!(list_tenants))
+        .routes(routes!(get_tenant))
         .routes(routes!(put_quotas))
 }
 

@@ -693,7 +693,9 @@ impl Db {
                 .saturating_add(file.size_bytes);
             if total > max_disk_bytes {
                 return Err(ApiError::quota(format!(
-                    "tenant disk quota exceeded: {total} bytes needed, {max_disk_bytes} allowed"
+                    "tenant {} would use {total} of its {max_disk_bytes} bytes of disk with \
+                     this file (GET /v1/tenants/{} shows what counts)",
+                    file.tenant, file.tenant
                 )));
             }
             tx.execute(

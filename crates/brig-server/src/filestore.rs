@@ -229,7 +229,8 @@ async fn receive(
         }
         if size > room {
             return Err(ApiError::quota(format!(
-                "tenant disk quota exceeded: {max_disk} bytes allowed"
+                "tenant {tenant} would use more than its {max_disk} bytes of disk with this \
+                 file (GET /v1/tenants/{tenant} shows what counts)"
             )));
         }
         hasher.update(&chunk);
@@ -272,7 +273,7 @@ async fn record_within_quota(state: &Shared, row: FileRow, max_disk: u64) -> Res
 /// The disk the tenant's live sessions hold (their `disk` limits), which its disk
 /// quota counts together with what it stores (files, volumes, snapshots: see
 /// `Db::stored_bytes`).
-fn reserved_disk(state: &Shared, tenant: &str) -> u64 {
+pub fn reserved_disk(state: &Shared, tenant: &str) -> u64 {
     state
         .sessions
         .get()

@@ -651,7 +651,9 @@ async fn keys_and_tenants_are_admin_business() {
             "concurrent_execs": 0,
             "file_bytes": 0,
             "volume_bytes": 0,
-            "snapshot_bytes": 0
+            "snapshot_bytes": 0,
+            "session_disk_bytes": 0,
+            "disk_bytes": 0
         })
     );
 }

@@ -352,7 +352,8 @@ async fn grow(state: &AppState, tenant: &str, name: &str, capacity: u64) -> Resu
     let wanted = used.saturating_add(capacity - stored);
     if wanted > quotas.max_disk_bytes {
         return Err(ApiError::quota(format!(
-            "tenant {tenant} would use {wanted} of its {} bytes of disk",
+            "tenant {tenant} would use {wanted} of its {} bytes of disk (GET \
+             /v1/tenants/{tenant} shows what counts)",
             quotas.max_disk_bytes
         )));
     }

@@ -1202,7 +1202,8 @@ async fn create_with(
         .saturating_add(new_volume);
     if wanted > quotas.max_disk_bytes {
         return Err(ApiError::quota(format!(
-            "tenant {} would use {wanted} of its {} bytes of disk",
+            "tenant {0} would use {wanted} of its {1} bytes of disk (GET /v1/tenants/{0} \
+             shows what counts)",
             caller.tenant, quotas.max_disk_bytes
         )));
     }
