@@ -187,6 +187,45 @@ enum KeyCommand {
     Revoke { key_id: String },
 }
 
+#[derive(Args)]
+pub struct TenantArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[command(subcommand)]
+    command: TenantCommand,
+}
+
+#[derive(Subcommand)]
+enum TenantCommand {
+    /// List tenants with their quotas and usage (admin).
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a tenant's quotas and usage (yours, or any for an admin).
+    Show {
+        tenant: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set a tenant's quotas (admin); options left out stay as they are.
+    Quota {
+        tenant: String,
+        /// Live sessions at once.
+        #[arg(long, value_name = "N")]
+        max_sessions: Option<u64>,
+        /// Execs running at once.
+        #[arg(long, value_name = "N")]
+        max_concurrent_execs: Option<u64>,
+        /// Disk: the sessions' disk limits plus stored files, volumes and snapshots
+        /// (e.g. 50G).
+        #[arg(long, value_name = "SIZE")]
+        max_disk: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 // ---------------------------------------------------------------------------------
 // Entry points
 // ---------------------------------------------------------------------------------
@@ -214,6 +253,17 @@ pub fn key(args: KeyArgs) -> ExitCode {
     finish(
         json,
         connect(&args.conn).and_then(|c| key_cmd(&c, args.command)),
+    )
+}
+
+pub fn tenant(args: TenantArgs) -> ExitCode {
+    let json = match &args.command {
+        TenantCommand::Ls { json } => *json,
+        TenantCommand::Show { json, .. } | TenantCommand::Quota { json, .. } => *json,
+    };
+    finish(
+        json,
+        connect(&args.conn).and_then(|c| tenant_cmd(&c, args.command)),
     )
 }
 
@@ -475,6 +525,10 @@ impl Client {
         read_json(self.check(self.get(path).call())?)
     }
 
+    fn put_json(&self, path: &str, body: &Value) -> Result<Value> {
+        read_json(self.json_request(self.put(path), body)?)
+    }
+
     fn delete_ok(&self, path: &str) -> Result<()> {
         self.check(self.delete(path).call())?;
         Ok(())
@@ -701,6 +755,78 @@ fn key_cmd(client: &Client, command: KeyCommand) -> Result<u8> {
             client.delete_ok(&format!("/v1/keys/{}", seg(&key_id)))?;
         }
     }
+    Ok(0)
+}
+
+fn tenant_cmd(client: &Client, command: TenantCommand) -> Result<u8> {
+    let (tenants, json) = match command {
+        TenantCommand::Ls { json } => {
+            let list = client.get_json("/v1/tenants")?;
+            let tenants = list["tenants"].as_array().cloned().unwrap_or_default();
+            (tenants, json.then_some(list))
+        }
+        TenantCommand::Show { tenant, json } => {
+            let info = client.get_json(&format!("/v1/tenants/{}", seg(&tenant)))?;
+            (vec![info.clone()], json.then_some(info))
+        }
+        TenantCommand::Quota {
+            tenant,
+            max_sessions,
+            max_concurrent_execs,
+            max_disk,
+            json,
+        } => {
+            let mut body = serde_json::Map::new();
+            if let Some(n) = max_sessions {
+                body.insert("max_sessions".into(), n.into());
+            }
+            if let Some(n) = max_concurrent_execs {
+                body.insert("max_concurrent_execs".into(), n.into());
+            }
+            if let Some(size) = &max_disk {
+                let bytes =
+                    brig_policy::parse_size(size).map_err(|e| anyhow!("--max-disk: {e}"))?;
+                body.insert("max_disk_bytes".into(), bytes.into());
+            }
+            if body.is_empty() {
+                bail!("nothing to set: give --max-sessions, --max-concurrent-execs or --max-disk");
+            }
+            let path = format!("/v1/tenants/{}/quotas", seg(&tenant));
+            let info = client.put_json(&path, &body.into())?;
+            (vec![info.clone()], json.then_some(info))
+        }
+    };
+    if let Some(json) = json {
+        println!("{json}");
+        return Ok(0);
+    }
+    let count = |t: &Value, used: &str, max: &str| {
+        let used = t["usage"][used].as_u64().unwrap_or(0);
+        match t["quotas"][max].as_u64() {
+            Some(max) => format!("{used}/{max}"),
+            None => format!("{used}/-"),
+        }
+    };
+    let bytes = |v: &Value| {
+        v.as_u64()
+            .map_or("-".to_string(), crate::image_cmd::human_bytes)
+    };
+    let rows: Vec<Vec<String>> = tenants
+        .iter()
+        .map(|t| {
+            vec![
+                str_field(t, "tenant").to_string(),
+                count(t, "sessions", "max_sessions"),
+                count(t, "concurrent_execs", "max_concurrent_execs"),
+                format!(
+                    "{} of {}",
+                    bytes(&t["usage"]["disk_bytes"]),
+                    bytes(&t["quotas"]["max_disk_bytes"])
+                ),
+            ]
+        })
+        .collect();
+    print!("{}", table(&["TENANT", "SESSIONS", "EXECS", "DISK"], &rows));
     Ok(0)
 }
 

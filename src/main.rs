@@ -46,6 +46,8 @@ enum Command {
     Cp(client_cmd::CpArgs),
     /// Manage the daemon's API keys.
     Key(client_cmd::KeyArgs),
+    /// See tenants' quotas and usage on the daemon; set quotas.
+    Tenant(client_cmd::TenantArgs),
 }
 
 /// Run a command in a brand-new sandbox and report its result.
@@ -396,6 +398,7 @@ fn main() -> ExitCode {
         Command::Exec(args) => client_cmd::exec(args),
         Command::Cp(args) => client_cmd::cp(args),
         Command::Key(args) => client_cmd::key(args),
+        Command::Tenant(args) => client_cmd::tenant(args),
         Command::Serve(_) => unreachable!("handled before logging is set up"),
     }
 }

@@ -596,6 +596,90 @@ fn cp_downloads_files_and_directories() {
 }
 
 #[test]
+fn tenant_commands() {
+    let home = tempfile::tempdir().unwrap();
+    let acme = json!({"tenant": "acme", "created_at": "2026-01-01T00:00:00.000Z",
+        "quotas": {"max_sessions": 20, "max_concurrent_execs": 4, "max_disk_bytes": 10u64 << 30},
+        "usage": {"sessions": 3, "concurrent_execs": 1, "file_bytes": 0, "volume_bytes": 0,
+                  "snapshot_bytes": 0, "session_disk_bytes": 3u64 << 29, "disk_bytes": 3u64 << 29}});
+    let served = acme.clone();
+    let (url, requests) = fake_server(move |request, stream| {
+        match (request.method.as_str(), request.path.as_str()) {
+            ("GET", "/v1/tenants") => {
+                respond_json(stream, "200 OK", json!({"tenants": [served.clone()]}))
+            }
+            ("GET", "/v1/tenants/acme") | ("PUT", "/v1/tenants/acme/quotas") => {
+                respond_json(stream, "200 OK", served.clone())
+            }
+            _ => api_error(stream, "404 Not Found", "not_found", "no tenant nobody"),
+        }
+    });
+    let table = "TENANT  SESSIONS  EXECS  DISK\n\
+                 acme    3/20      1/4    1.5 GiB of 10.0 GiB\n";
+    let out = run(&url, home.path(), &["tenant", "ls"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), table);
+    requests.recv().unwrap();
+
+    let out = run(&url, home.path(), &["tenant", "show", "acme", "--json"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&text(&out.stdout)).unwrap(),
+        acme
+    );
+    assert_eq!(requests.recv().unwrap().path, "/v1/tenants/acme");
+
+    let out = run(
+        &url,
+        home.path(),
+        &[
+            "tenant",
+            "quota",
+            "acme",
+            "--max-sessions",
+            "20",
+            "--max-disk",
+            "10G",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), table);
+    let put = requests.recv().unwrap();
+    assert_eq!(put.method, "PUT");
+    assert_eq!(
+        put.json(),
+        json!({"max_sessions": 20, "max_disk_bytes": 10u64 << 30}),
+        "options left out are not sent, so they stay as they are"
+    );
+
+    // Nothing to set, and a bad size: refused before any request.
+    for args in [
+        &["tenant", "quota", "acme"][..],
+        &["tenant", "quota", "acme", "--max-disk", "lots"][..],
+    ] {
+        let out = run(&url, home.path(), args);
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        assert_eq!(
+            text(&out.stderr).lines().count(),
+            1,
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = run(&url, home.path(), &["tenant", "show", "nobody"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("no tenant nobody"),
+        "{}",
+        text(&out.stderr)
+    );
+    requests.recv().unwrap();
+    assert!(
+        requests.try_recv().is_err(),
+        "a refused command sent a request"
+    );
+}
+
+#[test]
 fn session_and_key_commands() {
     let home = tempfile::tempdir().unwrap();
     let (url, requests) = fake_server(|request, stream| {
