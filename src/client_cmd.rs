@@ -208,18 +208,19 @@ enum TenantCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Set a tenant's quotas (admin); options left out stay as they are.
+    /// Set a tenant's quotas (admin); options left out stay as they are, and
+    /// "default" goes back to the daemon's default.
     Quota {
         tenant: String,
         /// Live sessions at once.
-        #[arg(long, value_name = "N")]
-        max_sessions: Option<u64>,
+        #[arg(long, value_name = "N|default")]
+        max_sessions: Option<String>,
         /// Execs running at once.
-        #[arg(long, value_name = "N")]
-        max_concurrent_execs: Option<u64>,
+        #[arg(long, value_name = "N|default")]
+        max_concurrent_execs: Option<String>,
         /// Disk: the sessions' disk limits plus stored files, volumes and snapshots
         /// (e.g. 50G).
-        #[arg(long, value_name = "SIZE")]
+        #[arg(long, value_name = "SIZE|default")]
         max_disk: Option<String>,
         #[arg(long)]
         json: bool,
@@ -776,17 +777,40 @@ fn tenant_cmd(client: &Client, command: TenantCommand) -> Result<u8> {
             max_disk,
             json,
         } => {
+            // `null` in the API: the daemon's default.
+            let quota = |flag: &str, text: &str, parse: fn(&str) -> Result<u64>| {
+                if text == "default" {
+                    Ok(Value::Null)
+                } else {
+                    parse(text)
+                        .map(Value::from)
+                        .map_err(|e| anyhow!("--{flag}: {e}"))
+                }
+            };
+            let count = |text: &str| {
+                text.parse::<u64>()
+                    .map_err(|_| anyhow!("'{text}' is not a count or \"default\""))
+            };
+            let size = |text: &str| brig_policy::parse_size(text).map_err(|e| anyhow!(e));
             let mut body = serde_json::Map::new();
-            if let Some(n) = max_sessions {
-                body.insert("max_sessions".into(), n.into());
-            }
-            if let Some(n) = max_concurrent_execs {
-                body.insert("max_concurrent_execs".into(), n.into());
-            }
-            if let Some(size) = &max_disk {
-                let bytes =
-                    brig_policy::parse_size(size).map_err(|e| anyhow!("--max-disk: {e}"))?;
-                body.insert("max_disk_bytes".into(), bytes.into());
+            for (flag, field, value, parse) in [
+                (
+                    "max-sessions",
+                    "max_sessions",
+                    &max_sessions,
+                    count as fn(&str) -> _,
+                ),
+                (
+                    "max-concurrent-execs",
+                    "max_concurrent_execs",
+                    &max_concurrent_execs,
+                    count,
+                ),
+                ("max-disk", "max_disk_bytes", &max_disk, size),
+            ] {
+                if let Some(text) = value {
+                    body.insert(field.into(), quota(flag, text, parse)?);
+                }
             }
             if body.is_empty() {
                 bail!("nothing to set: give --max-sessions, --max-concurrent-execs or --max-disk");

@@ -651,10 +651,29 @@ fn tenant_commands() {
         "options left out are not sent, so they stay as they are"
     );
 
-    // Nothing to set, and a bad size: refused before any request.
+    let out = run(
+        &url,
+        home.path(),
+        &[
+            "tenant",
+            "quota",
+            "acme",
+            "--max-concurrent-execs",
+            "default",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        requests.recv().unwrap().json(),
+        json!({"max_concurrent_execs": null}),
+        "\"default\" is the API's null"
+    );
+
+    // Nothing to set, a bad size or count: refused before any request.
     for args in [
         &["tenant", "quota", "acme"][..],
         &["tenant", "quota", "acme", "--max-disk", "lots"][..],
+        &["tenant", "quota", "acme", "--max-sessions", "-1"][..],
     ] {
         let out = run(&url, home.path(), args);
         assert_ne!(out.status.code(), Some(0), "{args:?}");
