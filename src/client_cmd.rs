@@ -66,6 +66,9 @@ enum SessionCommand {
     Create(Box<CreateArgs>),
     /// List your sessions.
     Ls {
+        /// Only sessions with this metadata entry. Repeatable (all must match).
+        #[arg(long = "meta", value_name = "KEY=VALUE")]
+        metadata: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -116,6 +119,10 @@ struct CreateArgs {
     /// Delete the session after this long without requests.
     #[arg(long, value_name = "DURATION")]
     idle_timeout: Option<String>,
+    /// A label of your own, returned with the session and matched by
+    /// `brig session ls --meta`. Repeatable.
+    #[arg(long = "meta", value_name = "KEY=VALUE")]
+    metadata: Vec<String>,
     /// Print the session as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -232,7 +239,7 @@ enum TenantCommand {
 // ---------------------------------------------------------------------------------
 
 pub fn session(args: SessionArgs) -> ExitCode {
-    let json = matches!(&args.command, SessionCommand::Ls { json: true })
+    let json = matches!(&args.command, SessionCommand::Ls { json: true, .. })
         || matches!(&args.command, SessionCommand::Create(c) if c.json);
     finish(
         json,
@@ -567,13 +574,13 @@ fn str_field<'a>(value: &'a Value, key: &str) -> &'a str {
     value.get(key).and_then(Value::as_str).unwrap_or("-")
 }
 
-/// Parses repeated `KEY=VALUE` flags.
-fn env_map(entries: &[String]) -> Result<BTreeMap<String, String>> {
+/// Parses repeated `--FLAG KEY=VALUE` flags.
+fn pairs(flag: &str, entries: &[String]) -> Result<BTreeMap<String, String>> {
     entries
         .iter()
         .map(|entry| match entry.split_once('=') {
             Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-            _ => bail!("bad --env '{entry}': expected KEY=VALUE"),
+            _ => bail!("bad --{flag} '{entry}': expected KEY=VALUE"),
         })
         .collect()
 }
@@ -615,8 +622,17 @@ fn session_cmd(client: &Client, command: SessionCommand) -> Result<u8> {
                 println!("{}", str_field(&session, "session_id"));
             }
         }
-        SessionCommand::Ls { json } => {
-            let list = client.get_json("/v1/sessions")?;
+        SessionCommand::Ls { metadata, json } => {
+            let mut path = "/v1/sessions".to_string();
+            for (i, entry) in metadata.iter().enumerate() {
+                if !entry.contains('=') {
+                    bail!("bad --meta '{entry}': expected KEY=VALUE");
+                }
+                path.push(if i == 0 { '?' } else { '&' });
+                path.push_str("metadata=");
+                path.push_str(&seg(entry));
+            }
+            let list = client.get_json(&path)?;
             if json {
                 println!("{list}");
                 return Ok(0);
@@ -683,7 +699,10 @@ fn create_body(args: &CreateArgs) -> Result<Value> {
         body.insert("snapshot".into(), snapshot.clone().into());
     }
     if !args.env.is_empty() {
-        body.insert("env".into(), json!(env_map(&args.env)?));
+        body.insert("env".into(), json!(pairs("env", &args.env)?));
+    }
+    if !args.metadata.is_empty() {
+        body.insert("metadata".into(), json!(pairs("meta", &args.metadata)?));
     }
     let mut limits = Map::new();
     // Sizes are checked here for an early, local error, and sent as bytes.
@@ -864,7 +883,7 @@ fn exec_cmd(client: &Client, args: ExecArgs) -> Result<u8> {
         body["cwd"] = cwd.clone().into();
     }
     if !args.env.is_empty() {
-        body["env"] = json!(env_map(&args.env)?);
+        body["env"] = json!(pairs("env", &args.env)?);
     }
     let timeout_ms = args
         .timeout
@@ -1711,9 +1730,9 @@ mod tests {
     fn helpers() {
         assert_eq!(seg("ab-c_1.~"), "ab-c_1.~");
         assert_eq!(seg("a/b?c d"), "a%2Fb%3Fc%20d");
-        assert!(env_map(&["A=1".into(), "B=x=y".into()]).is_ok());
-        assert!(env_map(&["=1".into()]).is_err());
-        assert!(env_map(&["A".into()]).is_err());
+        assert!(pairs("env", &["A=1".into(), "B=x=y".into()]).is_ok());
+        assert!(pairs("env", &["=1".into()]).is_err());
+        assert!(pairs("env", &["A".into()]).is_err());
         assert_eq!(
             table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]),
             "A    BB\nxyz  1\n"

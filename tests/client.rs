@@ -23,6 +23,8 @@ struct Request {
     raw_path: String,
     /// The query, percent-decoded.
     query: HashMap<String, String>,
+    /// The query as sent.
+    raw_query: String,
     headers: HashMap<String, String>,
     body: Vec<u8>,
 }
@@ -98,8 +100,8 @@ fn read_request(stream: &mut TcpStream) -> Option<Request> {
             body.extend_from_slice(&chunk[..size]);
         }
     }
-    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-    let query = query
+    let (path, raw_query) = target.split_once('?').unwrap_or((&target, ""));
+    let query = raw_query
         .split('&')
         .filter(|p| !p.is_empty())
         .map(|pair| {
@@ -111,6 +113,7 @@ fn read_request(stream: &mut TcpStream) -> Option<Request> {
         method,
         path: decode(path),
         raw_path: path.to_string(),
+        raw_query: raw_query.to_string(),
         query,
         headers,
         body,
@@ -748,6 +751,8 @@ fn session_and_key_commands() {
             "2m",
             "--idle-timeout",
             "1500ms",
+            "--meta",
+            "user=u1",
         ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -756,7 +761,7 @@ fn session_and_key_commands() {
         requests.recv().unwrap().json(),
         json!({"image": "python", "env": {"A": "b=c"},
                "limits": {"memory": 1u64 << 30, "cpus": 0.5, "pids": 64},
-               "ttl_seconds": 120, "idle_timeout_seconds": 2})
+               "ttl_seconds": 120, "idle_timeout_seconds": 2, "metadata": {"user": "u1"}})
     );
 
     let out = run(&url, home.path(), &["session", "ls"]);
@@ -766,6 +771,32 @@ fn session_and_key_commands() {
          ses_123  running  python  2026-01-01T00:00:00Z  -\n"
     );
     requests.recv().unwrap();
+    let out = run(
+        &url,
+        home.path(),
+        &[
+            "session",
+            "ls",
+            "--meta",
+            "user=u1",
+            "--meta",
+            "chat=c/2 &x",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let listed = requests.recv().unwrap();
+    assert_eq!(listed.path, "/v1/sessions");
+    assert_eq!(
+        listed.raw_query,
+        "metadata=user%3Du1&metadata=chat%3Dc%2F2%20%26x"
+    );
+    let out = run(&url, home.path(), &["session", "ls", "--meta", "user"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("bad --meta 'user'"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let out = run(
         &url,

@@ -81,12 +81,14 @@ def j(raw):
     return json.loads(raw)
 
 
-st, out = call("POST", "/v1/sessions", {"ttl_seconds": 600, "env": {"A": "b"}, "limits": {"cpus": 0.5, "memory": "256M", "pids": 64}})
+st, out = call("POST", "/v1/sessions", {"ttl_seconds": 600, "env": {"A": "b"}, "metadata": {"user": "u1"}, "limits": {"cpus": 0.5, "memory": "256M", "pids": 64}})
 sid = j(out)["session_id"]
 st, out = call("POST", "/v1/sessions", {"limits": {"cpus": "1.5", "disk": 100000000}})
 call("DELETE", f"/v1/sessions/{j(out)['session_id']}")
 call("GET", f"/v1/sessions/{sid}")
 call("GET", "/v1/sessions")
+call("GET", "/v1/sessions?metadata=user%3Du1&metadata=chat%3Dc1")
+call("GET", "/v1/sessions?metadata=nokey")
 call("POST", f"/v1/sessions/{sid}/exec", {"argv": ["echo", "hi"]})
 call("POST", f"/v1/sessions/{sid}/exec", {"cmd": "exit 3"})
 call("POST", f"/v1/sessions/{sid}/exec", {"argv": ["nope-not-here"]})

@@ -2089,6 +2089,115 @@ fn root_quotas_refuse_with_429_and_create_nothing() {
     assert_eq!(status, 204);
 }
 
+/// Sessions carry their creator's labels (metadata), returned with them and matched
+/// by the list's filter, within the tenant only; bad labels and filters change
+/// nothing.
+#[test]
+fn root_sessions_carry_metadata_and_are_found_by_it() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let (other, _) = tenant_key(&d, "other");
+    let labels = json!({"user": "u1", "chat": "c/1 é"});
+    let first = create(&d, &key, json!({ "metadata": labels }));
+    assert_eq!(first["metadata"], labels);
+    let a = sid(&first);
+    let b = sid(&create(
+        &d,
+        &key,
+        json!({"metadata": {"user": "u1", "chat": "c2"}}),
+    ));
+    let c = sid(&create(&d, &key, json!({})));
+    let theirs = sid(&create(&d, &other, json!({"metadata": {"user": "u1"}})));
+    let (_, got) = d.request("GET", &format!("/v1/sessions/{c}"), Some(&key), None);
+    assert_eq!(got["metadata"], json!({}), "no metadata is an empty object");
+    let (_, audit) = d.request(
+        "GET",
+        &format!("/v1/audit?session_id={a}"),
+        Some(&key),
+        None,
+    );
+    let created = audit["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["action"] == "session.create")
+        .unwrap_or_else(|| panic!("no session.create in {audit}"));
+    assert_eq!(created["detail"]["metadata"], labels, "{created}");
+
+    let ids_of = |who: &str, query: &str| -> BTreeSet<String> {
+        let (status, list) = d.request("GET", &format!("/v1/sessions{query}"), Some(who), None);
+        assert_eq!(status, 200, "{query}: {list}");
+        list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["session_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let set = |ids: &[&String]| ids.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(ids_of(&key, ""), set(&[&a, &b, &c]));
+    assert_eq!(ids_of(&key, "?metadata=user%3Du1"), set(&[&a, &b]));
+    assert_eq!(
+        ids_of(&key, "?metadata=user%3Du1&metadata=chat%3Dc%2F1%20%C3%A9"),
+        set(&[&a]),
+        "every filter must match; values are compared decoded"
+    );
+    assert_eq!(
+        ids_of(&key, "?metadata=user=u1&metadata=chat=c2"),
+        set(&[&b])
+    );
+    assert_eq!(ids_of(&key, "?metadata=user%3Du2"), set(&[]));
+    assert_eq!(
+        ids_of(&key, "?metadata=chat%3D"),
+        set(&[]),
+        "an empty value is a value"
+    );
+    assert_eq!(ids_of(&other, "?metadata=user%3Du1"), set(&[&theirs]));
+
+    // Bad labels: 422, and no session is made.
+    let too_many: serde_json::Map<String, Value> =
+        (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
+    for bad in [
+        json!({"metadata": {"": "v"}}),
+        json!({"metadata": {"a b": "v"}}),
+        json!({"metadata": {"k".repeat(65): "v"}}),
+        json!({"metadata": {"k": "v".repeat(257)}}),
+        json!({"metadata": {"k": 1}}),
+        json!({"metadata": ["k", "v"]}),
+        json!({ "metadata": too_many }),
+    ] {
+        let (status, body) = d.request("POST", "/v1/sessions", Some(&key), Some(bad.clone()));
+        assert!(status == 422 || status == 400, "{bad}: {status} {body}");
+        assert!(!body["error"]["message"].as_str().unwrap().is_empty());
+    }
+    assert_eq!(
+        ids_of(&key, ""),
+        set(&[&a, &b, &c]),
+        "a refused create made a session"
+    );
+    // At the bounds: accepted.
+    let edge: serde_json::Map<String, Value> = (0..16)
+        .map(|i| (format!("{i:02}{}", "k".repeat(62)), json!("v".repeat(256))))
+        .collect();
+    let edge_id = sid(&create(&d, &key, json!({ "metadata": edge })));
+    // Bad filters: 422 with a message, not an empty list.
+    for query in ["?metadata=user", "?user=u1", "?metadata=a%20b%3Dv"] {
+        let (status, body) = d.request("GET", &format!("/v1/sessions{query}"), Some(&key), None);
+        assert_eq!(status, 422, "{query}: {body}");
+        assert_eq!(error_code(&body), "invalid_request");
+    }
+    for (who, id) in [
+        (&key, &a),
+        (&key, &b),
+        (&key, &c),
+        (&key, &edge_id),
+        (&other, &theirs),
+    ] {
+        delete_session(&d, who, id);
+    }
+}
+
 /// A tenant reads its own quotas and usage, which adds up to what the disk quota
 /// counts, so that a 429 can be understood without an administrator.
 #[test]

@@ -686,7 +686,7 @@ fn sigterm_is_not_a_teardown_sessions_survive_a_graceful_restart() {
     let mut d = fx.start(&[]);
     let key = d.admin_key().to_string();
     let ids: Vec<String> = (0..2)
-        .map(|_| id_of(&create(&d, &key, json!({}))))
+        .map(|i| id_of(&create(&d, &key, json!({"metadata": {"n": i.to_string()}}))))
         .collect();
     for id in &ids {
         sh(&d, &key, id, &format!("echo {id} > /tmp/mark"));
@@ -721,6 +721,13 @@ fn sigterm_is_not_a_teardown_sessions_survive_a_graceful_restart() {
         listed(&d2, &key),
         ids.iter().cloned().collect::<BTreeSet<_>>()
     );
+    // Metadata is the session's: the next daemon returns it and finds by it.
+    let (status, found) = d2.request("GET", "/v1/sessions?metadata=n%3D1", Some(&key), None);
+    assert_eq!(status, 200, "{found}");
+    let found: Vec<&Value> = found["sessions"].as_array().unwrap().iter().collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0]["session_id"], ids[1].as_str());
+    assert_eq!(found[0]["metadata"], json!({"n": "1"}));
     for id in &ids {
         assert_eq!(sh(&d2, &key, id, "cat /tmp/mark"), format!("{id}\n"));
         delete(&d2, &key, id);

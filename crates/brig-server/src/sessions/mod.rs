@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use brig_policy::{parse_cpus_millis, parse_size, SandboxSpec};
@@ -147,6 +147,50 @@ pub struct CreateSession {
     pub files: Option<Vec<FileRef>>,
     pub ttl_seconds: Option<u64>,
     pub idle_timeout_seconds: Option<u64>,
+    /// The caller's own labels (e.g. `{"user": "u42", "chat": "c7"}`), returned with
+    /// the session and matched by `GET /v1/sessions?metadata=K=V`: at most
+    /// 16 entries, keys 1-64 characters of `A-Z a-z 0-9 _ . -`, values at most 256
+    /// bytes.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// Bounds of a session's `metadata`: labels to find sessions by, not storage.
+const METADATA_ENTRIES: usize = 16;
+const METADATA_KEY_CHARS: usize = 64;
+const METADATA_VALUE_BYTES: usize = 256;
+
+fn check_metadata_key(key: &str) -> Result<(), ApiError> {
+    let valid = !key.is_empty()
+        && key.len() <= METADATA_KEY_CHARS
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if valid {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "metadata key {key:?}: 1-{METADATA_KEY_CHARS} characters of A-Z a-z 0-9 _ . -"
+        )))
+    }
+}
+
+fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if metadata.len() > METADATA_ENTRIES {
+        return Err(ApiError::invalid(format!(
+            "metadata has {} entries, at most {METADATA_ENTRIES}",
+            metadata.len()
+        )));
+    }
+    for (key, value) in metadata {
+        check_metadata_key(key)?;
+        if value.len() > METADATA_VALUE_BYTES {
+            return Err(ApiError::invalid(format!(
+                "metadata {key}: the value is {} bytes, at most {METADATA_VALUE_BYTES}",
+                value.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl CreateSession {
@@ -362,6 +406,8 @@ pub struct SessionInfo {
     pub mounts: Vec<BundleMount>,
     /// The volume mounted at `/volume`.
     pub volume: Option<String>,
+    /// The labels given at create.
+    pub metadata: BTreeMap<String, String>,
     #[schema(value_type = Object)]
     pub limits: serde_json::Value,
     /// What isolation the sandbox really has (as `brig run --json`'s `enforced`).
@@ -436,6 +482,7 @@ impl Session {
             pooled: self.pooled,
             mounts: self.request.mounts.clone().unwrap_or_default(),
             volume: self.request.volume.clone(),
+            metadata: self.request.metadata.clone().unwrap_or_default(),
             limits: serde_json::to_value(&self.limits).unwrap_or_default(),
             enforced: sandbox.enforced.clone(),
         }
@@ -1047,6 +1094,7 @@ async fn create_session(
         "limits": request.limits,
         "mounts": request.mounts,
         "volume": request.volume,
+        "metadata": request.metadata,
     });
     let event = audit::event(&caller, None, "session.create", detail.clone(), "ok");
     // In its own task: a client that hangs up mid-launch must not leave a sandbox
@@ -1122,6 +1170,9 @@ async fn create_with(
     }
     for (key, value) in request.env.iter().flatten() {
         exec::check_env_var(key, value)?;
+    }
+    if let Some(metadata) = &request.metadata {
+        check_metadata(metadata)?;
     }
     let volume_size = crate::volumes::requested_capacity(request.volume_size.as_ref())?;
     if volume_size.is_some() && request.volume.is_none() {
@@ -1605,17 +1656,53 @@ async fn reap_expired(state: &AppState) {
     }
 }
 
+/// The `metadata=K=V` pairs of a list query (parsed by hand: the parameter
+/// repeats); anything else in it is refused.
+fn metadata_filter(query: Option<&str>) -> Result<Vec<(String, String)>, ApiError> {
+    let mut wanted = Vec::new();
+    for (name, pair) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if name != "metadata" {
+            return Err(ApiError::invalid(format!(
+                "unknown query parameter {name:?} (filter with metadata=KEY=VALUE)"
+            )));
+        }
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(ApiError::invalid(format!(
+                "metadata={pair}: expected metadata=KEY=VALUE"
+            )));
+        };
+        check_metadata_key(key)?;
+        wanted.push((key.to_string(), value.to_string()));
+    }
+    Ok(wanted)
+}
+
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
-    responses((status = 200, body = SessionList)), security(("bearer" = [])))]
-async fn list_sessions(State(state): State<AppState>, caller: Caller) -> ApiJson<SessionList> {
-    ApiJson(SessionList {
+    params(("metadata" = Option<Vec<String>>, Query,
+        description = "`KEY=VALUE`: only sessions whose metadata has it; repeat for several (all must match)")),
+    responses((status = 200, body = SessionList), (status = 422, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn list_sessions(
+    State(state): State<AppState>,
+    caller: Caller,
+    RawQuery(query): RawQuery,
+) -> Result<ApiJson<SessionList>, ApiError> {
+    let wanted = metadata_filter(query.as_deref())?;
+    let matches = |session: &Session| {
+        let metadata = session.request.metadata.as_ref();
+        wanted
+            .iter()
+            .all(|(key, value)| metadata.and_then(|m| m.get(key)) == Some(value))
+    };
+    Ok(ApiJson(SessionList {
         sessions: state
             .sessions()
             .of_tenant(&caller.tenant)
             .iter()
+            .filter(|s| matches(s))
             .map(|s| s.info())
             .collect(),
-    })
+    }))
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
