@@ -1976,13 +1976,11 @@ fn root_quotas_refuse_with_429_and_create_nothing() {
     require_root!();
     let d = daemon(&[]);
     let (key, _) = tenant_key(&d, "q");
-    let (status, t) = d.request(
-        "PUT",
-        "/v1/tenants/q/quotas",
-        Some(d.admin_key()),
-        Some(json!({"max_sessions": 1, "max_concurrent_execs": 1})),
+    let t = set_quotas(
+        &d,
+        "q",
+        json!({"max_sessions": 1, "max_concurrent_execs": 1}),
     );
-    assert_eq!(status, 200, "{t}");
     assert_eq!(t["quotas"]["max_sessions"], 1);
     let id = sid(&create(&d, &key, json!({})));
     let sandboxes_before = sandboxes(&d);
@@ -2053,13 +2051,11 @@ fn root_quotas_refuse_with_429_and_create_nothing() {
     delete_session(&d, &key, &id);
 
     // Disk: the `disk` limit of each live session plus stored files.
-    let (status, t) = d.request(
-        "PUT",
-        "/v1/tenants/q/quotas",
-        Some(d.admin_key()),
-        Some(json!({"max_sessions": 5, "max_disk_bytes": 3 << 20})),
+    set_quotas(
+        &d,
+        "q",
+        json!({"max_sessions": 5, "max_disk_bytes": 3 << 20}),
     );
-    assert_eq!(status, 200, "{t}");
     let id = sid(&create(&d, &key, json!({"limits": {"disk": "2M"}})));
     let (ct, form) = multipart("big.bin", &vec![0u8; 1536 << 10]);
     let (status, body) = d.raw("POST", "/v1/files", Some(&key), Some(&ct), Some(form));
@@ -2205,13 +2201,11 @@ fn root_a_tenant_reads_its_own_quotas_and_what_its_disk_quota_counts() {
     require_root!();
     let d = daemon(&[]);
     let (key, _) = tenant_key(&d, "q");
-    let (status, t) = d.request(
-        "PUT",
-        "/v1/tenants/q/quotas",
-        Some(d.admin_key()),
-        Some(json!({"max_sessions": 7, "max_disk_bytes": 4 << 20})),
+    set_quotas(
+        &d,
+        "q",
+        json!({"max_sessions": 7, "max_disk_bytes": 4 << 20}),
     );
-    assert_eq!(status, 200, "{t}");
     let id = sid(&create(&d, &key, json!({"limits": {"disk": "2M"}})));
     upload_file(&d, &key, "f.bin", &vec![7u8; 300 << 10]);
 
@@ -2273,13 +2267,7 @@ fn root_session_quota_is_exact_under_concurrent_creates() {
     require_root!();
     let d = daemon(&["--pool", "host=3"]);
     let (key, _) = tenant_key(&d, "burst");
-    let (status, t) = d.request(
-        "PUT",
-        "/v1/tenants/burst/quotas",
-        Some(d.admin_key()),
-        Some(json!({"max_sessions": 4})),
-    );
-    assert_eq!(status, 200, "{t}");
+    set_quotas(&d, "burst", json!({"max_sessions": 4}));
     let attempt = || {
         std::thread::scope(|scope| {
             let creates: Vec<_> = (0..12)
@@ -4320,14 +4308,20 @@ fn tenant_usage(d: &Daemon, tenant: &str) -> Value {
         .clone()
 }
 
-fn set_disk_quota(d: &Daemon, tenant: &str, bytes: u64) {
+/// Sets a tenant's quotas as the administrator; returns the tenant as answered.
+fn set_quotas(d: &Daemon, tenant: &str, quotas: Value) -> Value {
     let (status, body) = d.request(
         "PUT",
         &format!("/v1/tenants/{tenant}/quotas"),
         Some(d.admin_key()),
-        Some(json!({ "max_disk_bytes": bytes })),
+        Some(quotas),
     );
     assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn set_disk_quota(d: &Daemon, tenant: &str, bytes: u64) {
+    set_quotas(d, tenant, json!({ "max_disk_bytes": bytes }));
 }
 
 /// A session can be snapshotted any number of times, on the host's dirs and on an
@@ -5420,13 +5414,11 @@ fn root_volumes_are_capped_and_count_in_the_disk_quota() {
     };
     assert_eq!(usage(&d)["volume_bytes"], 64u64 << 20);
     // Room for one default session (512 MiB of disk), the volume and 1 MiB more.
-    let (status, body) = d.request(
-        "PUT",
-        "/v1/tenants/q/quotas",
-        Some(d.admin_key()),
-        Some(json!({"max_disk_bytes": (512u64 << 20) + (64 << 20) + (1 << 20)})),
+    set_quotas(
+        &d,
+        "q",
+        json!({"max_disk_bytes": (512u64 << 20) + (64 << 20) + (1 << 20)}),
     );
-    assert_eq!(status, 200, "{body}");
     let id = sid(&create(&d, &key, json!({"volume": "v"})));
     assert_eq!(sh(&d, &key, &id, "cat /volume/f"), "small\n");
     for body in [
@@ -5718,13 +5710,11 @@ fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
         assert_eq!(sh(&d, &key, &id, "cat /volume/f"), "kept\n", "{what}");
     };
     // Room for the session's disk (512 MiB by default), the volume and 32 MiB more.
-    let (status, body) = d.request(
-        "PUT",
-        "/v1/tenants/grow/quotas",
-        Some(d.admin_key()),
-        Some(json!({"max_disk_bytes": (512u64 << 20) + (64 << 20) + (32 << 20)})),
+    set_quotas(
+        &d,
+        "grow",
+        json!({"max_disk_bytes": (512u64 << 20) + (64 << 20) + (32 << 20)}),
     );
-    assert_eq!(status, 200, "{body}");
     let (other, _) = tenant_key(&d, "other");
     let cases = [
         (
@@ -5806,13 +5796,7 @@ fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
     delete_session(&d, &key, &id);
 
     // Exactly the room left: grown, and the quota counts it.
-    let (status, body) = d.request(
-        "PUT",
-        "/v1/tenants/grow/quotas",
-        Some(d.admin_key()),
-        Some(json!({"max_disk_bytes": 96u64 << 20})),
-    );
-    assert_eq!(status, 200, "{body}");
+    set_quotas(&d, "grow", json!({"max_disk_bytes": 96u64 << 20}));
     let (status, body) = grow_volume(&d, &key, "v", json!("96M"));
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["capacity_bytes"], 96u64 << 20);
@@ -5831,13 +5815,7 @@ fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
 
     // A growth that fails (here the image cannot be written) leaves the volume as it
     // was, and usable.
-    let (status, body) = d.request(
-        "PUT",
-        "/v1/tenants/grow/quotas",
-        Some(d.admin_key()),
-        Some(json!({"max_disk_bytes": null})),
-    );
-    assert_eq!(status, 200, "{body}");
+    set_quotas(&d, "grow", json!({"max_disk_bytes": null}));
     struct Immutable<'a>(&'a Path);
     impl Drop for Immutable<'_> {
         fn drop(&mut self) {
@@ -5887,13 +5865,11 @@ fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
         json!({"volume": "b", "volume_size": "16M"}),
     ));
     delete_session(&d, &other, &id);
-    let (status, body) = d.request(
-        "PUT",
-        "/v1/tenants/other/quotas",
-        Some(d.admin_key()),
-        Some(json!({"max_disk_bytes": (16u64 << 20) + (16 << 20) + (48 << 20)})),
+    set_quotas(
+        &d,
+        "other",
+        json!({"max_disk_bytes": (16u64 << 20) + (16 << 20) + (48 << 20)}),
     );
-    assert_eq!(status, 200, "{body}");
     let results: Vec<(u16, Value)> = std::thread::scope(|scope| {
         let growths: Vec<_> = ["a", "b"]
             .into_iter()
