@@ -2164,7 +2164,8 @@ fn root_sessions_carry_metadata_and_are_found_by_it() {
         json!({ "metadata": too_many }),
     ] {
         let (status, body) = d.request("POST", "/v1/sessions", Some(&key), Some(bad.clone()));
-        assert!(status == 422 || status == 400, "{bad}: {status} {body}");
+        assert_eq!(status, 422, "{bad}: {body}");
+        assert_eq!(error_code(&body), "invalid_request", "{bad}");
         assert!(!body["error"]["message"].as_str().unwrap().is_empty());
     }
     assert_eq!(
