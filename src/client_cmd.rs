@@ -72,6 +72,8 @@ enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Change a live session: a new TTL (counted from now), idle timeout or labels.
+    Update(UpdateArgs),
     /// Delete sessions: their processes are killed and their files are gone.
     Rm {
         #[arg(required = true, value_name = "ID")]
@@ -124,6 +126,27 @@ struct CreateArgs {
     #[arg(long = "meta", value_name = "KEY=VALUE")]
     metadata: Vec<String>,
     /// Print the session as JSON instead of its id.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct UpdateArgs {
+    id: String,
+    /// End the session this long from now (e.g. 2h): keeps a session in use alive,
+    /// or ends it sooner.
+    #[arg(long, value_name = "DURATION")]
+    ttl: Option<String>,
+    /// Delete the session after this long without requests; 0 for never.
+    #[arg(long, value_name = "DURATION")]
+    idle_timeout: Option<String>,
+    /// The session's labels become these (all of them). Repeatable.
+    #[arg(long = "meta", value_name = "KEY=VALUE")]
+    metadata: Vec<String>,
+    /// Remove all the session's labels.
+    #[arg(long, conflicts_with = "metadata")]
+    clear_meta: bool,
+    /// Print the session as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -450,6 +473,10 @@ impl Client {
         self.auth(self.agent.put(self.endpoint(path)))
     }
 
+    fn patch(&self, path: &str) -> Request<ureq::typestate::WithBody> {
+        self.auth(self.agent.patch(self.endpoint(path)))
+    }
+
     /// Turns transport failures and error statuses into one-line errors.
     fn check(&self, result: Result<Response<Body>, ureq::Error>) -> Result<Response<Body>> {
         let response = result.map_err(|e| self.transport_error(e))?;
@@ -535,6 +562,10 @@ impl Client {
 
     fn put_json(&self, path: &str, body: &Value) -> Result<Value> {
         read_json(self.json_request(self.put(path), body)?)
+    }
+
+    fn patch_json(&self, path: &str, body: &Value) -> Result<Value> {
+        read_json(self.json_request(self.patch(path), body)?)
     }
 
     fn delete_ok(&self, path: &str) -> Result<()> {
@@ -654,6 +685,13 @@ fn session_cmd(client: &Client, command: SessionCommand) -> Result<u8> {
                 table(&["ID", "STATE", "IMAGE", "CREATED", "EXPIRES"], &rows)
             );
         }
+        SessionCommand::Update(args) => {
+            let body = update_body(&args)?;
+            let session = client.patch_json(&session_path(&args.id, ""), &body)?;
+            if args.json {
+                println!("{session}");
+            }
+        }
         SessionCommand::Rm { ids } => {
             // Remove all that can be; report each failure, fail if any did.
             let mut failed = false;
@@ -688,6 +726,29 @@ fn session_cmd(client: &Client, command: SessionCommand) -> Result<u8> {
 fn duration_secs(flag: &str, text: &str) -> Result<u64> {
     let ms = brig_policy::parse_duration_ms(text).map_err(|e| anyhow!("--{flag}: {e}"))?;
     Ok(ms.div_ceil(1000))
+}
+
+fn update_body(args: &UpdateArgs) -> Result<Value> {
+    let mut body = Map::new();
+    if let Some(ttl) = &args.ttl {
+        body.insert("ttl_seconds".into(), duration_secs("ttl", ttl)?.into());
+    }
+    if let Some(idle) = &args.idle_timeout {
+        body.insert(
+            "idle_timeout_seconds".into(),
+            duration_secs("idle-timeout", idle)?.into(),
+        );
+    }
+    if !args.metadata.is_empty() {
+        body.insert("metadata".into(), json!(pairs("meta", &args.metadata)?));
+    }
+    if args.clear_meta {
+        body.insert("metadata".into(), json!({}));
+    }
+    if body.is_empty() {
+        bail!("nothing to change: give --ttl, --idle-timeout, --meta or --clear-meta");
+    }
+    Ok(body.into())
 }
 
 fn create_body(args: &CreateArgs) -> Result<Value> {

@@ -717,6 +717,11 @@ fn session_and_key_commands() {
                 json!({"sessions": [{"session_id": "ses_123", "state": "running", "image": "python",
                        "created_at": "2026-01-01T00:00:00Z", "expires_at": null}]}),
             ),
+            ("PATCH", "/v1/sessions/ses_123") => respond_json(
+                stream,
+                "200 OK",
+                json!({"session_id": "ses_123", "state": "running", "metadata": {"chat": "c2"}}),
+            ),
             ("POST", "/v1/sessions/ses_123/snapshots") => respond_json(
                 stream,
                 "201 Created",
@@ -796,6 +801,70 @@ fn session_and_key_commands() {
         text(&out.stderr).contains("bad --meta 'user'"),
         "{}",
         text(&out.stderr)
+    );
+
+    // update: only what is given is sent; the labels are replaced as a whole.
+    let out = run(
+        &url,
+        home.path(),
+        &[
+            "session",
+            "update",
+            "ses_123",
+            "--ttl",
+            "90m",
+            "--idle-timeout",
+            "0",
+            "--meta",
+            "chat=c2",
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let updated = requests.recv().unwrap();
+    assert_eq!(
+        (updated.method.as_str(), updated.path.as_str()),
+        ("PATCH", "/v1/sessions/ses_123")
+    );
+    assert_eq!(
+        updated.json(),
+        json!({"ttl_seconds": 5400, "idle_timeout_seconds": 0, "metadata": {"chat": "c2"}})
+    );
+    let printed: Value = serde_json::from_slice(&out.stdout).expect("the session as JSON");
+    assert_eq!(printed["session_id"], "ses_123");
+    let out = run(
+        &url,
+        home.path(),
+        &["session", "update", "ses_123", "--clear-meta"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "");
+    assert_eq!(requests.recv().unwrap().json(), json!({"metadata": {}}));
+    for refused in [
+        &["session", "update", "ses_123"][..],
+        &["session", "update", "ses_123", "--meta", "chat"],
+        &["session", "update", "ses_123", "--ttl", "soon"],
+        &[
+            "session",
+            "update",
+            "ses_123",
+            "--meta",
+            "a=b",
+            "--clear-meta",
+        ],
+    ] {
+        let out = run(&url, home.path(), refused);
+        assert_ne!(out.status.code(), Some(0), "{refused:?}");
+        assert_eq!(
+            text(&out.stderr).trim().lines().count(),
+            1,
+            "{refused:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    assert!(
+        requests.try_recv().is_err(),
+        "a refused update sent a request"
     );
 
     let out = run(

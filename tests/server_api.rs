@@ -1690,6 +1690,11 @@ fn root_tenants_never_see_or_touch_each_other() {
     let s = format!("/v1/sessions/{ses}");
     let attempts = vec![
         bare("GET", s.clone()),
+        with_json(
+            "PATCH",
+            s.clone(),
+            json!({"ttl_seconds": 1, "metadata": {"owner": "b"}}),
+        ),
         bare("POST", format!("{s}/pause")),
         bare("POST", format!("{s}/resume")),
         with_json(
@@ -1855,6 +1860,12 @@ fn root_tenants_never_see_or_touch_each_other() {
     assert_eq!(
         sh(&d, &a, &ses, "cat /workspace/secret.txt; ls /workspace"),
         "a's secret\nsecret.txt\n"
+    );
+    let (_, info) = d.request("GET", &s, Some(&a), None);
+    assert_eq!(
+        info["metadata"],
+        json!({}),
+        "b's PATCH reached a's session: {info}"
     );
     let (_, p) = d.request(
         "GET",
@@ -2193,6 +2204,180 @@ fn root_sessions_carry_metadata_and_are_found_by_it() {
     ] {
         delete_session(&d, who, id);
     }
+}
+
+/// Unix seconds of the daemon's `YYYY-MM-DDTHH:MM:SSZ` times.
+fn unix_seconds(rfc3339: &str) -> i64 {
+    let field = |range: std::ops::Range<usize>| -> i64 {
+        rfc3339
+            .get(range)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not a UTC RFC 3339 time: {rfc3339:?}"))
+    };
+    assert!(rfc3339.ends_with('Z') && rfc3339.len() == 20, "{rfc3339:?}");
+    let (year, month, day) = (field(0..4), field(5..7), field(8..10));
+    // Days from the civil date (H. Hinnant's algorithm), March-based years.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    days * 86_400 + field(11..13) * 3600 + field(14..16) * 60 + field(17..19)
+}
+
+/// `PATCH /v1/sessions/{id}` changes a live session's TTL (counted from now),
+/// idle timeout and labels, one field or several; anything refused changes nothing.
+#[test]
+fn root_a_session_is_updated_in_place_and_a_refused_update_changes_nothing() {
+    require_root!();
+    assert_eq!(unix_seconds("1970-01-02T00:00:01Z"), 86_401);
+    assert_eq!(unix_seconds("2024-03-01T00:00:00Z"), 1_709_251_200);
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let (other, _) = tenant_key(&d, "other");
+    let created = create(
+        &d,
+        &key,
+        json!({"ttl_seconds": 600, "idle_timeout_seconds": 60, "metadata": {"user": "u1"}}),
+    );
+    let id = sid(&created);
+    let path = format!("/v1/sessions/{id}");
+    let patch = |who: &str, body: Value| d.request("PATCH", &path, Some(who), Some(body));
+    let get = || {
+        let (status, s) = d.request("GET", &path, Some(&key), None);
+        assert_eq!(status, 200, "{s}");
+        s
+    };
+    let listed = |query: &str| -> Vec<String> {
+        let (status, list) = d.request("GET", &format!("/v1/sessions{query}"), Some(&key), None);
+        assert_eq!(status, 200, "{list}");
+        list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["session_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    // The TTL counts from the update: longer than the one given at create.
+    let (status, s) = patch(&key, json!({"ttl_seconds": 7200}));
+    assert_eq!(status, 200, "{s}");
+    let now = unix_seconds(s["last_active_at"].as_str().unwrap());
+    let expires = unix_seconds(s["expires_at"].as_str().unwrap());
+    assert!(
+        (now + 7199..=now + 7201).contains(&expires),
+        "expires_at {} is not 7200 s after the update at {}",
+        s["expires_at"],
+        s["last_active_at"]
+    );
+    assert_eq!(s["idle_timeout_seconds"], 60, "a field left out changed");
+    assert_eq!(
+        s["metadata"],
+        json!({"user": "u1"}),
+        "a field left out changed"
+    );
+    assert_eq!(get(), s, "GET does not show the update");
+    let first_expiry = s["expires_at"].clone();
+
+    // Labels are replaced as a whole; the list filter follows.
+    let (status, s) = patch(&key, json!({"metadata": {"chat": "c2"}}));
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["metadata"], json!({"chat": "c2"}));
+    assert_eq!(s["expires_at"], first_expiry, "a field left out changed");
+    assert_eq!(listed("?metadata=user%3Du1"), Vec::<String>::new());
+    assert_eq!(listed("?metadata=chat%3Dc2"), vec![id.clone()]);
+    // An idle timeout of 0 is none; several fields at once.
+    let (status, s) = patch(
+        &key,
+        json!({"idle_timeout_seconds": 0, "metadata": {}, "ttl_seconds": 300}),
+    );
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["idle_timeout_seconds"], Value::Null);
+    assert_eq!(s["metadata"], json!({}));
+    let expires = unix_seconds(s["expires_at"].as_str().unwrap());
+    let now = unix_seconds(s["last_active_at"].as_str().unwrap());
+    assert!((now + 299..=now + 301).contains(&expires), "{s}");
+    let (status, s) = patch(&key, json!({"idle_timeout_seconds": 90}));
+    assert_eq!(
+        (status, &s["idle_timeout_seconds"]),
+        (200, &json!(90)),
+        "{s}"
+    );
+
+    // Refused: 422 (400 for what is not JSON), and the session is as it was.
+    let before = get();
+    let too_many: serde_json::Map<String, Value> =
+        (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
+    for bad in [
+        json!({}),
+        json!({"ttl_seconds": 0}),
+        json!({"ttl_seconds": -1}),
+        json!({"ttl_seconds": "soon"}),
+        json!({"ttl_seconds": 9_223_372_036_854_775_807u64}),
+        json!({"idle_timeout_seconds": 18_446_744_073_709_551_615u64}),
+        json!({"metadata": {"a b": "v"}}),
+        json!({"metadata": {"k": "v".repeat(257)}}),
+        json!({ "metadata": too_many }),
+        json!({"metadata": null, "image": "python"}),
+        json!({"ttl_seconds": 60, "metadata": {"": "v"}}),
+        json!([]),
+    ] {
+        let (status, body) = patch(&key, bad.clone());
+        assert_eq!(status, 422, "{bad}: {body}");
+        assert_eq!(error_code(&body), "invalid_request", "{bad}");
+        assert!(!body["error"]["message"].as_str().unwrap().is_empty());
+    }
+    let (status, body) = d.raw(
+        "PATCH",
+        &path,
+        Some(&key),
+        Some("application/json"),
+        Some(b"{".to_vec()),
+    );
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    // Someone else's session, an unknown one, no key.
+    let (status, body) = patch(&other, json!({"ttl_seconds": 1}));
+    assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
+    let (status, body) = d.request(
+        "PATCH",
+        "/v1/sessions/ses_000000000000000000000000",
+        Some(&key),
+        Some(json!({"ttl_seconds": 60})),
+    );
+    assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
+    let (status, _) = d.request("PATCH", &path, None, Some(json!({"ttl_seconds": 1})));
+    assert_eq!(status, 401);
+    let after = get();
+    for field in ["expires_at", "idle_timeout_seconds", "metadata"] {
+        assert_eq!(
+            after[field], before[field],
+            "a refused update changed {field}"
+        );
+    }
+
+    // The audit has each update with what it asked, refused ones too.
+    let (_, audit) = d.request(
+        "GET",
+        &format!("/v1/audit?session_id={id}&action=session.update"),
+        Some(&key),
+        None,
+    );
+    let events = audit["events"].as_array().unwrap();
+    let ok: Vec<&Value> = events.iter().filter(|e| e["outcome"] == "ok").collect();
+    assert_eq!(ok.len(), 4, "{audit}");
+    assert!(
+        ok.iter()
+            .any(|e| e["detail"]["metadata"] == json!({"chat": "c2"})),
+        "{audit}"
+    );
+    assert!(
+        events.iter().any(|e| e["outcome"] == "invalid_request"),
+        "{audit}"
+    );
+    delete_session(&d, &key, &id);
+    let (status, body) = patch(&key, json!({"ttl_seconds": 60}));
+    assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
 }
 
 /// A tenant reads its own quotas and usage, which adds up to what the disk quota
@@ -2634,6 +2819,7 @@ const DOCUMENTED: &[(&str, &str)] = &[
     ("POST", "/v1/sessions"),
     ("GET", "/v1/sessions"),
     ("GET", "/v1/sessions/{}"),
+    ("PATCH", "/v1/sessions/{}"),
     ("DELETE", "/v1/sessions/{}"),
     ("POST", "/v1/sessions/{}/pause"),
     ("POST", "/v1/sessions/{}/resume"),

@@ -1396,6 +1396,122 @@ fn reaper_ends_expired_and_idle_sessions_but_not_busy_ones() {
     assert_nothing_left(&fx, &inits, &mounts_before);
 }
 
+/// What `PATCH /v1/sessions/{id}` sets is what the reaper goes by: a keep-alive
+/// outlives the TTL given at create, a shorter TTL or a new idle timeout ends the
+/// session, an idle timeout of 0 keeps an unused one. And what a PATCH answered
+/// survives a SIGKILL of the daemon.
+#[test]
+fn updated_lifetimes_rule_the_reaper_and_survive_a_kill9() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+    let patch = |d: &Daemon, id: &str, body: Value| -> Value {
+        let (status, s) = d.request(
+            "PATCH",
+            &format!("/v1/sessions/{id}"),
+            Some(&key),
+            Some(body),
+        );
+        assert_eq!(status, 200, "PATCH {id}: {s}");
+        s
+    };
+
+    let kept = id_of(&create(&d, &key, json!({"ttl_seconds": 2})));
+    let kept_created = Instant::now();
+    patch(&d, &kept, json!({"ttl_seconds": 600}));
+    let ended = id_of(&create(&d, &key, json!({"ttl_seconds": 600})));
+    let idled = id_of(&create(&d, &key, json!({"idle_timeout_seconds": 600})));
+    let unidled = id_of(&create(&d, &key, json!({"idle_timeout_seconds": 2})));
+    let unidled_created = Instant::now();
+    let inits: Vec<Init> = [&kept, &ended, &idled, &unidled]
+        .iter()
+        .map(|id| fx.init(id))
+        .collect();
+    patch(&d, &ended, json!({"ttl_seconds": 1}));
+    let s = patch(&d, &unidled, json!({"idle_timeout_seconds": 0}));
+    assert_eq!(s["idle_timeout_seconds"], Value::Null, "{s}");
+    let s = patch(&d, &idled, json!({"idle_timeout_seconds": 2}));
+    assert_eq!(s["idle_timeout_seconds"], 2, "{s}");
+
+    assert!(
+        eventually(8_000, || {
+            let live = listed(&d, &key);
+            !live.contains(&ended) && !live.contains(&idled)
+        }),
+        "a session whose TTL or idle timeout was shortened lives on: {:?}",
+        listed(&d, &key)
+    );
+    // Past the TTL and the idle timeout they were created with (2 s, reaped within
+    // about 1 s more), the other two are still there and still work.
+    let waited = kept_created.min(unidled_created) + Duration::from_secs(5);
+    std::thread::sleep(waited.saturating_duration_since(Instant::now()));
+    let live = listed(&d, &key);
+    assert!(live.contains(&kept), "the TTL given at create still ruled");
+    assert!(
+        live.contains(&unidled),
+        "the idle timeout given at create still ruled"
+    );
+    assert_eq!(sh(&d, &key, &kept, "echo up"), "up\n");
+    for init in &inits[1..3] {
+        assert!(init.gone_within(5_000), "{}", init.describe());
+    }
+    let (status, audit) = d.request("GET", "/v1/audit?action=session.expire", Some(&key), None);
+    assert_eq!(status, 200, "{audit}");
+    let reasons: BTreeSet<(String, String)> = audit["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let id = e["session_id"].as_str().unwrap_or_default().to_string();
+            (
+                id,
+                e["detail"]["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        BTreeSet::from([
+            (ended.clone(), "ttl".into()),
+            (idled.clone(), "idle".into())
+        ]),
+        "{audit}"
+    );
+
+    // What was answered is what the next daemon has, after a SIGKILL.
+    let answered = patch(
+        &d,
+        &kept,
+        json!({"ttl_seconds": 3600, "idle_timeout_seconds": 1800, "metadata": {"chat": "c9"}}),
+    );
+    d.kill9();
+    let d2 = fx.start(&[]);
+    let (status, now) = d2.request("GET", &format!("/v1/sessions/{kept}"), Some(&key), None);
+    assert_eq!(status, 200, "{now}");
+    for field in ["expires_at", "idle_timeout_seconds", "metadata"] {
+        assert_eq!(
+            now[field], answered[field],
+            "{field} after a restart: {now}"
+        );
+    }
+    let (status, found) = d2.request("GET", "/v1/sessions?metadata=chat%3Dc9", Some(&key), None);
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(found["sessions"][0]["session_id"], kept.as_str(), "{found}");
+    assert_eq!(found["sessions"].as_array().unwrap().len(), 1, "{found}");
+    for id in [&kept, &unidled] {
+        delete(&d2, &key, id);
+    }
+    assert_nothing_left(&fx, &inits, &mounts_before);
+}
+
 // 5. The warm pool -----------------------------------------------------------------
 
 fn median(mut samples: Vec<Duration>) -> Duration {

@@ -48,7 +48,7 @@ const MAX_LIFETIME_SECONDS: u64 = 10 * 365 * 24 * 3600;
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_session, list_sessions))
-        .routes(routes!(get_session, delete_session))
+        .routes(routes!(get_session, update_session, delete_session))
         .routes(routes!(pause_session))
         .routes(routes!(resume_session))
         .merge(exec::routes())
@@ -189,6 +189,38 @@ fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), ApiError> {
                 value.len()
             )));
         }
+    }
+    Ok(())
+}
+
+/// `PATCH /v1/sessions/{id}`: what can change in a live session. Fields left out
+/// stay as they are.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSession {
+    /// The session now ends this many seconds from now: a keep-alive for a session
+    /// still in use near its end, or an earlier end.
+    pub ttl_seconds: Option<u64>,
+    /// A new idle timeout; 0 for none.
+    pub idle_timeout_seconds: Option<u64>,
+    /// Replaces the labels, all of them (`{}` removes them); the bounds of create's.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+fn check_ttl(ttl: u64) -> Result<(), ApiError> {
+    if ttl == 0 || ttl > MAX_LIFETIME_SECONDS {
+        return Err(ApiError::invalid(format!(
+            "ttl_seconds must be between 1 and {MAX_LIFETIME_SECONDS}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_idle_timeout(seconds: u64) -> Result<(), ApiError> {
+    if seconds > MAX_LIFETIME_SECONDS {
+        return Err(ApiError::invalid(format!(
+            "idle_timeout_seconds must be at most {MAX_LIFETIME_SECONDS}"
+        )));
     }
     Ok(())
 }
@@ -406,7 +438,7 @@ pub struct SessionInfo {
     pub mounts: Vec<BundleMount>,
     /// The volume mounted at `/volume`.
     pub volume: Option<String>,
-    /// The labels given at create.
+    /// The caller's labels (given at create, replaced by `PATCH`).
     pub metadata: BTreeMap<String, String>,
     #[schema(value_type = Object)]
     pub limits: serde_json::Value,
@@ -421,11 +453,12 @@ pub struct Session {
     pub tenant: String,
     /// Replaced by `restore`.
     sandbox: RwLock<Arc<Launched>>,
+    /// What created it; its `metadata` is taken out into `terms`.
     pub request: CreateSession,
     pub created_at: String,
-    /// Unix seconds; `None` never expires.
-    pub expires_at: Option<i64>,
-    pub idle_timeout_seconds: Option<u64>,
+    terms: Mutex<Terms>,
+    /// Serializes updates of `terms`, each written to the database before it shows.
+    updating: tokio::sync::Mutex<()>,
     /// Unix seconds of the last request touching the session.
     last_active: AtomicI64,
     /// `last_active` as last written to the session's row (see [`save_activity`]).
@@ -441,7 +474,32 @@ pub struct Session {
     pub deleted: AtomicBool,
 }
 
+/// What of a session can change after create (`PATCH /v1/sessions/{id}`).
+#[derive(Debug, Clone, Default)]
+struct Terms {
+    /// Unix seconds; `None` never expires.
+    expires_at: Option<i64>,
+    idle_timeout_seconds: Option<u64>,
+    metadata: BTreeMap<String, String>,
+}
+
+impl Terms {
+    /// The create request as a session's row stores it: with these labels (a restart
+    /// takes them from there).
+    fn stored_request(&self, request: &CreateSession) -> Result<String, ApiError> {
+        let request = CreateSession {
+            metadata: (!self.metadata.is_empty()).then(|| self.metadata.clone()),
+            ..request.clone()
+        };
+        serde_json::to_string(&request).map_err(ApiError::internal)
+    }
+}
+
 impl Session {
+    fn terms(&self) -> std::sync::MutexGuard<'_, Terms> {
+        self.terms.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn sandbox(&self) -> Arc<Launched> {
         self.sandbox
             .read()
@@ -465,6 +523,7 @@ impl Session {
 
     pub fn info(&self) -> SessionInfo {
         let sandbox = self.sandbox();
+        let terms = self.terms().clone();
         SessionInfo {
             session_id: self.id.clone(),
             state: if self.paused.load(Ordering::Relaxed) {
@@ -476,13 +535,13 @@ impl Session {
             image: self.request.image.clone(),
             snapshot: self.request.snapshot.clone(),
             created_at: self.created_at.clone(),
-            expires_at: self.expires_at.map(rfc3339),
-            idle_timeout_seconds: self.idle_timeout_seconds,
+            expires_at: terms.expires_at.map(rfc3339),
+            idle_timeout_seconds: terms.idle_timeout_seconds,
             last_active_at: rfc3339(self.last_active.load(Ordering::Relaxed)),
             pooled: self.pooled,
             mounts: self.request.mounts.clone().unwrap_or_default(),
             volume: self.request.volume.clone(),
-            metadata: self.request.metadata.clone().unwrap_or_default(),
+            metadata: terms.metadata,
             limits: serde_json::to_value(&self.limits).unwrap_or_default(),
             enforced: sandbox.enforced.clone(),
         }
@@ -723,8 +782,13 @@ impl Sessions {
                 let handle = launched.handle.clone();
                 let _ = tokio::task::spawn_blocking(move || handle.freeze(false)).await;
             }
-            let request: CreateSession = serde_json::from_str(&request).unwrap_or_default();
+            let mut request: CreateSession = serde_json::from_str(&request).unwrap_or_default();
             let limits = limits_of(&request).unwrap_or_default();
+            let terms = Terms {
+                expires_at: expires,
+                idle_timeout_seconds: idle.map(|s| s as u64),
+                metadata: request.metadata.take().unwrap_or_default(),
+            };
             let session = Session {
                 id: id.clone(),
                 tenant,
@@ -733,8 +797,8 @@ impl Sessions {
                 limits,
                 request,
                 created_at,
-                expires_at: expires,
-                idle_timeout_seconds: idle.map(|s| s as u64),
+                terms: Mutex::new(terms),
+                updating: tokio::sync::Mutex::new(()),
                 last_active: AtomicI64::new(last_active),
                 saved_active: AtomicI64::new(last_active),
                 paused: AtomicBool::new(state == "paused"),
@@ -1154,19 +1218,10 @@ async fn create_with(
         return Err(ApiError::invalid("give either image or snapshot, not both"));
     }
     if let Some(ttl) = request.ttl_seconds {
-        if ttl == 0 || ttl > MAX_LIFETIME_SECONDS {
-            return Err(ApiError::invalid(format!(
-                "ttl_seconds must be between 1 and {MAX_LIFETIME_SECONDS}"
-            )));
-        }
+        check_ttl(ttl)?;
     }
-    if request
-        .idle_timeout_seconds
-        .is_some_and(|s| s > MAX_LIFETIME_SECONDS)
-    {
-        return Err(ApiError::invalid(format!(
-            "idle_timeout_seconds must be at most {MAX_LIFETIME_SECONDS}"
-        )));
+    if let Some(idle) = request.idle_timeout_seconds {
+        check_idle_timeout(idle)?;
     }
     for (key, value) in request.env.iter().flatten() {
         exec::check_env_var(key, value)?;
@@ -1354,11 +1409,16 @@ async fn start_session(
         limits,
         request: CreateSession {
             image: image.clone(),
+            metadata: None,
             ..request.clone()
         },
         created_at: rfc3339(now),
-        expires_at: Some(now + ttl as i64),
-        idle_timeout_seconds: idle,
+        terms: Mutex::new(Terms {
+            expires_at: Some(now + ttl as i64),
+            idle_timeout_seconds: idle,
+            metadata: request.metadata.clone().unwrap_or_default(),
+        }),
+        updating: tokio::sync::Mutex::new(()),
         last_active: AtomicI64::new(now),
         saved_active: AtomicI64::new(now),
         paused: AtomicBool::new(false),
@@ -1403,17 +1463,22 @@ struct SessionRow {
 impl SessionRow {
     fn of(session: &Session, db_state: &str) -> Result<SessionRow, ApiError> {
         let sandbox = session.sandbox();
+        let (expires_at, idle_timeout, request) = {
+            let terms = session.terms();
+            let request = terms.stored_request(&session.request)?;
+            (terms.expires_at, terms.idle_timeout_seconds, request)
+        };
         Ok(SessionRow {
             id: session.id.clone(),
             tenant: session.tenant.clone(),
             state: db_state.to_string(),
             image: session.request.image.clone(),
             snapshot: session.request.snapshot.clone(),
-            request: serde_json::to_string(&session.request).map_err(ApiError::internal)?,
+            request,
             runtime: serde_json::to_string(&*sandbox).map_err(ApiError::internal)?,
             created_at: session.created_at.clone(),
-            expires_at: session.expires_at.map(rfc3339),
-            idle_timeout_s: session.idle_timeout_seconds.map(|s| s as i64),
+            expires_at: expires_at.map(rfc3339),
+            idle_timeout_s: idle_timeout.map(|s| s as i64),
             last_active_at: rfc3339(session.last_active.load(Ordering::Relaxed)),
         })
     }
@@ -1630,10 +1695,13 @@ async fn save_activity(state: &AppState) {
 async fn reap_expired(state: &AppState) {
     let now = unix_now();
     for session in state.sessions().all() {
-        let expired = session.expires_at.is_some_and(|e| e <= now);
+        let (expires_at, idle_timeout) = {
+            let terms = session.terms();
+            (terms.expires_at, terms.idle_timeout_seconds)
+        };
+        let expired = expires_at.is_some_and(|e| e <= now);
         let idle = !session.paused.load(Ordering::Relaxed)
-            && session
-                .idle_timeout_seconds
+            && idle_timeout
                 .is_some_and(|s| now - session.last_active.load(Ordering::Relaxed) > s as i64)
             && session.gate.try_write().is_ok();
         if expired || idle {
@@ -1689,10 +1757,10 @@ async fn list_sessions(
 ) -> Result<ApiJson<SessionList>, ApiError> {
     let wanted = metadata_filter(query.as_deref())?;
     let matches = |session: &Session| {
-        let metadata = session.request.metadata.as_ref();
+        let terms = session.terms();
         wanted
             .iter()
-            .all(|(key, value)| metadata.and_then(|m| m.get(key)) == Some(value))
+            .all(|(key, value)| terms.metadata.get(key) == Some(value))
     };
     Ok(ApiJson(SessionList {
         sessions: state
@@ -1720,6 +1788,95 @@ async fn get_session(
     ApiPath(id): ApiPath<String>,
 ) -> Result<ApiJson<SessionInfo>, ApiError> {
     Ok(ApiJson(lookup(&state, &caller, &id)?.info()))
+}
+
+#[utoipa::path(patch, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    request_body = UpdateSession,
+    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody),
+              (status = 422, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn update_session(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(update): ApiJson<UpdateSession>,
+) -> Result<ApiJson<SessionInfo>, ApiError> {
+    let detail = serde_json::json!({
+        "ttl_seconds": update.ttl_seconds,
+        "idle_timeout_seconds": update.idle_timeout_seconds,
+        "metadata": update.metadata,
+    });
+    let result = update_terms(&state, &caller, &id, update).await;
+    let outcome = audit::outcome(&result);
+    audit::record(
+        &state,
+        &caller,
+        Some(&id),
+        "session.update",
+        detail,
+        outcome,
+    )
+    .await;
+    result.map(ApiJson)
+}
+
+/// Checks `update`, writes it to the session's row, then applies it: what a client
+/// was told survives a daemon killed right after, and a refusal changes nothing.
+async fn update_terms(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    update: UpdateSession,
+) -> Result<SessionInfo, ApiError> {
+    if update == UpdateSession::default() {
+        return Err(ApiError::invalid(
+            "nothing to change: give ttl_seconds, idle_timeout_seconds or metadata",
+        ));
+    }
+    if let Some(ttl) = update.ttl_seconds {
+        check_ttl(ttl)?;
+    }
+    if let Some(idle) = update.idle_timeout_seconds {
+        check_idle_timeout(idle)?;
+    }
+    if let Some(metadata) = &update.metadata {
+        check_metadata(metadata)?;
+    }
+    let session = lookup(state, caller, id)?;
+    let _updating = session.updating.lock().await;
+    let mut terms = session.terms().clone();
+    if let Some(ttl) = update.ttl_seconds {
+        terms.expires_at = Some(unix_now() + ttl as i64);
+    }
+    if let Some(idle) = update.idle_timeout_seconds {
+        terms.idle_timeout_seconds = (idle > 0).then_some(idle);
+    }
+    if let Some(metadata) = update.metadata {
+        terms.metadata = metadata;
+    }
+    let row = (
+        session.id.clone(),
+        terms.expires_at.map(rfc3339),
+        terms.idle_timeout_seconds.map(|s| s as i64),
+        terms.stored_request(&session.request)?,
+    );
+    let updated = state
+        .db
+        .quick(move |conn| {
+            conn.prepare_cached(
+                "UPDATE sessions SET expires_at = ?2, idle_timeout_s = ?3, request = ?4
+                 WHERE id = ?1 AND deleted_at IS NULL",
+            )?
+            .execute(rusqlite::params![row.0, row.1, row.2, row.3])
+        })
+        .await?;
+    // Deleted (or expired) meanwhile.
+    if updated == 0 || session.deleted.load(Ordering::SeqCst) {
+        return Err(ApiError::not_found(format!("no session {id}")));
+    }
+    *session.terms() = terms;
+    Ok(session.info())
 }
 
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
