@@ -25,6 +25,7 @@ use serde_json::{json, Map, Value};
 use ureq::http::Response;
 use ureq::Body;
 
+use crate::image_cmd::human_bytes;
 use crate::EXIT_BRIG_ERROR;
 
 /// Where `brig serve` listens by default.
@@ -74,6 +75,12 @@ enum SessionCommand {
     },
     /// Change a live session: a new TTL (counted from now), idle timeout or labels.
     Update(UpdateArgs),
+    /// What a session uses now (memory, CPU time, processes, disk) against its limits.
+    Stats {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete sessions: their processes are killed and their files are gone.
     Rm {
         #[arg(required = true, value_name = "ID")]
@@ -692,6 +699,14 @@ fn session_cmd(client: &Client, command: SessionCommand) -> Result<u8> {
                 println!("{session}");
             }
         }
+        SessionCommand::Stats { id, json } => {
+            let stats = client.get_json(&session_path(&id, "/stats"))?;
+            if json {
+                println!("{stats}");
+            } else {
+                print!("{}", stats_table(&stats));
+            }
+        }
         SessionCommand::Rm { ids } => {
             // Remove all that can be; report each failure, fail if any did.
             let mut failed = false;
@@ -720,6 +735,55 @@ fn session_cmd(client: &Client, command: SessionCommand) -> Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// `brig session stats` for people: one line per resource, use against limit.
+fn stats_table(stats: &Value) -> String {
+    let bytes = |field: &str| match stats[field].as_u64() {
+        Some(n) => human_bytes(n),
+        None => "-".into(),
+    };
+    let count = |field: &str| match stats[field].as_f64() {
+        Some(n) => format!("{n}"),
+        None => "-".into(),
+    };
+    let cpu = match stats["cpu_seconds"].as_f64() {
+        Some(s) => format!("{s:.2} s"),
+        None => "-".into(),
+    };
+    let rows = vec![
+        vec![
+            "memory".into(),
+            bytes("memory_bytes"),
+            bytes("memory_limit_bytes"),
+            format!("peak {}", bytes("memory_peak_bytes")),
+        ],
+        vec![
+            "cpu".into(),
+            cpu,
+            format!("{} CPUs", count("cpus_limit")),
+            String::new(),
+        ],
+        vec![
+            "tasks".into(),
+            count("tasks"),
+            count("tasks_limit"),
+            String::new(),
+        ],
+        vec![
+            "disk".into(),
+            bytes("disk_used_bytes"),
+            bytes("disk_limit_bytes"),
+            String::new(),
+        ],
+        vec![
+            "oom kills".into(),
+            count("oom_kills"),
+            String::new(),
+            String::new(),
+        ],
+    ];
+    table(&["", "USED", "LIMIT", ""], &rows)
 }
 
 /// Whole seconds for a duration flag, rounded up so `--ttl 500ms` is not "no TTL".
@@ -911,10 +975,7 @@ fn tenant_cmd(client: &Client, command: TenantCommand) -> Result<u8> {
             None => format!("{used}/-"),
         }
     };
-    let bytes = |v: &Value| {
-        v.as_u64()
-            .map_or("-".to_string(), crate::image_cmd::human_bytes)
-    };
+    let bytes = |v: &Value| v.as_u64().map_or("-".to_string(), human_bytes);
     let rows: Vec<Vec<String>> = tenants
         .iter()
         .map(|t| {

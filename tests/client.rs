@@ -717,6 +717,14 @@ fn session_and_key_commands() {
                 json!({"sessions": [{"session_id": "ses_123", "state": "running", "image": "python",
                        "created_at": "2026-01-01T00:00:00Z", "expires_at": null}]}),
             ),
+            ("GET", "/v1/sessions/ses_123/stats") => respond_json(
+                stream,
+                "200 OK",
+                json!({"session_id": "ses_123", "memory_bytes": 26_214_400, "memory_peak_bytes": 31_457_280,
+                       "memory_limit_bytes": 536_870_912, "cpu_seconds": 0.529, "cpus_limit": 1.0,
+                       "tasks": 4, "tasks_limit": 256, "disk_used_bytes": null,
+                       "disk_limit_bytes": 536_870_912, "oom_kills": 0}),
+            ),
             ("PATCH", "/v1/sessions/ses_123") => respond_json(
                 stream,
                 "200 OK",
@@ -802,6 +810,27 @@ fn session_and_key_commands() {
         "{}",
         text(&out.stderr)
     );
+
+    let out = run(&url, home.path(), &["session", "stats", "ses_123"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "           USED      LIMIT\n\
+         memory     25.0 MiB  512.0 MiB  peak 30.0 MiB\n\
+         cpu        0.53 s    1 CPUs\n\
+         tasks      4         256\n\
+         disk       -         512.0 MiB\n\
+         oom kills  0\n"
+    );
+    assert_eq!(requests.recv().unwrap().path, "/v1/sessions/ses_123/stats");
+    let out = run(
+        &url,
+        home.path(),
+        &["session", "stats", "ses_123", "--json"],
+    );
+    let printed: Value = serde_json::from_slice(&out.stdout).expect("the stats as JSON");
+    assert_eq!(printed["tasks"], 4);
+    requests.recv().unwrap();
 
     // update: only what is given is sent; the labels are replaced as a whole.
     let out = run(

@@ -1690,6 +1690,7 @@ fn root_tenants_never_see_or_touch_each_other() {
     let s = format!("/v1/sessions/{ses}");
     let attempts = vec![
         bare("GET", s.clone()),
+        bare("GET", format!("{s}/stats")),
         with_json(
             "PATCH",
             s.clone(),
@@ -2380,6 +2381,144 @@ fn root_a_session_is_updated_in_place_and_a_refused_update_changes_nothing() {
     assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
 }
 
+/// `GET /v1/sessions/{id}/stats` reports what the session uses now against its
+/// limits: its writes, memory, CPU time, tasks and OOM kills; reading it is not
+/// activity, and works while the session is paused.
+#[test]
+fn root_session_stats_show_what_it_uses_against_its_limits() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let created = create(
+        &d,
+        &key,
+        json!({"limits": {"disk": "64M", "memory": "256M", "pids": 64, "cpus": 1}}),
+    );
+    let id = sid(&created);
+    let stats = || {
+        let (status, s) = d.request("GET", &format!("/v1/sessions/{id}/stats"), Some(&key), None);
+        assert_eq!(status, 200, "{s}");
+        assert_fields(
+            &s,
+            &[
+                "session_id",
+                "memory_bytes",
+                "memory_peak_bytes",
+                "memory_limit_bytes",
+                "cpu_seconds",
+                "cpus_limit",
+                "tasks",
+                "tasks_limit",
+                "disk_used_bytes",
+                "disk_limit_bytes",
+                "oom_kills",
+            ],
+        );
+        s
+    };
+    let number = |s: &Value, field: &str| {
+        s[field]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{field} is not reported: {s}"))
+    };
+
+    // Reading stats is not activity (a monitor polling must not keep a session from
+    // its idle timeout).
+    std::thread::sleep(Duration::from_millis(1100));
+    let fresh = stats();
+    let (_, listed) = d.request("GET", "/v1/sessions", Some(&key), None);
+    assert_eq!(
+        listed["sessions"][0]["last_active_at"], created["last_active_at"],
+        "GET stats counted as activity"
+    );
+    assert_eq!(fresh["session_id"], id.as_str());
+    assert_eq!(fresh["memory_limit_bytes"], 256 << 20);
+    assert_eq!(fresh["disk_limit_bytes"], 64 << 20);
+    assert_eq!(fresh["tasks_limit"], 64);
+    assert_eq!(fresh["cpus_limit"], 1.0);
+    assert_eq!(fresh["oom_kills"], 0);
+    assert!(number(&fresh, "tasks") >= 1.0, "{fresh}");
+    assert!(
+        number(&fresh, "disk_used_bytes") < f64::from(1 << 20),
+        "{fresh}"
+    );
+
+    // 20 MB in /workspace and 5 MB in /tmp (one writable storage), half a second
+    // of CPU, three processes left running.
+    sh(
+        &d,
+        &key,
+        &id,
+        "head -c 20000000 /dev/zero > /workspace/f; head -c 5000000 /dev/zero > /tmp/g; \
+         timeout 0.5 sh -c 'while :; do :; done'; true",
+    );
+    for _ in 0..3 {
+        let (status, p) = d.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(&key),
+            Some(json!({"argv": ["sleep", "60"]})),
+        );
+        assert_eq!(status, 201, "{p}");
+    }
+    let busy = stats();
+    let disk = number(&busy, "disk_used_bytes");
+    assert!(
+        (25e6..64.0 * 1024.0 * 1024.0).contains(&disk),
+        "disk_used_bytes {disk} for 25 MB written: {busy}"
+    );
+    // tmpfs files are memory, charged to the session.
+    assert!(number(&busy, "memory_bytes") >= 25e6, "{busy}");
+    assert!(number(&busy, "memory_peak_bytes") >= number(&busy, "memory_bytes") - 1e6);
+    let cpu = number(&busy, "cpu_seconds") - number(&fresh, "cpu_seconds");
+    assert!(
+        (0.3..30.0).contains(&cpu),
+        "{cpu} s of CPU for a 0.5 s loop: {busy}"
+    );
+    assert!(
+        number(&busy, "tasks") >= 4.0,
+        "init and three sleeps: {busy}"
+    );
+    // Files removed: their room is back.
+    sh(&d, &key, &id, "rm /workspace/f /tmp/g");
+    assert!(number(&stats(), "disk_used_bytes") < 1e6);
+
+    // An allocation past the memory limit is killed, and counted.
+    let r = exec(
+        &d,
+        &key,
+        &id,
+        json!({"argv": ["python3", "-c", "b = b'x' * (400 << 20)"]}),
+    );
+    assert_eq!(r["oom_killed"], true, "{r}");
+    let after = stats();
+    assert!(number(&after, "oom_kills") >= 1.0, "{after}");
+    assert!(
+        number(&after, "memory_peak_bytes") > 200e6,
+        "the peak does not show the allocation: {after}"
+    );
+
+    // Paused: still readable (the cgroup is frozen, not gone).
+    let (status, _) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/pause"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 200);
+    assert!(number(&stats(), "tasks") >= 4.0);
+    let (status, _) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/resume"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 200);
+    delete_session(&d, &key, &id);
+    let (status, body) = d.request("GET", &format!("/v1/sessions/{id}/stats"), Some(&key), None);
+    assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
+}
+
 /// A tenant reads its own quotas and usage, which adds up to what the disk quota
 /// counts, so that a 429 can be understood without an administrator.
 #[test]
@@ -2823,6 +2962,7 @@ const DOCUMENTED: &[(&str, &str)] = &[
     ("DELETE", "/v1/sessions/{}"),
     ("POST", "/v1/sessions/{}/pause"),
     ("POST", "/v1/sessions/{}/resume"),
+    ("GET", "/v1/sessions/{}/stats"),
     ("POST", "/v1/sessions/{}/exec"),
     ("POST", "/v1/sessions/{}/exec/stream"),
     ("POST", "/v1/sessions/{}/bash"),

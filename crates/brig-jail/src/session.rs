@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::{Cgroup, CgroupStats};
+use crate::cgroup::{Cgroup, CgroupStats, CgroupUsage};
 use crate::report::{Enforced, Timing};
 use crate::JailError;
 
@@ -124,6 +124,11 @@ impl SessionHandle {
 
     pub fn stats(&self) -> Option<CgroupStats> {
         self.cgroup.as_ref().map(|c| c.stats())
+    }
+
+    /// What the sandbox uses now (memory, tasks).
+    pub fn usage(&self) -> Option<CgroupUsage> {
+        self.cgroup.as_ref().map(|c| c.usage())
     }
 
     /// `stats().oom_kills` without reading the rest.

@@ -90,6 +90,17 @@ pub struct CgroupStats {
     pub cpu_time_ns: Option<u64>,
 }
 
+/// What a sandbox uses at the moment it is read (as its limits count it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupUsage {
+    /// Memory charged to the sandbox: its processes' and the page cache and tmpfs
+    /// files it made (v1 `memory.usage_in_bytes`, v2 `memory.current`).
+    pub memory_bytes: Option<u64>,
+    /// Processes and threads (`pids.current`; without a pids controller, the tasks
+    /// listed in the memory cgroup).
+    pub tasks: Option<u64>,
+}
+
 /// One sandbox's cgroup(s). Dropping it removes nothing; see [`Cgroup::remove`].
 ///
 /// It serializes to its [`CgroupEnforced`], so a restarted daemon can rebuild it.
@@ -268,6 +279,33 @@ impl Cgroup {
             };
         }
         stats
+    }
+
+    /// Reads what the sandbox uses now; anything unreadable is unknown.
+    pub fn usage(&self) -> CgroupUsage {
+        let memory = self.controller(Controller::Memory);
+        let memory_bytes = memory.and_then(|m| match m.hierarchy {
+            Hierarchy::V1 => v1::memory_now(&m.leaf),
+            Hierarchy::V2 => v2::memory_now(&m.leaf),
+        });
+        let tasks = match self.controller(Controller::Pids) {
+            Some(pids) => fs::read(&pids.leaf.join("pids.current"))
+                .ok()
+                .and_then(|text| fs::single_value(&text)),
+            None => memory.and_then(|m| {
+                let list = match m.hierarchy {
+                    Hierarchy::V1 => "tasks",
+                    Hierarchy::V2 => "cgroup.threads",
+                };
+                fs::read(&m.leaf.join(list))
+                    .ok()
+                    .map(|text| text.lines().filter(|l| !l.trim().is_empty()).count() as u64)
+            }),
+        };
+        CgroupUsage {
+            memory_bytes,
+            tasks,
+        }
     }
 
     /// Kills every process in the sandbox's cgroups and waits until they are gone.

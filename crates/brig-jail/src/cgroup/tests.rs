@@ -961,3 +961,64 @@ fn cpu_quota_follows_the_period() {
     assert_eq!(cpu_quota_us(10), 1_000);
     assert_eq!(cpu_quota_us(2500), 250_000);
 }
+
+#[test]
+fn usage_reads_memory_and_tasks_now_on_v1_and_v2() {
+    // v1 (hybrid) with a pids limit: pids.current.
+    let tree = hybrid_tree("hugetlb\n");
+    let layout = tree.layout(HYBRID_MOUNTINFO, HYBRID_CGROUP);
+    let cgroup = Cgroup::create(&layout, &DEFAULT, "sb", &limits(None, Some(16), None)).unwrap();
+    let memory = "sys/fs/cgroup/memory/process_api/8b73/sb";
+    tree.write(&format!("{memory}/memory.usage_in_bytes"), "1048576\n");
+    tree.write(&format!("{memory}/memory.max_usage_in_bytes"), "9999999\n");
+    tree.write(&format!("{memory}/tasks"), "11\n12\n13\n");
+    tree.write("sys/fs/cgroup/pids/sb/pids.current", "2\n");
+    assert_eq!(
+        cgroup.usage(),
+        CgroupUsage {
+            memory_bytes: Some(1 << 20),
+            tasks: Some(2)
+        }
+    );
+    cgroup.remove().unwrap();
+    assert_eq!(cgroup.usage(), CgroupUsage::default(), "a removed cgroup");
+
+    // v1 without a pids controller in use: the memory cgroup's task list.
+    let cgroup = Cgroup::create(&layout, &DEFAULT, "sb", &limits(None, None, None)).unwrap();
+    tree.write(&format!("{memory}/memory.usage_in_bytes"), "4096\n");
+    tree.write(&format!("{memory}/tasks"), "11\n12\n13\n");
+    assert_eq!(
+        cgroup.usage(),
+        CgroupUsage {
+            memory_bytes: Some(4096),
+            tasks: Some(3)
+        }
+    );
+    cgroup.remove().unwrap();
+
+    // v2: memory.current (not memory.peak), pids.current; garbage is unknown.
+    let tree = v2_tree("memory pids cpu\n", "");
+    let layout = tree.layout(V2_MOUNTINFO, V2_CGROUP);
+    let leaf = "sys/fs/cgroup/sb";
+    let cgroup = Cgroup::create(&layout, &DEFAULT, "sb", &limits(None, Some(8), None)).unwrap();
+    tree.write(&format!("{leaf}/memory.current"), "8192\n");
+    tree.write(&format!("{leaf}/memory.peak"), "65536\n");
+    tree.write(&format!("{leaf}/pids.current"), "5\n");
+    assert_eq!(
+        cgroup.usage(),
+        CgroupUsage {
+            memory_bytes: Some(8192),
+            tasks: Some(5)
+        }
+    );
+    tree.write(&format!("{leaf}/memory.current"), "lots\n");
+    assert_eq!(cgroup.usage().memory_bytes, None);
+    cgroup.remove().unwrap();
+    // v2 without the pids controller: the leaf's threads.
+    let tree = v2_tree("memory cpu\n", "");
+    let layout = tree.layout(V2_MOUNTINFO, V2_CGROUP);
+    let cgroup = Cgroup::create(&layout, &DEFAULT, "sb", &limits(None, None, None)).unwrap();
+    tree.write(&format!("{leaf}/cgroup.threads"), "7\n8\n");
+    assert_eq!(cgroup.usage().tasks, Some(2));
+    cgroup.remove().unwrap();
+}

@@ -102,6 +102,10 @@ pub(super) fn memory_peak(leaf: &Path) -> Option<u64> {
     fs::single_value(&fs::read(&leaf.join("memory.max_usage_in_bytes")).ok()?)
 }
 
+pub(super) fn memory_now(leaf: &Path) -> Option<u64> {
+    fs::single_value(&fs::read(&leaf.join("memory.usage_in_bytes")).ok()?)
+}
+
 /// cpuacct.usage, already in nanoseconds.
 pub(super) fn cpu_time_ns(leaf: &Path) -> Option<u64> {
     fs::single_value(&fs::read(&leaf.join("cpuacct.usage")).ok()?)

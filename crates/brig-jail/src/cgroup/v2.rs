@@ -139,6 +139,10 @@ pub(super) fn memory_peak(leaf: &Path) -> Option<u64> {
     fs::single_value(&fs::read(&leaf.join("memory.peak")).ok()?)
 }
 
+pub(super) fn memory_now(leaf: &Path) -> Option<u64> {
+    fs::single_value(&fs::read(&leaf.join("memory.current")).ok()?)
+}
+
 /// `usage_usec` of cpu.stat, in nanoseconds.
 pub(super) fn cpu_time_ns(leaf: &Path) -> Option<u64> {
     fs::keyed_value(&fs::read(&leaf.join("cpu.stat")).ok()?, "usage_usec")

@@ -126,6 +126,13 @@ pub struct FileStat {
     pub modified: i64,
 }
 
+/// What [`SandboxRoot::disk_usage`] reads of a filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskUsage {
+    pub used_bytes: u64,
+    pub size_bytes: u64,
+}
+
 /// One entry of [`SandboxRoot::list_dir`], describing the entry itself (a
 /// symlink is a symlink; its size is the length of its target).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -533,6 +540,21 @@ impl SandboxRoot {
                 modified_nsec: info.mtime_nsec,
             })
             .collect())
+    }
+
+    /// Bytes used and the size of the filesystem holding the directory `path`.
+    pub fn disk_usage(&self, path: &str) -> Result<DiskUsage, RootfsError> {
+        path::check(path)?;
+        let shown = show(path.as_bytes());
+        let dir = self.open_dir(path, &shown)?;
+        let stat = rustix::fs::fstatvfs(&dir).map_err(|e| errno(e, "inspecting", &shown))?;
+        Ok(DiskUsage {
+            used_bytes: stat
+                .f_blocks
+                .saturating_sub(stat.f_bfree)
+                .saturating_mul(stat.f_frsize),
+            size_bytes: stat.f_blocks.saturating_mul(stat.f_frsize),
+        })
     }
 
     /// A directory may be listed (and archived): not on a kernel filesystem,

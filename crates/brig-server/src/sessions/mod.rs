@@ -15,6 +15,7 @@ pub mod launch;
 pub mod pool;
 pub mod processes;
 pub mod snapshots;
+pub mod stats;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -55,6 +56,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(processes::routes())
         .merge(files::routes())
         .merge(snapshots::routes())
+        .merge(stats::routes())
 }
 
 /// A size as a string with a unit (`"512M"`) or a number of bytes.
@@ -1609,11 +1611,17 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
 
 /// Finds a caller's live session; another tenant's id answers 404 as an unknown one.
 pub fn lookup(state: &AppState, caller: &Caller, id: &str) -> Result<Arc<Session>, ApiError> {
+    let session = find(state, caller, id)?;
+    session.touch();
+    Ok(session)
+}
+
+/// [`lookup`] without counting as activity (for reads a monitor polls).
+pub fn find(state: &AppState, caller: &Caller, id: &str) -> Result<Arc<Session>, ApiError> {
     match state.sessions().get(id) {
         Some(session)
             if session.tenant == caller.tenant && !session.deleted.load(Ordering::SeqCst) =>
         {
-            session.touch();
             Ok(session)
         }
         _ => Err(ApiError::not_found(format!("no session {id}"))),
