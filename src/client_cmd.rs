@@ -794,15 +794,7 @@ fn duration_secs(flag: &str, text: &str) -> Result<u64> {
 
 fn update_body(args: &UpdateArgs) -> Result<Value> {
     let mut body = Map::new();
-    if let Some(ttl) = &args.ttl {
-        body.insert("ttl_seconds".into(), duration_secs("ttl", ttl)?.into());
-    }
-    if let Some(idle) = &args.idle_timeout {
-        body.insert(
-            "idle_timeout_seconds".into(),
-            duration_secs("idle-timeout", idle)?.into(),
-        );
-    }
+    insert_lifetimes(&mut body, &args.ttl, &args.idle_timeout)?;
     if !args.metadata.is_empty() {
         body.insert("metadata".into(), json!(pairs("meta", &args.metadata)?));
     }
@@ -846,16 +838,26 @@ fn create_body(args: &CreateArgs) -> Result<Value> {
     if !limits.is_empty() {
         body.insert("limits".into(), limits.into());
     }
-    if let Some(ttl) = &args.ttl {
+    insert_lifetimes(&mut body, &args.ttl, &args.idle_timeout)?;
+    Ok(body.into())
+}
+
+/// `--ttl` and `--idle-timeout` as the API's `ttl_seconds` and `idle_timeout_seconds`.
+fn insert_lifetimes(
+    body: &mut Map<String, Value>,
+    ttl: &Option<String>,
+    idle_timeout: &Option<String>,
+) -> Result<()> {
+    if let Some(ttl) = ttl {
         body.insert("ttl_seconds".into(), duration_secs("ttl", ttl)?.into());
     }
-    if let Some(idle) = &args.idle_timeout {
+    if let Some(idle) = idle_timeout {
         body.insert(
             "idle_timeout_seconds".into(),
             duration_secs("idle-timeout", idle)?.into(),
         );
     }
-    Ok(body.into())
+    Ok(())
 }
 
 fn key_cmd(client: &Client, command: KeyCommand) -> Result<u8> {

@@ -88,6 +88,18 @@ fn delete_session(d: &Daemon, key: &str, id: &str) {
     assert_eq!(status, 204, "delete session: {body}");
 }
 
+/// The ids `GET /v1/sessions{query}` lists for `key`.
+fn session_ids(d: &Daemon, key: &str, query: &str) -> BTreeSet<String> {
+    let (status, list) = d.request("GET", &format!("/v1/sessions{query}"), Some(key), None);
+    assert_eq!(status, 200, "{query}: {list}");
+    list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
 fn session_count(d: &Daemon, key: &str) -> usize {
     let (status, list) = d.request("GET", "/v1/sessions", Some(key), None);
     assert_eq!(status, 200, "{list}");
@@ -2133,16 +2145,7 @@ fn root_sessions_carry_metadata_and_are_found_by_it() {
         .unwrap_or_else(|| panic!("no session.create in {audit}"));
     assert_eq!(created["detail"]["metadata"], labels, "{created}");
 
-    let ids_of = |who: &str, query: &str| -> BTreeSet<String> {
-        let (status, list) = d.request("GET", &format!("/v1/sessions{query}"), Some(who), None);
-        assert_eq!(status, 200, "{query}: {list}");
-        list["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["session_id"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let ids_of = |who: &str, query: &str| session_ids(&d, who, query);
     let set = |ids: &[&String]| ids.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
     assert_eq!(ids_of(&key, ""), set(&[&a, &b, &c]));
     assert_eq!(ids_of(&key, "?metadata=user%3Du1"), set(&[&a, &b]));
@@ -2250,16 +2253,7 @@ fn root_a_session_is_updated_in_place_and_a_refused_update_changes_nothing() {
         assert_eq!(status, 200, "{s}");
         s
     };
-    let listed = |query: &str| -> Vec<String> {
-        let (status, list) = d.request("GET", &format!("/v1/sessions{query}"), Some(&key), None);
-        assert_eq!(status, 200, "{list}");
-        list["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["session_id"].as_str().unwrap().to_string())
-            .collect()
-    };
+    let listed = |query: &str| session_ids(&d, &key, query);
 
     // The TTL counts from the update: longer than the one given at create.
     let (status, s) = patch(&key, json!({"ttl_seconds": 7200}));
@@ -2286,8 +2280,8 @@ fn root_a_session_is_updated_in_place_and_a_refused_update_changes_nothing() {
     assert_eq!(status, 200, "{s}");
     assert_eq!(s["metadata"], json!({"chat": "c2"}));
     assert_eq!(s["expires_at"], first_expiry, "a field left out changed");
-    assert_eq!(listed("?metadata=user%3Du1"), Vec::<String>::new());
-    assert_eq!(listed("?metadata=chat%3Dc2"), vec![id.clone()]);
+    assert_eq!(listed("?metadata=user%3Du1"), BTreeSet::new());
+    assert_eq!(listed("?metadata=chat%3Dc2"), BTreeSet::from([id.clone()]));
     // An idle timeout of 0 is none; several fields at once.
     let (status, s) = patch(
         &key,

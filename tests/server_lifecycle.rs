@@ -433,6 +433,21 @@ fn status_of(d: &Daemon, key: &str, id: &str) -> u16 {
 }
 
 /// Session ids listed for `key` (listing does not count as activity).
+/// (session, reason) of every `session.expire` event the reaper recorded.
+fn expiry_reasons(d: &Daemon, key: &str) -> BTreeSet<(String, String)> {
+    let (status, audit) = d.request("GET", "/v1/audit?action=session.expire", Some(key), None);
+    assert_eq!(status, 200, "{audit}");
+    audit["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let field = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (field(&e["session_id"]), field(&e["detail"]["reason"]))
+        })
+        .collect()
+}
+
 fn listed(d: &Daemon, key: &str) -> BTreeSet<String> {
     let (status, list) = d.request("GET", "/v1/sessions", Some(key), None);
     assert_eq!(status, 200, "{list}");
@@ -1369,24 +1384,15 @@ fn reaper_ends_expired_and_idle_sessions_but_not_busy_ones() {
         assert!(left.is_empty(), "cgroup leaves left: {left:?}");
     }
     // The audit says why.
-    let (status, audit) = d.request("GET", "/v1/audit?action=session.expire", Some(&key), None);
-    assert_eq!(status, 200, "{audit}");
-    let reasons: BTreeSet<(String, String)> = audit["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["session_id"].as_str().unwrap_or_default().to_string(),
-                e["detail"]["reason"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            )
-        })
-        .collect();
-    assert!(reasons.contains(&(ttl.clone(), "ttl".into())), "{audit}");
-    assert!(reasons.contains(&(idle.clone(), "idle".into())), "{audit}");
+    let reasons = expiry_reasons(&d, &key);
+    assert!(
+        reasons.contains(&(ttl.clone(), "ttl".into())),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.contains(&(idle.clone(), "idle".into())),
+        "{reasons:?}"
+    );
 
     // Left alone, the busy one becomes idle too.
     assert!(
@@ -1460,30 +1466,13 @@ fn updated_lifetimes_rule_the_reaper_and_survive_a_kill9() {
     for init in &inits[1..3] {
         assert!(init.gone_within(5_000), "{}", init.describe());
     }
-    let (status, audit) = d.request("GET", "/v1/audit?action=session.expire", Some(&key), None);
-    assert_eq!(status, 200, "{audit}");
-    let reasons: BTreeSet<(String, String)> = audit["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let id = e["session_id"].as_str().unwrap_or_default().to_string();
-            (
-                id,
-                e["detail"]["reason"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            )
-        })
-        .collect();
     assert_eq!(
-        reasons,
+        expiry_reasons(&d, &key),
         BTreeSet::from([
             (ended.clone(), "ttl".into()),
             (idled.clone(), "idle".into())
         ]),
-        "{audit}"
+        "the sessions the reaper ended, and why"
     );
 
     // What was answered is what the next daemon has, after a SIGKILL.
