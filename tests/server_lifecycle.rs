@@ -1619,6 +1619,127 @@ fn warm_pool_fills_serves_refills_and_does_not_leak_across_a_restart() {
     assert_nothing_left(&fx, &inits, &mounts_before);
 }
 
+/// `brig serve` with these flags, expected to stop by itself: its exit code and
+/// stderr (killed and failed if it is still running after 20 s).
+fn serve_expecting_exit(args: &[&std::ffi::OsStr]) -> (i32, String) {
+    let mut child = common::brig()
+        .arg("serve")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start brig serve");
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut stderr)
+                .unwrap();
+            return (status.code().unwrap_or(-1), stderr);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a second brig serve {args:?} kept running");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A second daemon on a data dir in use would take the first one's sandboxes for a
+/// dead predecessor's (destroying its pool, re-attaching its sessions); it must stop
+/// before touching anything. So must a daemon whose port is taken. The lock dies
+/// with its daemon, however it dies: no sandbox inherits it.
+#[test]
+fn a_second_daemon_on_a_data_dir_in_use_stops_before_touching_anything() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&["--pool", "host=2"]);
+    let key = d.admin_key().to_string();
+    wait_pool(&d, "host", 2);
+    let live = id_of(&create(&d, &key, json!({"limits": {"memory": "256M"}})));
+    assert_eq!(sh(&d, &key, &live, "echo live"), "live\n");
+    wait_pool(&d, "host", 2);
+    let rows_before: Vec<(String, String)> =
+        fx.rows().into_iter().map(|r| (r.id, r.state)).collect();
+    let mut inits: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
+    assert_eq!(inits.len(), 3, "two pooled sandboxes and a session");
+
+    let port = common::daemon::free_port().to_string();
+    let (data_dir, store) = (fx.data_dir(), fx.store());
+    let (code, stderr) = serve_expecting_exit(&[
+        "--data-dir".as_ref(),
+        data_dir.as_os_str(),
+        "--store".as_ref(),
+        store.as_os_str(),
+        "--listen".as_ref(),
+        format!("127.0.0.1:{port}").as_ref(),
+        "--pool".as_ref(),
+        "host=1".as_ref(),
+    ]);
+    assert_ne!(code, 0, "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.contains(&format!("another brig serve (pid {}) is using", d.pid()))
+            && stderr.contains(&*data_dir.to_string_lossy()),
+        "{stderr}"
+    );
+    // Nothing of the first daemon's was touched: rows, sandboxes, pool, session.
+    assert_eq!(
+        fx.rows()
+            .into_iter()
+            .map(|r| (r.id, r.state))
+            .collect::<Vec<_>>(),
+        rows_before
+    );
+    assert!(
+        inits.iter().all(Init::alive),
+        "the first daemon's sandboxes live on"
+    );
+    assert_eq!(pool_ready(&d, "host"), Some(2));
+    let pooled = create(&d, &key, json!({}));
+    assert_eq!(pooled["pooled"], true, "{pooled}");
+    let pooled = id_of(&pooled);
+    assert_eq!(sh(&d, &key, &pooled, "echo pooled"), "pooled\n");
+    inits.push(fx.init(&pooled));
+    delete(&d, &key, &pooled);
+    assert_eq!(sh(&d, &key, &live, "echo still"), "still\n");
+
+    // Another data dir, but the first daemon's port: stops before creating anything.
+    let other = fx.path().join("other-data");
+    let (code, stderr) = serve_expecting_exit(&[
+        "--data-dir".as_ref(),
+        other.as_os_str(),
+        "--store".as_ref(),
+        store.as_os_str(),
+        "--listen".as_ref(),
+        d.addr().as_ref(),
+    ]);
+    assert_ne!(code, 0, "{stderr}");
+    assert!(stderr.contains("cannot listen on"), "{stderr}");
+    assert!(
+        !other.exists(),
+        "a daemon that cannot listen created its data dir"
+    );
+
+    // SIGKILL: the lock goes with the daemon (no sandbox holds it), so the next one
+    // starts, re-attaches the session and can delete it.
+    d.kill9();
+    let d2 = fx.start(&[]);
+    assert_eq!(sh(&d2, &key, &live, "echo again"), "again\n");
+    delete(&d2, &key, &live);
+    assert_nothing_left(&fx, &inits, &mounts_before);
+}
+
 /// The filler launches after a burst of creates, not during it (a launch is kernel
 /// work that idle priority does not make preemptible, and a session just taken is
 /// about to run its first exec), unless the pool runs low: then it refills during

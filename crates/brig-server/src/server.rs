@@ -324,10 +324,14 @@ pub fn spawn_background(state: &AppState, expiry_interval: Duration) {
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let listen = args.listen;
-    let state = start(args).await?;
+    args.validate()?;
+    // Before `start`, which re-attaches sandboxes and cleans up after a predecessor: a
+    // daemon that cannot serve stops before it does any of that. Connections that
+    // come meanwhile wait in the backlog.
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
+    let state = start(args).await?;
     spawn_background(&state, crate::filestore::EXPIRY_INTERVAL);
     tracing::info!(
         addr = %listener.local_addr().unwrap_or(listen),

@@ -31,6 +31,8 @@ pub struct Shared {
     /// Volumes and bundles claimed by session creates under way.
     pub holds: Holds,
     shutdown: watch::Sender<bool>,
+    /// Held for as long as the state lives; see [`DataDirLock`].
+    _data_dir_lock: DataDirLock,
 }
 
 /// The state type of the router.
@@ -43,6 +45,7 @@ impl Shared {
     pub async fn new(args: ServeArgs) -> anyhow::Result<AppState> {
         let data_dir = args.data_dir.clone();
         create_private_dir(&data_dir)?;
+        let data_dir_lock = DataDirLock::acquire(&data_dir)?;
         let db_path = data_dir.join("brig.db");
         let db = tokio::task::spawn_blocking(move || Db::open(&db_path))
             .await
@@ -58,6 +61,7 @@ impl Shared {
             sessions: OnceCell::new(),
             holds: Holds::default(),
             shutdown,
+            _data_dir_lock: data_dir_lock,
         }))
     }
 
@@ -106,6 +110,57 @@ impl Shared {
         // wait_for fails only if the sender is dropped, which cannot happen while
         // `self` is alive.
         let _ = rx.wait_for(|down| *down).await;
+    }
+}
+
+/// One daemon per data dir: an exclusive `flock` on `<data-dir>/daemon.lock`, which
+/// holds the owner's pid for the message. A second daemon on the same data dir would
+/// take the first one's sessions and pool sandboxes for those of a dead predecessor
+/// and destroy or re-attach them; it stops here instead, before touching anything.
+/// The kernel drops the lock when the daemon dies, however it dies (the descriptor is
+/// close-on-exec, so no sandbox inherits it), so a restart after a crash is never
+/// refused.
+struct DataDirLock {
+    _file: std::fs::File,
+}
+
+impl DataDirLock {
+    fn acquire(data_dir: &Path) -> anyhow::Result<DataDirLock> {
+        use std::io::{Read, Seek, Write};
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = data_dir.join("daemon.lock");
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        if let Err(e) =
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        {
+            if e != rustix::io::Errno::WOULDBLOCK {
+                anyhow::bail!("cannot lock {}: {e}", path.display());
+            }
+            let mut owner = String::new();
+            let _ = file.read_to_string(&mut owner);
+            let owner = match owner.trim() {
+                "" => String::new(),
+                pid => format!(" (pid {pid})"),
+            };
+            anyhow::bail!(
+                "another brig serve{owner} is using {}: stop it first, or give this one \
+                 another --data-dir",
+                data_dir.display()
+            );
+        }
+        // Best effort: the pid only makes the message above more helpful.
+        let _ = file
+            .set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| writeln!(file, "{}", std::process::id()));
+        Ok(DataDirLock { _file: file })
     }
 }
 
