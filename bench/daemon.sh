@@ -137,6 +137,10 @@ with open(f"{results}/daemon.md", "w") as out:
                     (f"create -> first exec, warm pool, back to back ({busy['pooled']}/{busy['n']} pooled)", busy),
                     (f"exec under load: {conc['sessions']} sessions concurrently, {conc['execs_per_s']} execs/s, {conc['errors']} errors", conc)]:
         out.write(f"| {name} | {r['n']} | {r['median_ms']} | {r['p95_ms']} | {r['p99_ms']} |\n")
+    out.write("\nOf create -> first exec (medians, ms): ")
+    out.write("; ".join(f"{name}: create {r['create_median_ms']}, first exec {r['first_exec_median_ms']}"
+                        for name, r in [("cold", cold), ("warm, 0.3 s apart", warm), ("warm, back to back", busy)]))
+    out.write(".\n")
     out.write("\n### 1,000 idle sessions\n\n")
     for k, v in idle.items():
         out.write(f"- {k}: {v}\n")

@@ -120,20 +120,27 @@ def create(client, n, pattern):
             time.sleep(1)
         else:
             raise SystemExit(f"the pool never settled with {n} sandboxes")
-    samples = []
+    samples, creates, first_execs = [], [], []
     was_pooled = []
     for _ in range(n):
         if pattern == "pooled":
             time.sleep(0.3)
         start = time.perf_counter()
         session = client.call("POST", "/v1/sessions", {})
+        created = time.perf_counter()
         result = client.exec(session["session_id"], ["echo", "hello"])
-        samples.append((time.perf_counter() - start) * 1000)
+        done = time.perf_counter()
+        samples.append((done - start) * 1000)
+        creates.append((created - start) * 1000)
+        first_execs.append((done - created) * 1000)
         was_pooled.append(session["pooled"])
         assert result["stdout"] == "hello\n", result
         client.delete(session["session_id"])
     out = summary(samples)
     out["pooled"] = sum(was_pooled)
+    # The two halves, to see which one moved.
+    out["create_median_ms"] = round(statistics.median(creates), 3)
+    out["first_exec_median_ms"] = round(statistics.median(first_execs), 3)
     return out
 
 
