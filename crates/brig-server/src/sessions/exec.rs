@@ -267,40 +267,16 @@ async fn run_inner(
     let limit = state.output_limit_bytes();
     let mut stdout = Output::new(stdout_r, Stream::Stdout, limit);
     let mut stderr = Output::new(stderr_r, Stream::Stderr, limit);
-    let (mut out_buf, mut err_buf) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
-
-    // One task waits for the exit and reads both streams (no task per stream: each
-    // hand-off to another worker thread is a wake-up on the exec's path). After the
-    // exit, output from processes the command left behind is read until both
-    // streams end or OUTPUT_GRACE passes; what came by then is kept either way.
     let deadline = tokio::time::Instant::from_std(started + command.timeout);
-    let mut timed_out = false;
-    // Some(None): the sandbox ended under the command (session deleted, init killed).
-    let mut exit: Option<Option<brig_jail::agent::JobExit>> = None;
-    let mut grace = None;
-    while exit.is_none() || stdout.open() || stderr.open() {
-        tokio::select! {
-            read = stdout.read(&mut out_buf), if stdout.open() => {
-                stdout.keep(read, &out_buf, chunks.as_ref()).await;
-            }
-            read = stderr.read(&mut err_buf), if stderr.open() => {
-                stderr.keep(read, &err_buf, chunks.as_ref()).await;
-            }
-            reply = agent.recv(), if exit.is_none() => match reply {
-                Ok((AgentReply::Exited { exit: done, .. }, _)) => exit = Some(Some(done)),
-                Ok(_) => continue,
-                Err(_) => exit = Some(None),
-            },
-            _ = tokio::time::sleep_until(deadline), if !timed_out && exit.is_none() => {
-                timed_out = true;
-                kill_job(&sandbox.control_socket, job).await;
-            }
-            _ = tokio::time::sleep_until(grace.unwrap_or(deadline)), if grace.is_some() => break,
-        }
-        if exit.is_some() && grace.is_none() {
-            grace = Some(tokio::time::Instant::now() + OUTPUT_GRACE);
-        }
-    }
+    let (exit, timed_out) = collect(
+        &mut agent,
+        [&mut stdout, &mut stderr],
+        chunks.as_ref(),
+        deadline,
+        OUTPUT_GRACE,
+        (&sandbox.control_socket, job),
+    )
+    .await;
     if let Some(task) = stdin_task {
         task.abort();
     }
@@ -326,6 +302,57 @@ async fn run_inner(
         stderr_truncated: err_truncated,
         duration_ms: started.elapsed().as_millis() as u64,
     })
+}
+
+/// Waits for the job's exit and reads both streams (one task for all three: each
+/// hand-off to another worker thread is a wake-up on the exec's path); kills the job
+/// at `deadline`. After the exit, output from processes the command left behind is
+/// read until both streams end or `grace` passes. Returns the exit (`Some(None)`:
+/// the sandbox ended under the command) and whether the deadline killed it.
+///
+/// Output written before the grace ended is never lost to timing: when the loop
+/// ends, what the pipes hold is read without waiting for the reactor to report it.
+/// A daemon starved of CPU can see the exit, and then the grace end, before tokio
+/// reports a pipe that already holds the command's output.
+async fn collect(
+    agent: &mut Agent,
+    [stdout, stderr]: [&mut Output; 2],
+    chunks: Option<&Chunks>,
+    deadline: tokio::time::Instant,
+    grace: Duration,
+    (control_socket, job): (&std::path::Path, u64),
+) -> (Option<Option<brig_jail::agent::JobExit>>, bool) {
+    let (mut out_buf, mut err_buf) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
+    let mut timed_out = false;
+    let mut exit: Option<Option<brig_jail::agent::JobExit>> = None;
+    let mut grace_ends = None;
+    while exit.is_none() || stdout.open() || stderr.open() {
+        // Unbiased: a flooding command must not keep the deadline from being seen.
+        tokio::select! {
+            read = stdout.read(&mut out_buf), if stdout.open() => {
+                stdout.keep(read, &out_buf, chunks).await;
+            }
+            read = stderr.read(&mut err_buf), if stderr.open() => {
+                stderr.keep(read, &err_buf, chunks).await;
+            }
+            reply = agent.recv(), if exit.is_none() => match reply {
+                Ok((AgentReply::Exited { exit: done, .. }, _)) => exit = Some(Some(done)),
+                Ok(_) => continue,
+                Err(_) => exit = Some(None),
+            },
+            _ = tokio::time::sleep_until(deadline), if !timed_out && exit.is_none() => {
+                timed_out = true;
+                kill_job(control_socket, job).await;
+            }
+            _ = tokio::time::sleep_until(grace_ends.unwrap_or(deadline)), if grace_ends.is_some() => break,
+        }
+        if exit.is_some() && grace_ends.is_none() {
+            grace_ends = Some(tokio::time::Instant::now() + grace);
+        }
+    }
+    stdout.drain_ready(&mut out_buf, chunks).await;
+    stderr.drain_ready(&mut err_buf, chunks).await;
+    (exit, timed_out)
 }
 
 /// Kills a job's process group (over a second connection: the first is waiting).
@@ -530,6 +557,26 @@ impl Output {
             if let Some(chunks) = chunks {
                 let _ = chunks.send((self.stream, buf[..take].to_vec())).await;
             }
+        }
+    }
+
+    /// Keeps what the pipe holds now, reading it directly: the reactor may not have
+    /// reported it readable yet (a read through tokio would wait for that). At most
+    /// the pipe's capacity is read, so a writer still flooding it cannot hold this up.
+    async fn drain_ready(&mut self, buf: &mut [u8], chunks: Option<&Chunks>) {
+        let mut budget = match &self.pipe {
+            Some(pipe) => rustix::pipe::fcntl_getpipe_size(pipe).unwrap_or(1 << 20),
+            None => return,
+        };
+        while let (Some(pipe), true) = (&self.pipe, budget > 0) {
+            // The pipe is non-blocking (tokio made it so): EAGAIN means empty.
+            let read = match rustix::io::read(pipe, &mut *buf) {
+                Err(rustix::io::Errno::AGAIN) => return,
+                Err(rustix::io::Errno::INTR) => continue,
+                other => other.map_err(std::io::Error::from),
+            };
+            budget = budget.saturating_sub(*read.as_ref().unwrap_or(&budget));
+            self.keep(read, buf, chunks).await;
         }
     }
 
@@ -824,6 +871,107 @@ mod tests {
         let seen = server.join().unwrap();
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert!(!seen[1].contains("bound"), "{seen:?}");
+    }
+
+    /// Output already in the pipe when the exit is known is kept even if the reactor
+    /// never reports the pipe readable before the grace ends, as happens when the
+    /// daemon is starved of CPU for longer than the grace (100 sessions running
+    /// execs on 2 cores lost `echo hello`'s output about once in a thousand).
+    /// Here the pipes are registered with a second runtime that is never driven,
+    /// so only reading them directly can find the output.
+    #[tokio::test]
+    async fn output_in_the_pipe_is_kept_though_the_reactor_never_reported_it() {
+        use super::{collect, Output, Stream};
+        use brig_jail::agent::{AgentReply, JobExit};
+        use rustix::net::{AddressFamily, SendFlags, SocketAddrUnix, SocketType};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let listener =
+            rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).unwrap();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+        rustix::net::listen(&listener, 1).unwrap();
+        let mut agent = super::Agent::connect(&path).unwrap();
+        let init = rustix::net::accept(&listener).unwrap();
+
+        let idle = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (out_r, out_w) = super::pipe().unwrap();
+        let (err_r, err_w) = super::pipe().unwrap();
+        let (mut stdout, mut stderr) = {
+            let _in_idle = idle.enter();
+            (
+                Output::new(out_r, Stream::Stdout, 1 << 20),
+                Output::new(err_r, Stream::Stderr, 1 << 20),
+            )
+        };
+        rustix::io::write(&out_w, b"hello\n").unwrap();
+        drop((out_w, err_w));
+        let exited = AgentReply::Exited {
+            job: 1,
+            exit: JobExit {
+                code: Some(0),
+                signal: None,
+            },
+        };
+        let packet = serde_json::to_vec(&exited).unwrap();
+        rustix::net::send(&init, &packet, SendFlags::empty()).unwrap();
+
+        let far = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        let (exit, timed_out) = collect(
+            &mut agent,
+            [&mut stdout, &mut stderr],
+            None,
+            far,
+            std::time::Duration::from_millis(20),
+            (&path, 1),
+        )
+        .await;
+        assert_eq!(exit.flatten().and_then(|e| e.code), Some(0));
+        assert!(!timed_out);
+        assert!(
+            !stdout.open() && !stderr.open(),
+            "both ends seen by the drain"
+        );
+        assert_eq!(stdout.into_kept().0, b"hello\n");
+        drop(stderr);
+        // Not dropped here: a runtime cannot be dropped inside another one.
+        idle.shutdown_background();
+    }
+
+    /// What the pipe holds is read at once, before the reactor has seen it, and no
+    /// more than its capacity while a writer keeps filling it.
+    #[tokio::test]
+    async fn a_drain_reads_what_the_pipe_holds_without_waiting() {
+        use super::{Output, Stream};
+        let (r, w) = super::pipe().unwrap();
+        let mut output = Output::new(r, Stream::Stdout, u64::MAX);
+        let mut buf = vec![0u8; 4096];
+        output.drain_ready(&mut buf, None).await;
+        assert!(output.open());
+        rustix::io::write(&w, b"left in the pipe").unwrap();
+        output.drain_ready(&mut buf, None).await;
+        assert!(output.open(), "the writer is still there");
+        drop(w);
+        output.drain_ready(&mut buf, None).await;
+        assert!(!output.open(), "end of stream");
+        assert_eq!(output.into_kept().0, b"left in the pipe");
+
+        // A writer that never stops: the drain still returns.
+        let (r, w) = super::pipe().unwrap();
+        let capacity = rustix::pipe::fcntl_getpipe_size(&r).unwrap();
+        let writer = std::thread::spawn(move || {
+            let chunk = [b'x'; 4096];
+            while rustix::io::write(&w, &chunk).is_ok() {}
+        });
+        let mut output = Output::new(r, Stream::Stdout, u64::MAX);
+        while output.kept.is_empty() {
+            output.drain_ready(&mut buf, None).await;
+        }
+        assert!(output.kept.len() <= capacity + buf.len());
+        drop(output);
+        writer.join().unwrap();
     }
 
     #[test]
