@@ -6,6 +6,9 @@
 #   2. session create -> first exec: cold, and from the warm pool;
 #   3. 1,000 idle sessions: memory per session (MemAvailable drop / N, init PSS);
 #   4. exec latency p50/p95 while 100 sessions run execs concurrently.
+# The round trip and create -> first exec are also measured against
+# bench/http_floor.c, a server that answers the same requests with the least work
+# (no sandbox, no state; an exec is one posix_spawn of echo): the machine's floor.
 #
 #   bench/daemon.sh            (as root; installs hyperfine and runsc if missing)
 #
@@ -25,10 +28,12 @@ results="$PWD/bench/results"
 mkdir -p "$results"
 work=$(mktemp -d /tmp/brig-bench-daemon.XXXXXX)
 daemon_pid=""
+floor_pid=""
 runsc_root="$work/runsc"
 
 cleanup() {
   set +e
+  [ -n "$floor_pid" ] && kill "$floor_pid" 2>/dev/null
   if [ -n "$daemon_pid" ]; then
     # Sessions outlive the daemon by design: delete them through the API first.
     for s in $(curl -s -H "Authorization: Bearer $(cat "$work/data/admin.key" 2>/dev/null)" \
@@ -62,6 +67,13 @@ start_daemon() {
 stop_daemon() {
   kill "$daemon_pid"; wait "$daemon_pid" || true; daemon_pid=""
 }
+
+cc -O2 -o "$work/http_floor" bench/http_floor.c
+floor_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+floor_url="http://127.0.0.1:$floor_port"
+"$work/http_floor" "$floor_port" >"$work/floor.log" 2>&1 &
+floor_pid=$!
+for _ in $(seq 100); do curl -sf "$floor_url/health" >/dev/null && break; sleep 0.05; done
 
 # gVisor: a container running `sleep` from a minimal root (dash, coreutils, their libraries).
 bundle="$work/bundle"
@@ -98,6 +110,7 @@ curl -sf -X DELETE -H "Authorization: Bearer $key" "$url/v1/sessions/$session" >
 
 echo "== exec round trip: one client, keep-alive"
 rtt=$(python3 bench/daemon_load.py "$url" "$key" rtt 1000); echo "$rtt"
+floor_rtt=$(python3 bench/daemon_load.py "$floor_url" - rtt 1000); echo "floor: $floor_rtt"
 echo "== create -> first exec, cold"
 cold=$(python3 bench/daemon_load.py "$url" "$key" create 100); echo "$cold"
 echo "== 100 sessions running execs concurrently for 20 s"
@@ -115,12 +128,20 @@ warm=$(python3 bench/daemon_load.py "$url" "$key" create 100 pooled); echo "$war
 echo "== create -> first exec, warm pool, back to back"
 busy=$(python3 bench/daemon_load.py "$url" "$key" create 40 busy); echo "$busy"
 stop_daemon
+# Next, not interleaved: the daemon refills its pool after each pattern, which
+# would run beside the floor's requests.
+echo "== the same two patterns against the floor server"
+floor_warm=$(python3 bench/daemon_load.py "$floor_url" - create 100 pooled); echo "floor: $floor_warm"
+floor_busy=$(python3 bench/daemon_load.py "$floor_url" - create 40 busy); echo "floor: $floor_busy"
+kill "$floor_pid"; floor_pid=""
 
 python3 - "$results" <<EOF
 import json, sys
 results = sys.argv[1]
 rtt, cold, warm, busy, conc, idle = ($rtt), ($cold), ($warm), ($busy), ($conc), ($idle)
-json.dump({"rtt": rtt, "cold": cold, "warm": warm, "busy": busy, "concurrent": conc, "idle": idle},
+floor = {"rtt": ($floor_rtt), "warm": ($floor_warm), "busy": ($floor_busy)}
+json.dump({"rtt": rtt, "cold": cold, "warm": warm, "busy": busy, "concurrent": conc, "idle": idle,
+           "floor": floor},
           open(f"{results}/daemon-load.json", "w"), indent=2)
 exec_runs = json.load(open(f"{results}/daemon-exec.json"))["results"]
 with open(f"{results}/daemon.md", "w") as out:
@@ -141,6 +162,14 @@ with open(f"{results}/daemon.md", "w") as out:
     out.write("; ".join(f"{name}: create {r['create_median_ms']}, first exec {r['first_exec_median_ms']}"
                         for name, r in [("cold", cold), ("warm, 0.3 s apart", warm), ("warm, back to back", busy)]))
     out.write(".\n")
+    out.write("\n### The machine's floor: the same client against bench/http_floor.c (no sandbox, no state)\n\n")
+    out.write("| measure | n | floor median ms | brig median ms | floor p95 ms | create / first exec, floor (ms) |\n")
+    out.write("|---|---|---|---|---|---|\n")
+    for name, f, b in [("exec echo hello, live session", floor["rtt"], rtt),
+                       ("create -> first exec, 0.3 s apart", floor["warm"], warm),
+                       ("create -> first exec, back to back", floor["busy"], busy)]:
+        split = f"{f['create_median_ms']} / {f['first_exec_median_ms']}" if "create_median_ms" in f else ""
+        out.write(f"| {name} | {f['n']} | {f['median_ms']} | {b['median_ms']} | {f['p95_ms']} | {split} |\n")
     out.write("\n### 1,000 idle sessions\n\n")
     for k, v in idle.items():
         out.write(f"- {k}: {v}\n")
