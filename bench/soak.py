@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Soak `brig serve` with mixed work under CPU pressure, checking every answer.
+
+    soak.py URL KEY SESSIONS SECONDS [HOGS]
+
+SESSIONS client threads, one session each, loop over: an exec with stdin, an exec
+streamed over SSE, a file uploaded and read back, a background process waited for
+and its output read, an exec with 300 KB of output. HOGS busy processes (default 2)
+compete for the CPU meanwhile, so that the daemon is starved as a loaded host would
+starve it. Any answer that is not exactly what the command must produce is an
+error. Prints one JSON object; exits 1 if there was any error.
+
+Written after the 100-session exec load found output lost under CPU starvation
+(BENCHMARKS.md, session 16): the benchmark checks only `echo`; this checks the other
+paths the same way.
+"""
+
+import http.client
+import json
+import multiprocessing
+import os
+import sys
+import threading
+import time
+import urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon_load import Client  # noqa: E402
+
+
+def hog(deadline):
+    while time.time() < deadline:
+        pass
+
+
+def raw(client, method, path, body=None, headers=None):
+    """One request with a raw body; returns (status, bytes)."""
+    all_headers = {"Authorization": f"Bearer {client.key}"}
+    all_headers.update(headers or {})
+    client.conn.request(method, path, body=body, headers=all_headers)
+    response = client.conn.getresponse()
+    return response.status, response.read()
+
+
+def sse(url, key, path, body):
+    """A streamed exec on its own connection: (stdout, stderr, exit event)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+    conn.request("POST", path, body=json.dumps(body),
+                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"stream: {response.status} {response.read()[:200]!r}")
+    out, err, last, event = [], [], None, None
+    for line in response:
+        line = line.decode().rstrip("\n")
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data = json.loads(line[5:])
+            if event == "stdout":
+                out.append(data["data"])
+            elif event == "stderr":
+                err.append(data["data"])
+            elif event in ("exit", "error"):
+                last = (event, data)
+    conn.close()
+    return "".join(out), "".join(err), last
+
+
+def worker(url, key, deadline, counts, errors, lock, index):
+    client = Client(url, key)
+    session = client.create()
+    n = 0
+
+    def check(what, ok, detail):
+        if not ok:
+            with lock:
+                errors.append(f"{what}: {str(detail)[:300]}")
+
+    try:
+        while time.time() < deadline:
+            n += 1
+            base = f"/workspace/soak{index}_{n}"
+            # 1. stdin in, stdout out.
+            text = f"{index}-{n}-" + "x" * (n % 5000)
+            r = client.call("POST", f"/v1/sessions/{session}/exec",
+                            {"argv": ["sh", "-c", "cat; echo done"], "stdin": text})
+            check("exec stdin", r["stdout"] == text + "done\n" and r["exit_code"] == 0, r)
+            # 2. streamed.
+            out, err, last = sse(url, key, f"/v1/sessions/{session}/exec/stream",
+                                 {"argv": ["sh", "-c", 'i=0; while [ $i -lt 50 ]; do echo line$i; '
+                                           'echo e$i >&2; i=$((i+1)); done']})
+            want_out = "".join(f"line{i}\n" for i in range(50))
+            want_err = "".join(f"e{i}\n" for i in range(50))
+            check("exec stream", out == want_out and err == want_err and last
+                  and last[0] == "exit" and last[1]["exit_code"] == 0, (len(out), len(err), last))
+            # 3. a file in and out.
+            blob = os.urandom(200_000 + n)
+            quoted = urllib.parse.quote(base)
+            status, _ = raw(client, "PUT", f"/v1/sessions/{session}/files?path={quoted}", blob,
+                            {"Content-Type": "application/octet-stream"})
+            check("upload", status in (200, 201), status)
+            status, back = raw(client, "GET", f"/v1/sessions/{session}/files?path={quoted}")
+            check("download", status == 200 and back == blob, (status, len(back)))
+            r = client.call("POST", f"/v1/sessions/{session}/exec",
+                            {"argv": ["sh", "-c", f"wc -c < {base}; rm {base}"]})
+            check("file in sandbox", r["stdout"].strip() == str(len(blob)), r)
+            # 4. a background process.
+            started = client.call("POST", f"/v1/sessions/{session}/processes",
+                                  {"argv": ["sh", "-c", f"echo bg{n}; exit 3"]})
+            pid = started["process_id"]
+            info = client.call("POST", f"/v1/sessions/{session}/processes/{pid}/wait?timeout_ms=60000")
+            check("process wait", info["state"] == "exited" and info["exit_code"] == 3, info)
+            status, body = raw(client, "GET", f"/v1/sessions/{session}/processes/{pid}/output")
+            check("process output", status == 200 and body == f"bg{n}\n".encode(), (status, body[:100]))
+            # 5. a lot of output.
+            r = client.call("POST", f"/v1/sessions/{session}/exec",
+                            {"argv": ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a"]})
+            check("large output", r["stdout"] == "a" * 300000 and not r["stdout_truncated"],
+                  (len(r["stdout"]), r["exit_code"], r["stdout_truncated"]))
+    except Exception as e:  # noqa: BLE001 - counted as an error
+        with lock:
+            errors.append(f"exception: {e!r}"[:300])
+    finally:
+        try:
+            client.delete(session)
+        except Exception as e:  # noqa: BLE001
+            with lock:
+                errors.append(f"delete: {e!r}"[:300])
+    with lock:
+        counts.append(n)
+
+
+def main():
+    url, key, sessions, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    hogs = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    deadline = time.time() + seconds
+    procs = [multiprocessing.Process(target=hog, args=(deadline,)) for _ in range(hogs)]
+    for p in procs:
+        p.start()
+    counts, errors, lock = [], [], threading.Lock()
+    threads = [threading.Thread(target=worker, args=(url, key, deadline, counts, errors, lock, i))
+               for i in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for p in procs:
+        p.join()
+    result = {"sessions": sessions, "seconds": seconds, "hogs": hogs,
+              "rounds": sum(counts), "errors": len(errors)}
+    if errors:
+        result["first_errors"] = errors[:5]
+    print(json.dumps(result))
+    sys.exit(1 if errors else 0)
+
+
+if __name__ == "__main__":
+    main()
