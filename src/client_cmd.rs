@@ -751,7 +751,7 @@ fn stats_table(stats: &Value) -> String {
         Some(s) => format!("{s:.2} s"),
         None => "-".into(),
     };
-    let rows = vec![
+    let mut rows = vec![
         vec![
             "memory".into(),
             bytes("memory_bytes"),
@@ -783,6 +783,17 @@ fn stats_table(stats: &Value) -> String {
             String::new(),
         ],
     ];
+    if stats["volume_used_bytes"].is_u64() {
+        rows.insert(
+            4,
+            vec![
+                "volume".into(),
+                bytes("volume_used_bytes"),
+                bytes("volume_size_bytes"),
+                "shared".into(),
+            ],
+        );
+    }
     table(&["", "USED", "LIMIT", ""], &rows)
 }
 

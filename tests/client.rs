@@ -725,6 +725,15 @@ fn session_and_key_commands() {
                        "tasks": 4, "tasks_limit": 256, "disk_used_bytes": null,
                        "disk_limit_bytes": 536_870_912, "oom_kills": 0}),
             ),
+            ("GET", "/v1/sessions/ses_vol/stats") => respond_json(
+                stream,
+                "200 OK",
+                json!({"session_id": "ses_vol", "memory_bytes": 26_214_400, "memory_peak_bytes": null,
+                       "memory_limit_bytes": 536_870_912, "cpu_seconds": 0.5, "cpus_limit": null,
+                       "tasks": 1, "tasks_limit": 256, "disk_used_bytes": 4096,
+                       "disk_limit_bytes": 536_870_912, "volume_used_bytes": 52_428_800,
+                       "volume_size_bytes": 1_040_187_392, "oom_kills": 0}),
+            ),
             ("PATCH", "/v1/sessions/ses_123") => respond_json(
                 stream,
                 "200 OK",
@@ -823,6 +832,20 @@ fn session_and_key_commands() {
          oom kills  0\n"
     );
     assert_eq!(requests.recv().unwrap().path, "/v1/sessions/ses_123/stats");
+    // A session with a volume: its own line, after the disk.
+    let out = run(&url, home.path(), &["session", "stats", "ses_vol"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "           USED      LIMIT\n\
+         memory     25.0 MiB  512.0 MiB  peak -\n\
+         cpu        0.50 s    - CPUs\n\
+         tasks      1         256\n\
+         disk       4.0 KiB   512.0 MiB\n\
+         volume     50.0 MiB  992.0 MiB  shared\n\
+         oom kills  0\n"
+    );
+    requests.recv().unwrap();
     let out = run(
         &url,
         home.path(),

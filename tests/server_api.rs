@@ -2405,6 +2405,8 @@ fn root_session_stats_show_what_it_uses_against_its_limits() {
                 "tasks_limit",
                 "disk_used_bytes",
                 "disk_limit_bytes",
+                "volume_used_bytes",
+                "volume_size_bytes",
                 "oom_kills",
             ],
         );
@@ -2436,6 +2438,8 @@ fn root_session_stats_show_what_it_uses_against_its_limits() {
         number(&fresh, "disk_used_bytes") < f64::from(1 << 20),
         "{fresh}"
     );
+    assert!(fresh["volume_used_bytes"].is_null(), "no volume: {fresh}");
+    assert!(fresh["volume_size_bytes"].is_null(), "no volume: {fresh}");
 
     // 20 MB in /workspace and 5 MB in /tmp (one writable storage), half a second
     // of CPU, three processes left running.
@@ -5361,6 +5365,35 @@ fn root_volumes_persist_across_sessions() {
     assert_eq!(s["volume"], "data", "{s}");
     let first = sid(&s);
     assert_eq!(sh(&d, &key, &first, "stat -c %u:%a /volume"), "1000:755\n");
+    // Its use shows in the session's stats, apart from the session's own storage.
+    let volume_stats = |id: &str| {
+        let (status, s) = d.request("GET", &format!("/v1/sessions/{id}/stats"), Some(&key), None);
+        assert_eq!(status, 200, "{s}");
+        let field = |name: &str| s[name].as_u64().unwrap_or_else(|| panic!("{name}: {s}"));
+        (
+            field("volume_used_bytes"),
+            field("volume_size_bytes"),
+            field("disk_used_bytes"),
+        )
+    };
+    let (used_before, size, _) = volume_stats(&first);
+    assert!(((900u64 << 20)..=(1 << 30)).contains(&size), "size {size}");
+    sh(
+        &d,
+        &key,
+        &first,
+        "head -c 5000000 /dev/zero > /volume/five && sync /volume/five",
+    );
+    let (used_after, _, disk_used) = volume_stats(&first);
+    assert!(
+        (5_000_000..6_000_000).contains(&(used_after - used_before)),
+        "used {used_before} -> {used_after} for 5 MB"
+    );
+    assert!(
+        disk_used < 1 << 20,
+        "the volume counted as disk: {disk_used}"
+    );
+    sh(&d, &key, &first, "rm /volume/five");
     sh(&d, &key, &first, "echo kept > /volume/file");
     // On the host: root's files, in a filesystem mounted in the daemon's private
     // directory.

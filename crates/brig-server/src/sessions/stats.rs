@@ -37,9 +37,15 @@ pub struct SessionStats {
     /// Processes and threads now.
     pub tasks: Option<u64>,
     pub tasks_limit: Option<u64>,
-    /// Bytes its writes take of its writable storage (`limits.disk`).
+    /// Bytes its writes take of its writable storage (`limits.disk`); its volume
+    /// is counted apart.
     pub disk_used_bytes: Option<u64>,
     pub disk_limit_bytes: u64,
+    /// With a volume: bytes in use on it (what `df` calls Used, shared with the
+    /// other sessions that mount it), and its size as its filesystem reports it (a
+    /// little less than its capacity: the filesystem's own structures).
+    pub volume_used_bytes: Option<u64>,
+    pub volume_size_bytes: Option<u64>,
     /// Processes in it killed for want of memory.
     pub oom_kills: u64,
 }
@@ -59,13 +65,16 @@ async fn session_stats(
         let sandbox = session.sandbox();
         let accounting = sandbox.handle.stats().unwrap_or_default();
         let usage = sandbox.handle.usage().unwrap_or_default();
-        // Every writable place of a session is on its one scratch filesystem.
-        let disk = root_of(&session)
-            .and_then(|root| {
-                root.disk_usage(brig_policy::defaults::WORKSPACE)
-                    .map_err(super::files::rootfs_error)
-            })
-            .ok();
+        // Every writable place of a session but its volume is on its one scratch
+        // filesystem.
+        let root = root_of(&session).ok();
+        let usage_of = |path: &str| root.as_ref().and_then(|r| r.disk_usage(path).ok());
+        let disk = usage_of(brig_policy::defaults::WORKSPACE);
+        let volume = session
+            .request
+            .volume
+            .as_ref()
+            .and_then(|_| usage_of(crate::volumes::MOUNT_PATH));
         let limits = &session.limits;
         SessionStats {
             session_id: session.id.clone(),
@@ -78,6 +87,8 @@ async fn session_stats(
             tasks_limit: limits.pids,
             disk_used_bytes: disk.map(|d| d.used_bytes),
             disk_limit_bytes: limits.disk_bytes,
+            volume_used_bytes: volume.as_ref().map(|v| v.used_bytes),
+            volume_size_bytes: volume.as_ref().map(|v| v.size_bytes),
             oom_kills: accounting.oom_kills,
         }
     })
