@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Soak `brig serve` with mixed work under CPU pressure, checking every answer.
 
-    soak.py URL KEY SESSIONS SECONDS [HOGS]
+    soak.py URL KEY SESSIONS SECONDS [HOGS [churn]]
 
 SESSIONS client threads, one session each, loop over: an exec with stdin, an exec
 streamed over SSE, a file uploaded and read back, a background process waited for
-and its output read, an exec with 300 KB of output. HOGS busy processes (default 2)
+and its output read, an exec with 300 KB of output. With `churn`, each thread
+instead creates a session (every other one with its own limits, so not from a warm
+pool), runs one exec in it and deletes it, over and over; afterwards no session
+may be left. HOGS busy processes (default 2)
 compete for the CPU meanwhile, so that the daemon is starved as a loaded host would
 starve it. Any answer that is not exactly what the command must produce is an
 error. Prints one JSON object; exits 1 if there was any error.
@@ -132,15 +135,39 @@ def worker(url, key, deadline, counts, errors, lock, index):
         counts.append(n)
 
 
+def churner(url, key, deadline, counts, errors, lock, index):
+    client = Client(url, key)
+    n = 0
+    try:
+        while time.time() < deadline:
+            n += 1
+            body = {} if n % 2 else {"limits": {"memory": "300M"}, "env": {"ROUND": str(n)}}
+            session = client.create(**body)
+            try:
+                r = client.exec(session, ["sh", "-c", f"echo {index}-{n}"])
+                if r["stdout"] != f"{index}-{n}\n" or r["exit_code"] != 0:
+                    with lock:
+                        errors.append(f"churn exec: {str(r)[:300]}")
+            finally:
+                client.delete(session)
+    except Exception as e:  # noqa: BLE001 - counted as an error
+        with lock:
+            errors.append(f"exception: {e!r}"[:300])
+    with lock:
+        counts.append(n)
+
+
 def main():
     url, key, sessions, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     hogs = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    churn = len(sys.argv) > 6 and sys.argv[6] == "churn"
     deadline = time.time() + seconds
     procs = [multiprocessing.Process(target=hog, args=(deadline,)) for _ in range(hogs)]
     for p in procs:
         p.start()
     counts, errors, lock = [], [], threading.Lock()
-    threads = [threading.Thread(target=worker, args=(url, key, deadline, counts, errors, lock, i))
+    target = churner if churn else worker
+    threads = [threading.Thread(target=target, args=(url, key, deadline, counts, errors, lock, i))
                for i in range(sessions)]
     for t in threads:
         t.start()
@@ -148,7 +175,10 @@ def main():
         t.join()
     for p in procs:
         p.join()
-    result = {"sessions": sessions, "seconds": seconds, "hogs": hogs,
+    left = Client(url, key).call("GET", "/v1/sessions")["sessions"]
+    if left:
+        errors.append(f"{len(left)} sessions left: {[s['session_id'] for s in left][:5]}")
+    result = {"sessions": sessions, "seconds": seconds, "hogs": hogs, "churn": churn,
               "rounds": sum(counts), "errors": len(errors)}
     if errors:
         result["first_errors"] = errors[:5]
