@@ -4,7 +4,6 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use common::*;
 
@@ -214,15 +213,28 @@ fn root_signal_is_forwarded_to_a_command_that_handles_it() {
     require_root!();
     let child = brig()
         .args(["run", "--json", "--", "python3", "-c"])
-        .arg("import signal,sys,time\nsignal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(3)))\nprint('ready', flush=True)\ntime.sleep(30)")
+        .arg("import signal,sys,time\nprint('ready', flush=True)\nsignal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(3)))\ntime.sleep(30)")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id();
-    // Wait until python is inside its sleep.
-    assert!(eventually(5000, || processes_with("time.sleep(30)").len() >= 2));
-    std::thread::sleep(Duration::from_millis(300));
+    // Sent before python has its handler, the signal kills it before it prints (a
+    // fixed pause was not always enough on a loaded machine): wait until its
+    // SigCgt has SIGTERM, which it sets after printing "ready".
+    let python_handles_term = |pid: &u32| {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let caught = status
+            .lines()
+            .find_map(|line| line.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .unwrap_or(0);
+        comm.trim() == "python3" && caught & (1 << (15 - 1)) != 0
+    };
+    assert!(eventually(20_000, || processes_with("time.sleep(30)")
+        .iter()
+        .any(python_handles_term)));
     send_signal(pid, "TERM");
     let out = child.wait_with_output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
