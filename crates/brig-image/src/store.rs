@@ -120,6 +120,10 @@ impl LayersInUse {
     }
 }
 
+/// How many fresh names [`Store::work_dir`] tries when stores opened meanwhile keep
+/// removing its new lock file (each takes a few microseconds of bad luck).
+const WORK_DIR_ATTEMPTS: usize = 16;
+
 /// A private work directory under tmp/, removed when dropped.
 pub struct WorkDir {
     path: PathBuf,
@@ -267,8 +271,11 @@ impl Store {
             } else {
                 (path.clone(), path.with_extension("lock"))
             };
-            let owner_alive = File::open(&lock).is_ok_and(|file| {
-                rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).is_err()
+            // Held until the debris is gone: released earlier, a new owner could lock
+            // the file and make its directory just before they are removed.
+            let held = File::open(&lock).ok();
+            let owner_alive = held.as_ref().is_some_and(|file| {
+                rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive).is_err()
             });
             if owner_alive {
                 continue;
@@ -278,29 +285,49 @@ impl Store {
             }
             let _ = remove_tree(&dir);
             let _ = fs::remove_file(&lock);
+            drop(held);
         }
     }
 
     /// A fresh work directory under tmp/ (same filesystem as the store, so results
     /// can be renamed into place).
     pub fn work_dir(&self, purpose: &str) -> Result<WorkDir> {
-        let name = format!("{purpose}-{}-{:x}", std::process::id(), random());
-        let path = self.root.join("tmp").join(&name);
-        let lock_path = path.with_extension("lock");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&lock_path)
-            .context(|| format!("create {}", lock_path.display()))?;
-        rustix::fs::flock(&lock, FlockOperation::LockExclusive)
-            .context(|| "lock work directory".into())?;
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .context(|| format!("create {}", path.display()))?;
-        Ok(WorkDir { path, _lock: lock })
+        // A store opened by someone else between our creating the lock file and
+        // locking it finds it unlocked, takes it for a dead owner's and removes it:
+        // the lock we then get is on a file no longer there. So the lock counts only
+        // if its file is still the one at the path, else a new name is tried.
+        for _ in 0..WORK_DIR_ATTEMPTS {
+            let name = format!("{purpose}-{}-{:x}", std::process::id(), random());
+            let path = self.root.join("tmp").join(&name);
+            let lock_path = path.with_extension("lock");
+            let lock = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .open(&lock_path)
+                .context(|| format!("create {}", lock_path.display()))?;
+            rustix::fs::flock(&lock, FlockOperation::LockExclusive)
+                .context(|| "lock work directory".into())?;
+            let held = rustix::fs::fstat(&lock).context(|| "inspect a lock file".into())?;
+            let still_there = fs::metadata(&lock_path)
+                .is_ok_and(|now| now.dev() == held.st_dev && now.ino() == held.st_ino);
+            if !still_there {
+                continue;
+            }
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&path)
+                .context(|| format!("create {}", path.display()))?;
+            return Ok(WorkDir { path, _lock: lock });
+        }
+        Err(ImageError::Io {
+            context: format!(
+                "make a work directory in {}: its lock file kept being removed",
+                self.root.join("tmp").display()
+            ),
+            source: std::io::Error::from(std::io::ErrorKind::Interrupted),
+        })
     }
 
     fn layer_file(&self, hex: &str) -> PathBuf {
@@ -780,6 +807,36 @@ fn random() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Stores opened while others make work directories (every snapshot opens the
+    /// store, and opening clears debris): no live work directory is taken for
+    /// debris, however the two interleave. A daemon snapshotting 30 sessions at
+    /// once lost a work directory this way now and then.
+    #[test]
+    fn opening_the_store_never_clears_work_in_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        Store::open(&root).unwrap();
+        let lost = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..1500 {
+                        let store = Store::open(&root).unwrap();
+                        let work = store.work_dir("race").unwrap();
+                        let kept = fs::write(work.path().join("f"), b"x").is_ok()
+                            && work.path().with_extension("lock").exists();
+                        if !kept {
+                            lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(lost.into_inner(), 0, "work directories cleared as debris");
+        // And what is dropped is gone.
+        assert_eq!(fs::read_dir(root.join("tmp")).unwrap().count(), 0);
+    }
 
     #[test]
     fn image_file_names_map_back_to_image_names() {
