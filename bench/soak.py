@@ -5,7 +5,8 @@
 
 SESSIONS client threads, one session each, loop over: an exec with stdin, an exec
 streamed over SSE, a file uploaded and read back, a background process waited for
-and its output read, an exec with 300 KB of output. With `churn`, each thread
+and its output read, an exec with 300 KB of output; every 8th round also a
+snapshot, a fork from it, a restore to it, and a pause and resume. With `churn`, each thread
 instead creates a session (every other one with its own limits, so not from a warm
 pool), runs one exec in it and deletes it, over and over; afterwards no session
 may be left. HOGS busy processes (default 2)
@@ -117,6 +118,25 @@ def worker(url, key, deadline, counts, errors, lock, index):
             check("process wait", info["state"] == "exited" and info["exit_code"] == 3, info)
             status, body = raw(client, "GET", f"/v1/sessions/{session}/processes/{pid}/output")
             check("process output", status == 200 and body == f"bg{n}\n".encode(), (status, body[:100]))
+            # Every 8th round: snapshot, fork, restore; pause and resume.
+            if n % 8 == 0:
+                mark = f"{index}-{n}"
+                client.exec(session, ["sh", "-c", f"echo {mark} > /workspace/mark"])
+                snap = client.call("POST", f"/v1/sessions/{session}/snapshots", {})["snapshot_id"]
+                fork = client.create(snapshot=snap)
+                r = client.exec(fork, ["cat", "/workspace/mark"])
+                check("fork", r["stdout"] == f"{mark}\n", r)
+                client.delete(fork)
+                client.exec(session, ["sh", "-c", "echo changed > /workspace/mark"])
+                client.call("POST", f"/v1/sessions/{session}/restore", {"snapshot_id": snap})
+                r = client.exec(session, ["cat", "/workspace/mark"])
+                check("restore", r["stdout"] == f"{mark}\n", r)
+                status, body = raw(client, "DELETE", f"/v1/snapshots/{snap}")
+                check("snapshot delete", status == 204, (status, body[:200]))
+                client.call("POST", f"/v1/sessions/{session}/pause", {})
+                client.call("POST", f"/v1/sessions/{session}/resume", {})
+                r = client.exec(session, ["echo", "resumed"])
+                check("resume", r["stdout"] == "resumed\n", r)
             # 5. a lot of output.
             r = client.call("POST", f"/v1/sessions/{session}/exec",
                             {"argv": ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a"]})
