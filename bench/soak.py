@@ -5,7 +5,8 @@
 
 SESSIONS client threads, one session each, loop over: an exec with stdin, an exec
 streamed over SSE, a file uploaded and read back, a background process waited for
-and its output read, an exec with 300 KB of output; every 8th round also a
+and its output read, an exec with 300 KB of output; every 4th round also a
+directory uploaded and downloaded as tar and a one-shot /v1/execute; every 8th a
 snapshot, a fork from it, a restore to it, and a pause and resume. With `churn`, each thread
 instead creates a session (every other one with its own limits, so not from a warm
 pool), runs one exec in it and deletes it, over and over; afterwards no session
@@ -20,10 +21,12 @@ paths the same way.
 """
 
 import http.client
+import io
 import json
 import multiprocessing
 import os
 import sys
+import tarfile
 import threading
 import time
 import urllib.parse
@@ -72,6 +75,26 @@ def sse(url, key, path, body):
     return "".join(out), "".join(err), last
 
 
+def tar_of(files):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def files_of_tar(data):
+    """The regular files in a tar, by path (a broken or cut tar is an error)."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            return {m.name.removeprefix("./"): tar.extractfile(m).read()
+                    for m in tar.getmembers() if m.isfile()}
+    except tarfile.TarError as e:
+        return f"bad tar: {e}"
+
+
 def worker(url, key, deadline, counts, errors, lock, index):
     client = Client(url, key)
     session = client.create()
@@ -118,6 +141,23 @@ def worker(url, key, deadline, counts, errors, lock, index):
             check("process wait", info["state"] == "exited" and info["exit_code"] == 3, info)
             status, body = raw(client, "GET", f"/v1/sessions/{session}/processes/{pid}/output")
             check("process output", status == 200 and body == f"bg{n}\n".encode(), (status, body[:100]))
+            # Every 4th round: a directory in and out as tar; one-shot code.
+            if n % 4 == 0:
+                files = {f"d/f{i}": os.urandom(1000 * i + n) for i in range(1, 4)}
+                files["top"] = f"{index}-{n}".encode()
+                status, body = raw(client, "PUT",
+                                   f"/v1/sessions/{session}/archive?path={quoted}.d",
+                                   tar_of(files), {"Content-Type": "application/x-tar"})
+                check("archive upload", status == 201, (status, body[:200]))
+                status, body = raw(client, "GET", f"/v1/sessions/{session}/archive?path={quoted}.d")
+                back = status == 200 and files_of_tar(body)
+                check("archive download", back == files,
+                      (status, sorted(back) if isinstance(back, dict) else back))
+                status, body = raw(client, "DELETE",
+                                   f"/v1/sessions/{session}/files?path={quoted}.d&recursive=true")
+                check("directory delete", status == 204, (status, body[:200]))
+                r = client.call("POST", "/v1/execute", {"code": f"x = {n}\nx * 2"})
+                check("execute", r["stdout"] == f"{2 * n}\n" and r["exit_code"] == 0, r)
             # Every 8th round: snapshot, fork, restore; pause and resume.
             if n % 8 == 0:
                 mark = f"{index}-{n}"
