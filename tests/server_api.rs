@@ -1508,6 +1508,61 @@ fn root_files_dot_dot_and_magic_links_stay_inside_or_are_refused() {
     delete_session(&d, &key, &id);
 }
 
+/// An archive that cannot be finished (here a directory nested deeper than the walk
+/// goes, below a file already sent) must not reach the client as a complete
+/// download: the response is cut off, so the client sees an error, never a short
+/// tar that looks whole.
+#[test]
+fn root_an_archive_that_fails_midway_ends_in_an_error_not_a_short_tar() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    sh(
+        &d,
+        &key,
+        &id,
+        "mkdir -p /workspace/a && head -c 300000 /dev/urandom > /workspace/a/0-first && \
+         cd /workspace/a && for i in $(seq 300); do mkdir z && cd z || exit 1; done",
+    );
+    let response = d.send(
+        "GET",
+        &format!("/v1/sessions/{id}/archive?path=/workspace/a"),
+        Some(&key),
+        None,
+        (),
+    );
+    assert_eq!(
+        response.status().as_u16(),
+        200,
+        "the archive starts streaming"
+    );
+    let mut bytes = Vec::new();
+    let read = response.into_body().into_reader().read_to_end(&mut bytes);
+    assert!(
+        read.is_err(),
+        "the cut archive read as complete ({} bytes)",
+        bytes.len()
+    );
+    // A directory the walk can finish still downloads whole.
+    sh(&d, &key, &id, "rm -rf /workspace/a/z");
+    let (status, tar) = d.raw(
+        "GET",
+        &format!("/v1/sessions/{id}/archive?path=/workspace/a"),
+        Some(&key),
+        None,
+        None,
+    );
+    assert_eq!(status, 200);
+    let mut archive = tar::Archive::new(&tar[..]);
+    let names: Vec<String> = archive
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    assert_eq!(names, vec!["0-first".to_string()]);
+}
+
 #[test]
 fn root_archive_upload_with_escaping_entries_is_refused_or_contained() {
     require_root!();

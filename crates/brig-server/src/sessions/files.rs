@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
 use utoipa::{IntoParams, ToSchema};
@@ -351,17 +351,30 @@ async fn download_archive(
             .map_err(ApiError::internal)?
             .map_err(rootfs_error)?;
         let (reader, writer) = tokio::io::duplex(256 << 10);
+        let (finished, outcome) = tokio::sync::oneshot::channel();
         tokio::task::spawn_blocking(move || {
             let mut out = SyncIoBridge::new(writer);
-            if let Err(e) = root.write_tar(&path, &mut out) {
-                // The status is sent already: the client sees a truncated archive.
+            let written = root.write_tar(&path, &mut out).map_err(|e| e.to_string());
+            let _ = out.flush();
+            if let Err(e) = &written {
                 tracing::warn!("archive of {path}: {e}");
             }
-            let _ = out.flush();
+            let _ = finished.send(written);
         });
+        // The status went out with the first bytes: an archive that cannot be
+        // finished ends the body with an error, which cuts the response off, so the
+        // client sees a failed download rather than a short tar that looks whole.
+        let end = futures_util::stream::once(async move {
+            match outcome.await {
+                Ok(Ok(())) => None,
+                Ok(Err(message)) => Some(Err(std::io::Error::other(message))),
+                Err(_) => Some(Err(std::io::Error::other("the archive was not finished"))),
+            }
+        })
+        .filter_map(std::future::ready);
         Ok((
             [(header::CONTENT_TYPE, "application/x-tar")],
-            Body::from_stream(ReaderStream::new(reader)),
+            Body::from_stream(ReaderStream::new(reader).chain(end)),
         )
             .into_response())
     }
