@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak `brig serve` with mixed work under CPU pressure, checking every answer.
 
-    soak.py URL KEY SESSIONS SECONDS [HOGS [churn]]
+    soak.py URL KEY SESSIONS SECONDS [HOGS [churn|volumes]]
 
 SESSIONS client threads, one session each, loop over: an exec with stdin, an exec
 streamed over SSE, a file uploaded and read back, a background process waited for
@@ -10,7 +10,10 @@ directory uploaded and downloaded as tar and a one-shot /v1/execute; every 8th a
 snapshot, a fork from it, a restore to it, and a pause and resume. With `churn`, each thread
 instead creates a session (every other one with its own limits, so not from a warm
 pool), runs one exec in it and deletes it, over and over; afterwards no session
-may be left. HOGS busy processes (default 2)
+may be left. With `volumes`, the same with every session mounting one of three
+shared volumes (made on first use, root only) and appending a line to its thread's
+file there; afterwards every line must be there, no session may hold a volume, and
+the volumes are deleted. HOGS busy processes (default 2)
 compete for the CPU meanwhile, so that the daemon is starved as a loaded host would
 starve it. Any answer that is not exactly what the command must produce is an
 error. Prints one JSON object; exits 1 if there was any error.
@@ -217,28 +220,82 @@ def churner(url, key, deadline, counts, errors, lock, index):
         counts.append(n)
 
 
+def volume_user(url, key, deadline, counts, errors, lock, index):
+    client = Client(url, key)
+    n = 0
+    try:
+        while time.time() < deadline:
+            n += 1
+            session = client.create(volume=f"soak{index % 3}")
+            try:
+                r = client.exec(session, ["sh", "-c", f"echo {n} >> /volume/t{index}; tail -1 /volume/t{index}"])
+                if r["stdout"] != f"{n}\n" or r["exit_code"] != 0:
+                    with lock:
+                        errors.append(f"volume append: {str(r)[:300]}")
+            finally:
+                client.delete(session)
+    except Exception as e:  # noqa: BLE001 - counted as an error
+        with lock:
+            errors.append(f"exception: {e!r}"[:300])
+    with lock:
+        counts.append(n)
+
+
+def check_volumes(url, key, threads, counts_by_thread, errors):
+    """Every appended line is there; no session holds a volume; then they go."""
+    client = Client(url, key)
+    for volume in sorted({f"soak{i % 3}" for i in range(threads)}):
+        held = [v for v in client.call("GET", "/v1/volumes")["volumes"] if v["name"] == volume]
+        if held and held[0]["sessions"]:
+            errors.append(f"{volume} still held by {held[0]['sessions']}")
+        session = client.create(volume=volume)
+        try:
+            for i in range(threads):
+                if f"soak{i % 3}" != volume:
+                    continue
+                r = client.exec(session, ["sh", "-c", f"cat /volume/t{i} 2>/dev/null | wc -l"])
+                if r["stdout"].strip() != str(counts_by_thread[i]):
+                    errors.append(f"{volume}/t{i}: {r['stdout'].strip()} lines, "
+                                  f"{counts_by_thread[i]} appended")
+        finally:
+            client.delete(session)
+        status, body = raw(client, "DELETE", f"/v1/volumes/{volume}")
+        if status != 204:
+            errors.append(f"delete {volume}: {status} {body[:200]!r}")
+
+
 def main():
     url, key, sessions, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     hogs = int(sys.argv[5]) if len(sys.argv) > 5 else 2
-    churn = len(sys.argv) > 6 and sys.argv[6] == "churn"
+    mode = sys.argv[6] if len(sys.argv) > 6 else "mixed"
     deadline = time.time() + seconds
     procs = [multiprocessing.Process(target=hog, args=(deadline,)) for _ in range(hogs)]
     for p in procs:
         p.start()
     counts, errors, lock = [], [], threading.Lock()
-    target = churner if churn else worker
-    threads = [threading.Thread(target=target, args=(url, key, deadline, counts, errors, lock, i))
-               for i in range(sessions)]
+    target = {"churn": churner, "volumes": volume_user}.get(mode, worker)
+    by_thread = {}
+
+    def run(i):
+        mine = []
+        target(url, key, deadline, mine, errors, lock, i)
+        by_thread[i] = mine[0] if mine else 0
+        with lock:
+            counts.extend(mine)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(sessions)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     for p in procs:
         p.join()
+    if mode == "volumes":
+        check_volumes(url, key, sessions, by_thread, errors)
     left = Client(url, key).call("GET", "/v1/sessions")["sessions"]
     if left:
         errors.append(f"{len(left)} sessions left: {[s['session_id'] for s in left][:5]}")
-    result = {"sessions": sessions, "seconds": seconds, "hogs": hogs, "churn": churn,
+    result = {"sessions": sessions, "seconds": seconds, "hogs": hogs, "mode": mode,
               "rounds": sum(counts), "errors": len(errors)}
     if errors:
         result["first_errors"] = errors[:5]
