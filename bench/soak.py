@@ -198,47 +198,47 @@ def worker(url, key, deadline, counts, errors, lock, index):
         counts.append(n)
 
 
-def churner(url, key, deadline, counts, errors, lock, index):
-    client = Client(url, key)
-    n = 0
-    try:
-        while time.time() < deadline:
-            n += 1
-            body = {} if n % 2 else {"limits": {"memory": "300M"}, "env": {"ROUND": str(n)}}
-            session = client.create(**body)
-            try:
-                r = client.exec(session, ["sh", "-c", f"echo {index}-{n}"])
-                if r["stdout"] != f"{index}-{n}\n" or r["exit_code"] != 0:
-                    with lock:
-                        errors.append(f"churn exec: {str(r)[:300]}")
-            finally:
-                client.delete(session)
-    except Exception as e:  # noqa: BLE001 - counted as an error
+def short_lived(what, round_of):
+    """A worker that creates a session, runs one command in it and deletes it, over
+    and over. `round_of(index, n)` gives the create body, the command and the
+    output it must print."""
+
+    def work(url, key, deadline, counts, errors, lock, index):
+        client = Client(url, key)
+        n = 0
+        try:
+            while time.time() < deadline:
+                n += 1
+                body, argv, want = round_of(index, n)
+                session = client.create(**body)
+                try:
+                    r = client.exec(session, argv)
+                    if r["stdout"] != want or r["exit_code"] != 0:
+                        with lock:
+                            errors.append(f"{what}: {str(r)[:300]}")
+                finally:
+                    client.delete(session)
+        except Exception as e:  # noqa: BLE001 - counted as an error
+            with lock:
+                errors.append(f"exception: {e!r}"[:300])
         with lock:
-            errors.append(f"exception: {e!r}"[:300])
-    with lock:
-        counts.append(n)
+            counts.append(n)
+
+    return work
 
 
-def volume_user(url, key, deadline, counts, errors, lock, index):
-    client = Client(url, key)
-    n = 0
-    try:
-        while time.time() < deadline:
-            n += 1
-            session = client.create(volume=f"soak{index % 3}")
-            try:
-                r = client.exec(session, ["sh", "-c", f"echo {n} >> /volume/t{index}; tail -1 /volume/t{index}"])
-                if r["stdout"] != f"{n}\n" or r["exit_code"] != 0:
-                    with lock:
-                        errors.append(f"volume append: {str(r)[:300]}")
-            finally:
-                client.delete(session)
-    except Exception as e:  # noqa: BLE001 - counted as an error
-        with lock:
-            errors.append(f"exception: {e!r}"[:300])
-    with lock:
-        counts.append(n)
+# Every other session with its own limits, so it is launched cold, not pooled.
+churner = short_lived("churn exec", lambda index, n: (
+    {} if n % 2 else {"limits": {"memory": "300M"}, "env": {"ROUND": str(n)}},
+    ["sh", "-c", f"echo {index}-{n}"],
+    f"{index}-{n}\n",
+))
+
+volume_user = short_lived("volume append", lambda index, n: (
+    {"volume": f"soak{index % 3}"},
+    ["sh", "-c", f"echo {n} >> /volume/t{index}; tail -1 /volume/t{index}"],
+    f"{n}\n",
+))
 
 
 def check_volumes(url, key, threads, counts_by_thread, errors):
