@@ -2164,6 +2164,109 @@ fn root_quotas_refuse_with_429_and_create_nothing() {
     assert_eq!(status, 204);
 }
 
+/// The daemon's own caps (all tenants together) answer 503, not a tenant's 429: the
+/// tenant did nothing wrong and may retry. They create nothing, free up when
+/// sessions and execs end, and are audited as refusals of the tenant that asked.
+#[test]
+fn root_global_caps_refuse_with_503_and_create_nothing() {
+    require_root!();
+    let d = daemon(&["--max-sessions", "2", "--max-concurrent-execs", "1"]);
+    let (a, _) = tenant_key(&d, "ga");
+    let (b, _) = tenant_key(&d, "gb");
+    let first = sid(&create(&d, &a, json!({})));
+    let second = sid(&create(&d, &b, json!({})));
+    let sandboxes_before = sandboxes(&d);
+    let (status, body) = d.request("POST", "/v1/sessions", Some(&a), Some(json!({})));
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(error_code(&body), "unavailable");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 2 sessions"),
+        "{body}"
+    );
+    assert_eq!(
+        sandboxes(&d),
+        sandboxes_before,
+        "a refused create left a sandbox"
+    );
+    assert_eq!(session_count(&d, &a), 1);
+
+    // One exec at a time across tenants: b's exec waits for nothing, it is refused.
+    let slow = {
+        let url = d.url(&format!("/v1/sessions/{first}/exec"));
+        let a = a.clone();
+        std::thread::spawn(move || {
+            let r = common::daemon::agent()
+                .post(&url)
+                .header("Authorization", format!("Bearer {a}"))
+                .header("Content-Type", "application/json")
+                .send(json!({"cmd": "touch started; sleep 1.5; echo done"}).to_string())
+                .unwrap();
+            r.into_body().read_to_string().unwrap()
+        })
+    };
+    // Once a's exec holds the only slot (reading a file takes no exec slot).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d
+        .raw(
+            "GET",
+            &files_url(&first, "/workspace/started"),
+            Some(&a),
+            None,
+            None,
+        )
+        .0
+        != 200
+    {
+        assert!(Instant::now() < deadline, "a's exec never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, refused) = d.request(
+        "POST",
+        &format!("/v1/sessions/{second}/exec"),
+        Some(&b),
+        Some(json!({"argv": ["echo", "b"]})),
+    );
+    assert_eq!(status, 503, "{refused}");
+    assert_eq!(error_code(&refused), "unavailable");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum of 1 concurrent execs"),
+        "{refused}"
+    );
+    let done: Value = serde_json::from_str(&slow.join().unwrap()).unwrap();
+    assert_eq!(done["stdout"], "done\n", "{done}");
+    assert_eq!(
+        sh(&d, &b, &second, "echo b"),
+        "b\n",
+        "the slot is free again"
+    );
+
+    // Both refusals are in the audit log of the tenant that was refused (beside a's
+    // 404s from polling for the file).
+    let unavailable = |key: &str| -> Vec<u64> {
+        let (_, list) = d.request("GET", "/v1/audit?action=refused", Some(key), None);
+        list["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["detail"]["status"].as_u64().unwrap())
+            .filter(|status| *status != 404)
+            .collect()
+    };
+    assert_eq!(unavailable(&a), [503]);
+    assert_eq!(unavailable(&b), [503]);
+
+    delete_session(&d, &a, &first);
+    let again = sid(&create(&d, &a, json!({})));
+    delete_session(&d, &a, &again);
+    delete_session(&d, &b, &second);
+}
+
 /// Sessions carry their creator's labels (metadata), returned with them and matched
 /// by the list's filter, within the tenant only; bad labels and filters change
 /// nothing.

@@ -27,8 +27,12 @@ use crate::state::{AppState, Shared};
 pub const MAX_DETAIL_STRING: usize = 1024;
 /// Most items kept of an array or object in an event's detail.
 pub const MAX_DETAIL_ITEMS: usize = 100;
-/// Statuses that the refusal middleware records.
-pub const REFUSAL_STATUSES: &[u16] = &[401, 403, 404, 413, 422, 429];
+/// Whether the refusal middleware records a response: the client's errors, and the
+/// daemon's "not now" (503: a global cap, shutting down). A 500 is not a refusal:
+/// it is logged with its cause instead.
+pub fn is_refusal(status: StatusCode) -> bool {
+    status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE
+}
 
 const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 1000;
@@ -180,7 +184,7 @@ pub async fn refusals(State(state): State<AppState>, mut request: Request, next:
         .map(|c| c.0)
         .unwrap_or_else(|| ApiError::code_for_status(status));
     crate::metrics::failure(code);
-    if REFUSAL_STATUSES.contains(&status.as_u16()) {
+    if is_refusal(status) {
         let caller = slot.0.get().cloned().unwrap_or(Caller {
             tenant: String::new(),
             key_id: None,

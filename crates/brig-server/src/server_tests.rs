@@ -742,6 +742,33 @@ async fn error_mapping() {
         .await
         .json();
     assert_eq!(keys["keys"].as_array().unwrap().len(), 1);
+    // Every refusal above is in the audit log, in order, whatever its status.
+    let refused: Vec<(u64, String)> = h
+        .audit(&admin, "action=refused")
+        .await
+        .iter()
+        .map(|e| {
+            let status = e["detail"]["status"].as_u64().unwrap();
+            (status, e["detail"]["code"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let expected = [
+        (400, "bad_request"),
+        (400, "bad_request"),
+        (400, "bad_request"),
+        (422, "invalid_request"),
+        (422, "invalid_request"),
+        (422, "invalid_request"),
+        (413, "payload_too_large"),
+        (400, "bad_request"),
+        (400, "bad_request"),
+        (422, "invalid_request"),
+        (404, "not_found"),
+        (404, "not_found"),
+        (405, "method_not_allowed"),
+    ]
+    .map(|(status, code)| (status, code.to_string()));
+    assert_eq!(refused, expected);
 }
 
 #[tokio::test]
