@@ -133,11 +133,14 @@ impl Fixture {
             .init
     }
 
-    fn state_of(&self, id: &str) -> String {
+    /// The state in the session's row; `None` once it has none (it ended).
+    fn state_of(&self, id: &str) -> Option<String> {
+        use rusqlite::OptionalExtension;
         self.db()
             .query_row("SELECT state FROM sessions WHERE id = ?1", [id], |row| {
                 row.get(0)
             })
+            .optional()
             .unwrap()
     }
 
@@ -507,6 +510,21 @@ fn assert_nothing_left(fx: &Fixture, inits: &[Init], mounts_before: &BTreeSet<St
     let left: Vec<_> = leaves.iter().filter(|l| Path::new(l).exists()).collect();
     assert!(left.is_empty(), "cgroup leaves left: {left:?}");
     assert_eq!(fx.session_dirs(), Vec::<String>::new(), "session dirs left");
+    // Ended sessions leave no rows either (their history is the audit log's).
+    let rows: Vec<(String, String)> = fx
+        .rows()
+        .into_iter()
+        .filter(|r| r.state != "pooled")
+        .map(|r| (r.id, r.state))
+        .collect();
+    assert_eq!(rows, [], "session rows left");
+    if fx.data_dir().join("brig.db").exists() {
+        let processes: i64 = fx
+            .db()
+            .query_row("SELECT COUNT(*) FROM processes", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(processes, 0, "rows of background processes left");
+    }
     let mounts: Vec<_> = fx.mounts().difference(mounts_before).cloned().collect();
     assert!(mounts.is_empty(), "mounts left: {mounts:#?}");
     assert_eq!(fx.loop_devices(), BTreeSet::new(), "loop devices left");
@@ -728,7 +746,7 @@ fn sigterm_is_not_a_teardown_sessions_survive_a_graceful_restart() {
     assert!(body.contains("finished"), "{body}");
     for (id, init) in ids.iter().zip(&inits) {
         assert!(init.alive(), "SIGTERM ended a sandbox: {}", init.describe());
-        assert_ne!(fx.state_of(id), "deleted");
+        assert_eq!(fx.state_of(id).as_deref(), Some("running"));
     }
 
     let d2 = fx.start(&[]);
@@ -1095,6 +1113,9 @@ fn sigkill_during_creates_leaves_no_untracked_sandbox() {
         };
         eprintln!("round {round}: {created} sessions created before SIGKILL");
     }
+    // Every sandbox the killed daemons stored (an ended session leaves no row, so
+    // after the deletes below the rows would not name them).
+    let every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
     let d = fx.start(&roomy);
     let key = d.admin_key().to_string();
     let live = listed(&d, &key);
@@ -1119,7 +1140,6 @@ fn sigkill_during_creates_leaves_no_untracked_sandbox() {
     for id in &live {
         delete(&d, &key, id);
     }
-    let every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
     assert_nothing_left(&fx, &every, &mounts_before);
 }
 
@@ -1190,6 +1210,9 @@ fn acknowledged_creates_and_their_audit_events_survive_sigkill() {
         acknowledged.extend(created.into_iter().map(|(id, _)| id));
     }
     assert!(pooled > 0, "no create was served from the pool");
+    // Every sandbox the killed daemons stored (an ended session leaves no row, so
+    // after the deletes below the rows would not name them).
+    let every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
     let d = fx.start(&roomy);
     let key = d.admin_key().to_string();
     let live = listed(&d, &key);
@@ -1219,7 +1242,6 @@ fn acknowledged_creates_and_their_audit_events_survive_sigkill() {
     for id in &live {
         delete(&d, &key, id);
     }
-    let every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
     assert_nothing_left(&fx, &every, &mounts_before);
 }
 
@@ -1288,9 +1310,9 @@ fn sessions_that_died_or_expired_while_the_daemon_was_down_are_cleaned_up_at_sta
     let expiring = id_of(&create(&d, &key, json!({"ttl_seconds": 2})));
     let created = Instant::now();
     d.stop();
-    assert_ne!(
-        fx.state_of(&expiring),
-        "deleted",
+    assert_eq!(
+        fx.state_of(&expiring).as_deref(),
+        Some("running"),
         "the daemon took too long to stop: the session expired while it ran"
     );
     let (dead_init, kept_init, expiring_init) =
@@ -1318,7 +1340,7 @@ fn sessions_that_died_or_expired_while_the_daemon_was_down_are_cleaned_up_at_sta
             .filter(|l| Path::new(l).exists())
             .collect();
         assert!(left.is_empty(), "{id}: cgroup leaves left: {left:?}");
-        assert_eq!(fx.state_of(id), "deleted");
+        assert_eq!(fx.state_of(id), None, "{id}: its row is left");
     }
     assert_eq!(fx.session_dirs(), vec![kept.clone()]);
     assert!(kept_init.alive());
@@ -2062,13 +2084,13 @@ fn snapshots_fork_and_restore_and_belong_to_their_tenant() {
     assert_eq!(status, 404);
     assert_eq!(sh(&d, &key, &forks[1], "cat /data/x"), "one\n");
 
+    // Every sandbox started here, the one replaced by the restore included.
+    let mut every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
+    every.push(replaced);
     for id in [vec![origin, host], forks].concat() {
         delete(&d, &key, &id);
     }
     delete(&d, &key_b, &own_b);
-    // Every sandbox started here, the one replaced by the restore included.
-    let mut every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
-    every.push(replaced);
     let out = fx.image(&["gc", "--unmount"]);
     assert!(out.status.success(), "gc --unmount: {out:?}");
     assert_nothing_left(&fx, &every, &mounts_before);
@@ -2185,12 +2207,16 @@ print("saved")
         listed(&d, &key)
     );
     drop(d);
-    let every: Vec<Init> = fx.rows().into_iter().map(|r| r.init).collect();
+    // Ended sessions leave no rows to name their sandboxes by; any sandbox still
+    // running would have been orphaned to this process (the subreaper) when the
+    // daemon stopped.
+    assert!(
+        eventually(10_000, || orphaned_inits(&[]).is_empty()),
+        "sandboxes left: {:?}",
+        orphaned_inits(&[])
+    );
     let out = fx.image(&["gc", "--unmount"]);
     assert!(out.status.success(), "gc --unmount: {out:?}");
-    for init in &every {
-        assert!(init.gone_within(10_000), "{}", init.describe());
-    }
     assert_eq!(fx.session_dirs(), Vec::<String>::new());
     let mounts: Vec<_> = fx.mounts().difference(&mounts_before).cloned().collect();
     assert!(mounts.is_empty(), "mounts left: {mounts:#?}");

@@ -163,6 +163,14 @@ const MIGRATIONS: &[&str] = &[
     INSERT INTO snapshot_layers (snapshot_id, tenant, digest, size_bytes)
         SELECT id, tenant, 'snapshot:' || id, size_bytes FROM snapshots WHERE size_bytes > 0;
     "#,
+    // 6: an ended session leaves no row, nor do its background processes (its
+    // history is in the audit log): the rows kept of every session ever deleted
+    // only slowed each start, which reads them all.
+    r#"
+    DELETE FROM sessions WHERE deleted_at IS NOT NULL;
+    DELETE FROM processes WHERE session_id NOT IN (SELECT id FROM sessions);
+    ALTER TABLE sessions DROP COLUMN deleted_at;
+    "#,
 ];
 
 /// Bytes a tenant keeps on disk outside its sessions (`?1` is the tenant): its
@@ -548,12 +556,12 @@ impl Db {
         .await
     }
 
-    /// Live sessions of a tenant (rows of the sessions table not deleted).
+    /// Live sessions of a tenant (an ended session has no row).
     pub async fn live_session_count(&self, tenant: &str) -> Result<u64, ApiError> {
         let tenant = tenant.to_string();
         self.call(move |conn| {
             conn.query_row(
-                "SELECT COUNT(*) FROM sessions WHERE tenant = ?1 AND deleted_at IS NULL",
+                "SELECT COUNT(*) FROM sessions WHERE tenant = ?1",
                 [tenant],
                 |row| row.get::<_, i64>(0),
             )
@@ -1514,6 +1522,48 @@ mod tests {
         assert_eq!(db.stored_bytes("u").await.unwrap(), 5);
         assert!(db.delete_snapshot("t", "snap_a").await.unwrap());
         assert_eq!(db.snapshot_bytes("t").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn rows_of_sessions_deleted_before_are_removed_with_their_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("brig.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for sql in &MIGRATIONS[..5] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 5).unwrap();
+            conn.execute_batch(
+                "INSERT INTO sessions (id, tenant, state, request, deleted_at) VALUES
+                     ('ses_gone', 't', 'deleted', '{}', '2026-01-01T00:00:00.000Z'),
+                     ('ses_live', 't', 'running', '{}', NULL),
+                     ('ses_ending', 't', 'deleting', '{}', NULL),
+                     ('pool_1', '', 'pooled', '{}', NULL);
+                 INSERT INTO processes (session_id, id, tenant, argv) VALUES
+                     ('ses_gone', 'p1', 't', '[]'), ('ses_live', 'p1', 't', '[]'),
+                     ('ses_never', 'p1', 't', '[]');",
+            )
+            .unwrap();
+        }
+        let db = Db::open(&path).unwrap();
+        let ids = |sql: &'static str| {
+            db.call(move |c| {
+                let mut stmt = c.prepare(sql)?;
+                let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+                rows.collect::<rusqlite::Result<Vec<String>>>()
+            })
+        };
+        // A session still being deleted keeps its row: the next start finishes it.
+        assert_eq!(
+            ids("SELECT id FROM sessions ORDER BY id").await.unwrap(),
+            ["pool_1", "ses_ending", "ses_live"]
+        );
+        assert_eq!(
+            ids("SELECT session_id FROM processes").await.unwrap(),
+            ["ses_live"]
+        );
+        assert_eq!(db.live_session_count("t").await.unwrap(), 2);
     }
 
     #[tokio::test]

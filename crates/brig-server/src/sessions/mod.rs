@@ -713,7 +713,7 @@ impl Sessions {
                 let mut stmt = conn.prepare(
                     "SELECT id, tenant, state, request, runtime, created_at, expires_at,
                             idle_timeout_s, last_active_at
-                     FROM sessions WHERE deleted_at IS NULL",
+                     FROM sessions",
                 )?;
                 let rows = stmt
                     .query_map([], |row| {
@@ -766,15 +766,7 @@ impl Sessions {
                 }
                 // Its directory goes in `sweep`, with any sandbox recorded only there.
                 let id2 = id.clone();
-                let _ = shared
-                    .db
-                    .call(move |conn| {
-                        conn.execute(
-                            "UPDATE sessions SET state = 'deleted', deleted_at = ?2 WHERE id = ?1",
-                            rusqlite::params![id2, now_rfc3339()],
-                        )
-                    })
-                    .await;
+                let _ = shared.db.call(move |conn| forget(conn, &id2)).await;
                 continue;
             }
             let Some(launched) = launched else { continue };
@@ -1514,6 +1506,17 @@ fn delete_row(conn: &rusqlite::Connection, id: &str) -> rusqlite::Result<usize> 
         .execute([id])
 }
 
+/// Removes an ended session's row and its processes' rows: nothing is kept of it
+/// but its audit events, so the tables hold live sessions only, however many have
+/// come and gone (every start reads them all).
+fn forget(conn: &mut rusqlite::Connection, id: &str) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    tx.prepare_cached("DELETE FROM processes WHERE session_id = ?1")?
+        .execute([id])?;
+    delete_row(&tx, id)?;
+    tx.commit()
+}
+
 /// Writes a new session's row in one transaction with what goes with it: the removal
 /// of the row of the pool sandbox it took (`pool_row`), and its create event.
 async fn record_new(
@@ -1595,16 +1598,8 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
         destroy_sandbox(state, session).await;
     }
     state.sessions().remove(&session.id);
-    let (id, now) = (session.id.clone(), now_rfc3339());
-    state
-        .db
-        .quick(move |conn| {
-            conn.prepare_cached(
-                "UPDATE sessions SET state = 'deleted', deleted_at = ?2 WHERE id = ?1",
-            )?
-            .execute([&id, &now])
-        })
-        .await?;
+    let id = session.id.clone();
+    state.db.quick(move |conn| forget(conn, &id)).await?;
     crate::metrics::set_sessions("running", state.sessions().count() as f64);
     Ok(())
 }
@@ -1688,7 +1683,7 @@ async fn save_activity(state: &AppState) {
             let tx = conn.transaction()?;
             for (id, active) in &changed {
                 tx.execute(
-                    "UPDATE sessions SET last_active_at = ?2 WHERE id = ?1 AND deleted_at IS NULL",
+                    "UPDATE sessions SET last_active_at = ?2 WHERE id = ?1",
                     rusqlite::params![id, active],
                 )?;
             }
@@ -1874,7 +1869,7 @@ async fn update_terms(
         .quick(move |conn| {
             conn.prepare_cached(
                 "UPDATE sessions SET expires_at = ?2, idle_timeout_s = ?3, request = ?4
-                 WHERE id = ?1 AND deleted_at IS NULL",
+                 WHERE id = ?1",
             )?
             .execute(rusqlite::params![row.0, row.1, row.2, row.3])
         })
