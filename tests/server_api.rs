@@ -3054,6 +3054,53 @@ fn root_audit_records_operations_and_refusals() {
     }
 }
 
+/// The daemon removes audit events past `--audit-retention` on its own, oldest
+/// first, and keeps the younger ones.
+#[test]
+fn audit_events_past_their_retention_are_removed() {
+    let d = daemon(&["--audit-retention", "2s"]);
+    let (key, _) = tenant_key(&d, "ret");
+    let refuse = |id: &str| {
+        let (status, _) = d.request("GET", &format!("/v1/sessions/{id}"), Some(&key), None);
+        assert_eq!(status, 404);
+    };
+    let refused = || -> Vec<String> {
+        let (status, list) = d.request("GET", "/v1/audit?action=refused", Some(&key), None);
+        assert_eq!(status, 200, "{list}");
+        list["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["detail"]["path"].as_str().unwrap().to_string())
+            .collect()
+    };
+    refuse("ses_older");
+    std::thread::sleep(Duration::from_millis(1500));
+    refuse("ses_younger");
+    assert_eq!(
+        refused(),
+        ["/v1/sessions/ses_older", "/v1/sessions/ses_younger"]
+    );
+    // The older goes 2 s after it was written (at the next pass, at most 1 s later),
+    // while the younger, 1.5 s younger, is kept; then it goes too.
+    assert!(
+        common::eventually(6000, || refused() == ["/v1/sessions/ses_younger"]),
+        "{:?}",
+        refused()
+    );
+    assert!(
+        common::eventually(6000, || refused().is_empty()),
+        "{:?}",
+        refused()
+    );
+    assert!(
+        d.log_text()
+            .contains("removed audit events past their retention"),
+        "{}",
+        d.log_text()
+    );
+}
+
 #[test]
 fn root_deleting_a_paused_session_ends_its_processes() {
     require_root!();

@@ -37,7 +37,8 @@ pub fn parse_size(text: &str) -> Result<u64, PolicyError> {
     }
 }
 
-/// Parses `500ms`, `30s`, `2m`, `1h` (a bare number means seconds) into milliseconds.
+/// Parses `500ms`, `30s`, `2m`, `1h`, `30d` (a bare number means seconds) into
+/// milliseconds.
 pub fn parse_duration_ms(text: &str) -> Result<u64, PolicyError> {
     let bad = || PolicyError::BadDuration(text.to_string());
     let trimmed = text.trim();
@@ -53,6 +54,7 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, PolicyError> {
         "" | "s" => 1_000.0,
         "m" => 60_000.0,
         "h" => 3_600_000.0,
+        "d" => 86_400_000.0,
         _ => return Err(bad()),
     };
     let value: f64 = number.parse().map_err(|_| bad())?;
@@ -109,7 +111,8 @@ mod tests {
         assert_eq!(parse_duration_ms("1.5s").unwrap(), 1_500);
         assert_eq!(parse_duration_ms("2m").unwrap(), 120_000);
         assert_eq!(parse_duration_ms("1h").unwrap(), 3_600_000);
-        for bad in ["", "s", "10x", "-5s", "1d"] {
+        assert_eq!(parse_duration_ms("30d").unwrap(), 2_592_000_000);
+        for bad in ["", "s", "10x", "-5s", "1w"] {
             assert!(parse_duration_ms(bad).is_err(), "{bad} should be rejected");
         }
     }

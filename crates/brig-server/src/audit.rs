@@ -7,6 +7,8 @@
 //!
 //! Outcomes are `ok`, `error` (the action was attempted and failed) and `refused`.
 
+use std::time::Duration;
+
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -19,7 +21,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::auth::{Caller, CallerSlot};
-use crate::db::{now_rfc3339, parse_rfc3339, AuditFilter, AuditRow, Db, NewAuditEvent};
+use crate::db::{
+    now_rfc3339, parse_rfc3339, rfc3339_before, AuditFilter, AuditRow, Db, NewAuditEvent,
+};
 use crate::error::{ApiError, ApiJson, ApiQuery, ErrorCode};
 use crate::state::{AppState, Shared};
 
@@ -82,6 +86,56 @@ pub async fn record_in(
     let event = event(caller, session_id, action, detail, outcome);
     if let Err(e) = db.insert_audit(event).await {
         tracing::error!(action, tenant = %caller.tenant, error = %e, "cannot write an audit event");
+    }
+}
+
+/// Events removed per transaction by the retention task: a few milliseconds of the
+/// write lock, which requests share.
+const PRUNE_BATCH: u32 = 500;
+/// Pause between two batches, so the requests' writes get the lock in between.
+const PRUNE_PAUSE: Duration = Duration::from_millis(10);
+
+/// Removes audit events older than `--audit-retention` (unless it is 0), at start
+/// and then twice per retention period (at most hourly, at least every second):
+/// the log grows with every request, and the daemon runs for months.
+pub fn spawn_retention(state: &AppState) -> Option<tokio::task::JoinHandle<()>> {
+    let retention = Duration::from_millis(state.args.audit_retention_ms);
+    if retention.is_zero() {
+        return None;
+    }
+    let interval = (retention / 2).clamp(Duration::from_secs(1), Duration::from_secs(3600));
+    let weak = std::sync::Arc::downgrade(state);
+    Some(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(state) = weak.upgrade() else { return };
+            match prune(&state.db, retention).await {
+                Ok(0) => {}
+                Ok(removed) => tracing::info!(
+                    removed,
+                    retention_ms = state.args.audit_retention_ms,
+                    "removed audit events past their retention"
+                ),
+                Err(e) => tracing::warn!(error = %e, "audit retention failed; retrying later"),
+            }
+        }
+    }))
+}
+
+/// Removes the events older than `retention`, a batch at a time; returns how many.
+pub async fn prune(db: &Db, retention: Duration) -> Result<usize, ApiError> {
+    let cutoff = rfc3339_before(retention);
+    let mut removed = 0;
+    loop {
+        // A batch that removes nothing ends it: the oldest events are all younger.
+        let batch = db.prune_audit(cutoff.clone(), PRUNE_BATCH).await?;
+        removed += batch;
+        if batch == 0 {
+            return Ok(removed);
+        }
+        tokio::time::sleep(PRUNE_PAUSE).await;
     }
 }
 
@@ -392,6 +446,65 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event_at(time: &str, n: usize) -> NewAuditEvent {
+        NewAuditEvent {
+            time: time.to_string(),
+            tenant: "t".into(),
+            key_id: None,
+            session_id: None,
+            action: format!("a{n}"),
+            detail: Value::Null,
+            outcome: "ok".into(),
+        }
+    }
+
+    async fn actions(db: &Db) -> Vec<String> {
+        db.audit_events(AuditFilter {
+            limit: 10_000,
+            ..AuditFilter::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.action)
+        .collect()
+    }
+
+    /// Retention removes what is past it, over many batches, and keeps the rest,
+    /// including an older event written after a younger one (writers overlap).
+    #[tokio::test]
+    async fn retention_removes_old_events_in_batches_and_keeps_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("brig.db")).unwrap();
+        let old = rfc3339_before(Duration::from_secs(3600));
+        let young = now_rfc3339();
+        let n_old = PRUNE_BATCH as usize * 2 + 7;
+        for n in 0..n_old {
+            // A young one among the oldest: the batch it is in goes on past it.
+            let time = if n == 3 { &young } else { &old };
+            db.insert_audit(event_at(time, n)).await.unwrap();
+        }
+        db.insert_audit(event_at(&young, n_old)).await.unwrap();
+        // Older than its predecessor: written late.
+        db.insert_audit(event_at(&old, n_old + 1)).await.unwrap();
+        db.insert_audit(event_at(&young, n_old + 2)).await.unwrap();
+
+        let removed = prune(&db, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(removed, n_old);
+        let kept = actions(&db).await;
+        assert_eq!(
+            kept,
+            ["a3", &format!("a{n_old}"), &format!("a{}", n_old + 2)]
+        );
+        // Nothing more to do; a retention longer than every age removes nothing.
+        assert_eq!(prune(&db, Duration::from_secs(60)).await.unwrap(), 0);
+        assert_eq!(prune(&db, Duration::from_secs(7200)).await.unwrap(), 0);
+        assert_eq!(actions(&db).await, kept);
+        // Ids are never reused: paging with after_id stays right across a prune.
+        let next = db.insert_audit(event_at(&young, 0)).await.unwrap();
+        assert!(next > (n_old + 3) as i64, "{next}");
+    }
 
     #[test]
     fn detail_is_bounded() {

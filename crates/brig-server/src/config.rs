@@ -93,6 +93,16 @@ pub struct ServeArgs {
         value_parser = duration_ms
     )]
     pub session_idle_timeout_ms: u64,
+    /// How long audit events are kept (e.g. 30d); 0 keeps them forever. Older ones
+    /// are removed in the background: export them first (GET /v1/audit?format=jsonl)
+    /// to keep them longer elsewhere.
+    #[arg(
+        long = "audit-retention",
+        value_name = "DURATION",
+        default_value = "30d",
+        value_parser = duration_ms
+    )]
+    pub audit_retention_ms: u64,
     /// Keep N ready sandboxes of IMAGE ("host" for the host's system dirs). Repeatable.
     #[arg(long, value_name = "IMAGE=N", value_parser = pool_spec)]
     pub pool: Vec<(String, usize)>,
@@ -281,6 +291,13 @@ mod tests {
         assert_eq!(args.tenant_max_disk_bytes, 10 << 30);
         assert_eq!(args.session_ttl_ms, 3_600_000);
         assert_eq!(args.session_idle_timeout_ms, 900_000);
+        assert_eq!(args.audit_retention_ms, 30 * 24 * 3600 * 1000);
+        assert_eq!(
+            parse(&["--audit-retention", "0"])
+                .unwrap()
+                .audit_retention_ms,
+            0
+        );
         assert!(args.pool.is_empty());
         assert_eq!(args.log_format, LogFormat::Text);
         args.validate().unwrap();
@@ -320,7 +337,7 @@ mod tests {
     fn bad_values_are_refused_by_the_parser() {
         for bad in [
             &["--output-limit", "12Q"][..],
-            &["--file-ttl", "1d"],
+            &["--file-ttl", "1w"],
             &["--pool", "python"],
             &["--pool", "=3"],
             &["--pool", "python=-1"],

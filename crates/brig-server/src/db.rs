@@ -225,6 +225,16 @@ pub fn rfc3339_after(after: Duration) -> String {
     }
 }
 
+/// Now minus `before`, as stored in the database (saturating at the year 0).
+pub fn rfc3339_before(before: Duration) -> String {
+    let now = OffsetDateTime::now_utc().unix_timestamp_nanos();
+    let then = now.saturating_sub(i128::try_from(before.as_nanos()).unwrap_or(i128::MAX));
+    match OffsetDateTime::from_unix_timestamp_nanos(then) {
+        Ok(t) if t.year() >= 0 => rfc3339(t),
+        _ => "0000-01-01T00:00:00.000Z".to_string(),
+    }
+}
+
 /// Parses any RFC 3339 time (any offset, any precision) and normalizes it to the
 /// stored form; `None` if it is not RFC 3339.
 pub fn parse_rfc3339(text: &str) -> Option<String> {
@@ -938,6 +948,22 @@ impl Db {
         let detail = event.detail.to_string();
         self.quick(move |conn| insert_audit_in(conn, &event, &detail))
             .await
+    }
+
+    /// Removes events older than `cutoff` (a stored time) among the `batch` oldest;
+    /// returns how many went. Events are appended in time order (each one's time is
+    /// taken as it is written, so neighbours differ by at most the writers' overlap),
+    /// so pruning is from the oldest id up: it reads no more than it removes plus one
+    /// batch, never the whole table, and holds the write lock only that long.
+    pub async fn prune_audit(&self, cutoff: String, batch: u32) -> Result<usize, ApiError> {
+        self.call(move |conn| {
+            conn.prepare_cached(
+                "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?2) \
+                 AND time < ?1",
+            )?
+            .execute(params![cutoff, i64::from(batch)])
+        })
+        .await
     }
 
     /// Events matching the filter, in id order.

@@ -312,12 +312,13 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<AppState> {
 }
 
 /// Starts the background work of a started state: session tasks, file expiry
-/// (every `expiry_interval`), metrics upkeep, database checkpoints.
+/// (every `expiry_interval`), metrics upkeep, database checkpoints, audit retention.
 pub fn spawn_background(state: &AppState, expiry_interval: Duration) {
     crate::sessions::Sessions::spawn_tasks(state);
     crate::filestore::spawn_expiry(state, expiry_interval);
     state.metrics.spawn_upkeep();
     state.db.spawn_checkpoints();
+    crate::audit::spawn_retention(state);
 }
 
 /// `brig serve`: runs the daemon until SIGTERM or SIGINT.
