@@ -89,9 +89,11 @@ pub async fn record_in(
     }
 }
 
-/// Events removed per transaction by the retention task: a few milliseconds of the
-/// write lock, which requests share.
-const PRUNE_BATCH: u32 = 500;
+/// Events removed per transaction by the retention task, which holds the write lock
+/// that requests share meanwhile. Measured with a backlog of 1M events: batches of
+/// 500 (~40k events/s) raised a steady exec's p99 from 2.4-2.9 to 5.6 ms; batches of
+/// 100 (~8k events/s, 29M an hour) left it within the noise.
+const PRUNE_BATCH: u32 = 100;
 /// Pause between two batches, so the requests' writes get the lock in between.
 const PRUNE_PAUSE: Duration = Duration::from_millis(10);
 
