@@ -160,7 +160,7 @@ pub async fn track_requests(request: Request, next: Next) -> Response {
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "unmatched".to_string());
-    let method = request.method().as_str().to_string();
+    let method = method_label(request.method()).to_string();
     let started = Instant::now();
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
@@ -178,6 +178,25 @@ pub async fn track_requests(request: Request, next: Next) -> Response {
     )
     .increment(1);
     response
+}
+
+/// The `method` label: the methods HTTP defines, or `other`. A client may send any
+/// token as a method, and a label per token would grow the registry (and every
+/// scrape) without bound.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
 }
 
 /// Prometheus text exposition of the daemon's metrics.

@@ -1133,6 +1133,13 @@ async fn metrics_are_rendered_without_a_key() {
     let h = harness(&[]).await;
     h.call(Method::GET, "/health", None, None).await;
     h.call(Method::GET, "/v1/files", None, None).await;
+    // Methods nobody defined are one label, not one each.
+    for n in 0..5 {
+        let method = Method::from_bytes(format!("BOGUS{n}").as_bytes()).unwrap();
+        h.call(method, "/health", None, None)
+            .await
+            .error(405, "method_not_allowed");
+    }
     let r = h.call(Method::GET, "/metrics", None, None).await;
     assert_eq!(r.status, StatusCode::OK);
     assert!(r.headers[header::CONTENT_TYPE]
@@ -1146,9 +1153,11 @@ async fn metrics_are_rendered_without_a_key() {
         "status=\"401\"",
         "brig_http_request_duration_seconds_bucket{",
         "brig_failures_total{code=\"unauthorized\"}",
+        "brig_http_requests_total{route=\"/health\",method=\"other\",status=\"405\"} 5",
     ] {
         assert!(text.contains(needle), "{needle} missing from:\n{text}");
     }
+    assert!(!text.contains("BOGUS"), "{text}");
 }
 
 #[tokio::test]
