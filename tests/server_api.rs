@@ -3101,6 +3101,115 @@ fn audit_events_past_their_retention_are_removed() {
     );
 }
 
+/// Connections cannot hold the daemon: one that sends nothing, trickles its headers
+/// or idles between requests is closed after `--header-timeout`, and no more than
+/// `--max-connections` are open at once (the rest wait to be accepted). A request
+/// that takes longer than the timeout to answer is not cut.
+#[test]
+fn root_silent_slow_and_idle_connections_are_closed_and_capped() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    require_root!();
+    let d = daemon(&["--header-timeout", "1s", "--max-connections", "4"]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    let connect = || {
+        let stream = TcpStream::connect(d.addr()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+    };
+    let closed_within = |stream: &mut TcpStream| {
+        let started = Instant::now();
+        let mut buf = [0u8; 256];
+        match stream.read(&mut buf) {
+            Ok(0) => started.elapsed(),
+            other => panic!("the connection was not closed: {other:?}"),
+        }
+    };
+
+    // Four silent connections fill every slot: a fifth client waits until the
+    // daemon closes them, a second after they were accepted.
+    let mut silent: Vec<TcpStream> = (0..4).map(|_| connect()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let opened = Instant::now();
+    let mut fifth = connect();
+    fifth
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    fifth.read_to_string(&mut reply).unwrap();
+    let waited = opened.elapsed();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(
+        waited >= Duration::from_millis(600) && waited < Duration::from_secs(5),
+        "the fifth connection was served after {waited:?}"
+    );
+    for stream in &mut silent {
+        assert!(closed_within(stream) < Duration::from_secs(2));
+    }
+
+    // Headers trickled a byte at a time are cut off at the timeout.
+    let mut trickle = connect();
+    let started = Instant::now();
+    let cut = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: aaaaaaaaaaaaaaaaaaaa\r\n"
+        .iter()
+        .any(|byte| {
+            std::thread::sleep(Duration::from_millis(50));
+            trickle.write_all(&[*byte]).is_err()
+        });
+    assert!(
+        cut || closed_within(&mut trickle) < Duration::from_secs(2),
+        "a trickled request was never cut off"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A kept-alive connection: an exec longer than the timeout is answered, the next
+    // request on it too, and once idle for the timeout it is closed.
+    let mut kept = connect();
+    let mut ask = |body: &str| {
+        let request = format!(
+            "POST /v1/sessions/{id}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        kept.write_all(request.as_bytes()).unwrap();
+        let mut reader = BufReader::new(kept.try_clone().unwrap());
+        let mut head = String::new();
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if let Some(n) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = n.trim().parse().unwrap();
+            }
+            head.push_str(&line);
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0u8; length];
+        reader.read_exact(&mut body).unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        serde_json::from_slice::<Value>(&body).unwrap()
+    };
+    let slow = ask(r#"{"cmd": "sleep 1.5; echo slow"}"#);
+    assert_eq!(slow["stdout"], "slow\n", "{slow}");
+    let quick = ask(r#"{"argv": ["echo", "quick"]}"#);
+    assert_eq!(quick["stdout"], "quick\n", "{quick}");
+    let idle = closed_within(&mut kept);
+    assert!(
+        idle > Duration::from_millis(600) && idle < Duration::from_secs(3),
+        "{idle:?}"
+    );
+    delete_session(&d, &key, &id);
+}
+
 #[test]
 fn root_deleting_a_paused_session_ends_its_processes() {
     require_root!();

@@ -73,6 +73,21 @@ pub struct ServeArgs {
     /// Concurrent execs, all tenants together.
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_concurrent_execs: usize,
+    /// Client connections open at once; more wait in the listen backlog until one
+    /// closes. Held to a quarter of the open-file limit (raised to its hard limit at
+    /// start), so connections cannot take the descriptors sandboxes need.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers, counted from when the
+    /// daemon waits for them (so it bounds an idle kept-alive connection too); the
+    /// connection is closed after that.
+    #[arg(
+        long = "header-timeout",
+        value_name = "DURATION",
+        default_value = "30s",
+        value_parser = duration_ms
+    )]
+    pub header_timeout_ms: u64,
     /// Default live sessions per tenant.
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub tenant_max_sessions: u64,
@@ -229,6 +244,8 @@ impl ServeArgs {
             ("--max-file-size", self.max_file_size_bytes),
             ("--max-sessions", self.max_sessions as u64),
             ("--max-concurrent-execs", self.max_concurrent_execs as u64),
+            ("--max-connections", self.max_connections as u64),
+            ("--header-timeout", self.header_timeout_ms),
             ("--file-ttl", self.file_ttl_ms),
             ("--max-execute-timeout", self.max_execute_timeout_ms),
             ("--session-ttl", self.session_ttl_ms),
@@ -292,6 +309,8 @@ mod tests {
         assert_eq!(args.session_ttl_ms, 3_600_000);
         assert_eq!(args.session_idle_timeout_ms, 900_000);
         assert_eq!(args.audit_retention_ms, 30 * 24 * 3600 * 1000);
+        assert_eq!(args.max_connections, 4096);
+        assert_eq!(args.header_timeout_ms, 30_000);
         assert_eq!(
             parse(&["--audit-retention", "0"])
                 .unwrap()

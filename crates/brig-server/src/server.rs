@@ -5,7 +5,6 @@
 //! routed. Modules contribute an `OpenApiRouter<AppState>` (`routes()`), merged in
 //! [`api_router`].
 
-use std::future::IntoFuture;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -326,6 +325,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let listen = args.listen;
     args.validate()?;
+    raise_open_file_limit();
     // Before `start`, which re-attaches sandboxes and cleans up after a predecessor: a
     // daemon that cannot serve stops before it does any of that. Connections that
     // come meanwhile wait in the backlog.
@@ -356,28 +356,121 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// Serves on `listener` until `state.begin_shutdown()` (which `serve` calls on
 /// SIGTERM/SIGINT): then stops accepting, lets requests in flight finish for up to
 /// [`SHUTDOWN_GRACE`], and returns.
+///
+/// Hand-written rather than `axum::serve`, which sets hyper no timer, so its header
+/// timeout never runs, and caps nothing: a client that opens connections and sends
+/// nothing kept each one (and its descriptor) forever, until the daemon could open
+/// no more files and served nobody. Here a connection must send its headers within
+/// `--header-timeout`, and at most [`connection_cap`] are open at once.
 pub async fn run(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
     let app = router(state.clone());
-    let graceful = state.clone();
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            graceful.shutdown_requested().await;
-            tracing::info!("shutting down: no new connections, finishing requests in flight");
-        })
-        .into_future();
-    let deadline = async {
-        state.shutdown_requested().await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    let cap = connection_cap(state.args.max_connections);
+    let slots = Arc::new(tokio::sync::Semaphore::new(cap));
+    // HTTP/1.1 only: the header timeout of HTTP/2-capable serving starts only once the
+    // protocol is known, so a client that sends nothing would never time out (and
+    // HTTP/2 without TLS, prior knowledge, is not what this API's clients speak).
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(state.args.header_timeout_ms));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let accept = async {
+        loop {
+            // Semaphore::acquire_owned fails only once the semaphore is closed: never.
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    wait_after_accept_error(e).await;
+                    continue;
+                }
+            };
+            // Responses and SSE chunks go out as they are written, not after the
+            // client's delayed ACK of the previous segment.
+            let _ = stream.set_nodelay(true);
+            let connection = builder
+                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                drop(slot);
+            });
+        }
     };
     tokio::select! {
-        result = server => result.context("the HTTP server failed")?,
-        () = deadline => tracing::warn!(
+        () = accept => {}
+        () = state.shutdown_requested() => {}
+    }
+    drop(listener);
+    tracing::info!("shutting down: no new connections, finishing requests in flight");
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(SHUTDOWN_GRACE) => tracing::warn!(
             "requests still running {}s after shutdown began; exiting anyway",
             SHUTDOWN_GRACE.as_secs()
         ),
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `--max-connections`, held to a quarter of the open-file limit: each connection
+/// is a descriptor, and the rest are for sandboxes, execs' pipes, files and the
+/// database.
+fn connection_cap(max_connections: usize) -> usize {
+    let files = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    let cap = max_connections.min(usize::try_from(files / 4).unwrap_or(usize::MAX));
+    if cap < max_connections {
+        tracing::warn!(
+            max_connections,
+            open_files = files,
+            cap,
+            "--max-connections is held to a quarter of the open-file limit"
+        );
+    }
+    cap.max(1)
+}
+
+/// After a failed accept: a connection reset before it was accepted is nothing; out
+/// of descriptors (or memory), wait for some to be closed instead of spinning.
+async fn wait_after_accept_error(e: std::io::Error) {
+    use std::io::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+    ) {
+        return;
+    }
+    tracing::error!(error = %e, "cannot accept a connection; retrying in 100 ms");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// Raises the soft limit on open files to the hard one (service managers often start
+/// daemons with a soft limit of 1024 and a far higher hard one): connections,
+/// sessions and execs all take descriptors. Best effort: the cap on connections
+/// follows whatever limit holds.
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current == limit.maximum {
+        return;
+    }
+    let raised = rustix::process::Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
+    };
+    if let Err(e) = setrlimit(Resource::Nofile, raised) {
+        tracing::warn!(error = %e, "cannot raise the open-file limit");
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.
