@@ -1526,24 +1526,31 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn snapshots_made_before_the_layer_table_keep_counting() {
+    /// A database written by a daemon of schema `version`, holding `rows`, opened
+    /// (and so migrated) by this one.
+    fn migrated_from(version: usize, rows: &str) -> (tempfile::TempDir, Db) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("brig.db");
-        {
-            let conn = Connection::open(&path).unwrap();
-            for sql in &MIGRATIONS[..4] {
-                conn.execute_batch(sql).unwrap();
-            }
-            conn.pragma_update(None, "user_version", 4).unwrap();
-            conn.execute_batch(
-                "INSERT INTO snapshots (id, tenant, image, size_bytes) VALUES
-                     ('snap_a', 't', 'alpine', 700), ('snap_b', 't', '', 0),
-                     ('snap_c', 'u', '', 5);",
-            )
-            .unwrap();
+        let conn = Connection::open(&path).unwrap();
+        for sql in &MIGRATIONS[..version] {
+            conn.execute_batch(sql).unwrap();
         }
+        conn.pragma_update(None, "user_version", version as i64)
+            .unwrap();
+        conn.execute_batch(rows).unwrap();
+        drop(conn);
         let db = Db::open(&path).unwrap();
+        (dir, db)
+    }
+
+    #[tokio::test]
+    async fn snapshots_made_before_the_layer_table_keep_counting() {
+        let (_dir, db) = migrated_from(
+            4,
+            "INSERT INTO snapshots (id, tenant, image, size_bytes) VALUES
+                 ('snap_a', 't', 'alpine', 700), ('snap_b', 't', '', 0),
+                 ('snap_c', 'u', '', 5);",
+        );
         assert_eq!(db.snapshot_bytes("t").await.unwrap(), 700);
         assert_eq!(db.stored_bytes("u").await.unwrap(), 5);
         assert!(db.delete_snapshot("t", "snap_a").await.unwrap());
@@ -1552,27 +1559,17 @@ mod tests {
 
     #[tokio::test]
     async fn rows_of_sessions_deleted_before_are_removed_with_their_processes() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("brig.db");
-        {
-            let conn = Connection::open(&path).unwrap();
-            for sql in &MIGRATIONS[..5] {
-                conn.execute_batch(sql).unwrap();
-            }
-            conn.pragma_update(None, "user_version", 5).unwrap();
-            conn.execute_batch(
-                "INSERT INTO sessions (id, tenant, state, request, deleted_at) VALUES
-                     ('ses_gone', 't', 'deleted', '{}', '2026-01-01T00:00:00.000Z'),
-                     ('ses_live', 't', 'running', '{}', NULL),
-                     ('ses_ending', 't', 'deleting', '{}', NULL),
-                     ('pool_1', '', 'pooled', '{}', NULL);
-                 INSERT INTO processes (session_id, id, tenant, argv) VALUES
-                     ('ses_gone', 'p1', 't', '[]'), ('ses_live', 'p1', 't', '[]'),
-                     ('ses_never', 'p1', 't', '[]');",
-            )
-            .unwrap();
-        }
-        let db = Db::open(&path).unwrap();
+        let (_dir, db) = migrated_from(
+            5,
+            "INSERT INTO sessions (id, tenant, state, request, deleted_at) VALUES
+                 ('ses_gone', 't', 'deleted', '{}', '2026-01-01T00:00:00.000Z'),
+                 ('ses_live', 't', 'running', '{}', NULL),
+                 ('ses_ending', 't', 'deleting', '{}', NULL),
+                 ('pool_1', '', 'pooled', '{}', NULL);
+             INSERT INTO processes (session_id, id, tenant, argv) VALUES
+                 ('ses_gone', 'p1', 't', '[]'), ('ses_live', 'p1', 't', '[]'),
+                 ('ses_never', 'p1', 't', '[]');",
+        );
         let ids = |sql: &'static str| {
             db.call(move |c| {
                 let mut stmt = c.prepare(sql)?;
