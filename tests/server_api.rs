@@ -1544,6 +1544,26 @@ fn root_an_archive_that_fails_midway_ends_in_an_error_not_a_short_tar() {
         "the cut archive read as complete ({} bytes)",
         bytes.len()
     );
+    // The audit log says it started, then that it was not finished, and why.
+    let events = |outcome: &str| -> Vec<Value> {
+        let (_, list) = d.request(
+            "GET",
+            &format!("/v1/audit?session_id={id}&action=file.archive.read&outcome={outcome}"),
+            Some(&key),
+            None,
+        );
+        list["events"].as_array().unwrap().clone()
+    };
+    assert!(
+        common::eventually(5000, || events("error").len() == 1),
+        "{:?}",
+        events("error")
+    );
+    let cut = &events("error")[0];
+    assert_eq!(cut["detail"]["path"], "/workspace/a", "{cut}");
+    assert_eq!(cut["detail"]["finished"], false, "{cut}");
+    assert!(cut["detail"]["error"].as_str().unwrap().len() > 5, "{cut}");
+    assert_eq!(events("ok").len(), 1);
     // A directory the walk can finish still downloads whole.
     sh(&d, &key, &id, "rm -rf /workspace/a/z");
     let (status, tar) = d.raw(
@@ -1561,6 +1581,33 @@ fn root_an_archive_that_fails_midway_ends_in_an_error_not_a_short_tar() {
         .map(|e| e.unwrap().path().unwrap().display().to_string())
         .collect();
     assert_eq!(names, vec!["0-first".to_string()]);
+    assert_eq!(events("ok").len(), 2);
+    assert_eq!(events("error").len(), 1, "a whole download is no error");
+    // A client that hangs up midway leaves the same trace.
+    sh(
+        &d,
+        &key,
+        &id,
+        "head -c 30000000 /dev/zero > /workspace/a/big",
+    );
+    let response = d.send(
+        "GET",
+        &format!("/v1/sessions/{id}/archive?path=/workspace/a"),
+        Some(&key),
+        None,
+        (),
+    );
+    let mut first = [0u8; 1024];
+    response
+        .into_body()
+        .into_reader()
+        .read_exact(&mut first)
+        .unwrap();
+    assert!(
+        common::eventually(10_000, || events("error").len() == 2),
+        "{:?}",
+        events("error")
+    );
 }
 
 #[test]

@@ -352,12 +352,22 @@ async fn download_archive(
             .map_err(rootfs_error)?;
         let (reader, writer) = tokio::io::duplex(256 << 10);
         let (finished, outcome) = tokio::sync::oneshot::channel();
+        let (audit_state, audit_caller, audit_id) = (state.clone(), caller.clone(), id.clone());
+        let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let mut out = SyncIoBridge::new(writer);
             let written = root.write_tar(&path, &mut out).map_err(|e| e.to_string());
             let _ = out.flush();
             if let Err(e) = &written {
                 tracing::warn!("archive of {path}: {e}");
+                // The download's event (outcome ok) was written as it started; this
+                // one says it was not finished: cut off, or the client hung up.
+                let detail = serde_json::json!({"path": path, "error": e, "finished": false});
+                runtime.spawn(async move {
+                    let (state, caller, id) = (audit_state, audit_caller, audit_id);
+                    let action = "file.archive.read";
+                    audit::record(&state, &caller, Some(&id), action, detail, "error").await;
+                });
             }
             let _ = finished.send(written);
         });
