@@ -100,14 +100,14 @@ const PRUNE_PAUSE: Duration = Duration::from_millis(10);
 /// Removes audit events older than `--audit-retention` (unless it is 0), at start
 /// and then twice per retention period (at most hourly, at least every second):
 /// the log grows with every request, and the daemon runs for months.
-pub fn spawn_retention(state: &AppState) -> Option<tokio::task::JoinHandle<()>> {
+pub fn spawn_retention(state: &AppState) {
     let retention = Duration::from_millis(state.args.audit_retention_ms);
     if retention.is_zero() {
-        return None;
+        return;
     }
     let interval = (retention / 2).clamp(Duration::from_secs(1), Duration::from_secs(3600));
     let weak = std::sync::Arc::downgrade(state);
-    Some(tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -123,7 +123,7 @@ pub fn spawn_retention(state: &AppState) -> Option<tokio::task::JoinHandle<()>> 
                 Err(e) => tracing::warn!(error = %e, "audit retention failed; retrying later"),
             }
         }
-    }))
+    });
 }
 
 /// Removes the events older than `retention`, a batch at a time; returns how many.

@@ -217,20 +217,22 @@ pub fn now_rfc3339() -> String {
 
 /// Now plus `after`, as stored in the database (saturating far in the future).
 pub fn rfc3339_after(after: Duration) -> String {
-    let now = OffsetDateTime::now_utc().unix_timestamp_nanos();
-    let then = now.saturating_add(i128::try_from(after.as_nanos()).unwrap_or(i128::MAX));
-    match OffsetDateTime::from_unix_timestamp_nanos(then) {
-        Ok(t) if t.year() <= 9999 => rfc3339(t),
-        _ => "9999-12-31T23:59:59.999Z".to_string(),
-    }
+    rfc3339_from_now(i128::try_from(after.as_nanos()).unwrap_or(i128::MAX))
 }
 
 /// Now minus `before`, as stored in the database (saturating at the year 0).
 pub fn rfc3339_before(before: Duration) -> String {
-    let now = OffsetDateTime::now_utc().unix_timestamp_nanos();
-    let then = now.saturating_sub(i128::try_from(before.as_nanos()).unwrap_or(i128::MAX));
+    rfc3339_from_now(-i128::try_from(before.as_nanos()).unwrap_or(i128::MAX))
+}
+
+/// Now shifted by `nanos`, held within the years the stored form can order.
+fn rfc3339_from_now(nanos: i128) -> String {
+    let then = OffsetDateTime::now_utc()
+        .unix_timestamp_nanos()
+        .saturating_add(nanos);
     match OffsetDateTime::from_unix_timestamp_nanos(then) {
-        Ok(t) if t.year() >= 0 => rfc3339(t),
+        Ok(t) if (0..=9999).contains(&t.year()) => rfc3339(t),
+        _ if nanos > 0 => "9999-12-31T23:59:59.999Z".to_string(),
         _ => "0000-01-01T00:00:00.000Z".to_string(),
     }
 }
@@ -1264,6 +1266,10 @@ mod tests {
         assert_eq!(parse_rfc3339("2023-11-15"), None);
         assert!(rfc3339_after(Duration::from_secs(60)) > now_rfc3339());
         assert_eq!(rfc3339_after(Duration::MAX), "9999-12-31T23:59:59.999Z");
+        assert!(rfc3339_before(Duration::from_secs(60)) < now_rfc3339());
+        assert_eq!(rfc3339_before(Duration::MAX), "0000-01-01T00:00:00.000Z");
+        let three_millennia = Duration::from_secs(3000 * 366 * 86_400);
+        assert_eq!(rfc3339_before(three_millennia), "0000-01-01T00:00:00.000Z");
     }
 
     #[tokio::test]
