@@ -131,7 +131,7 @@ pub async fn prune(db: &Db, retention: Duration) -> Result<usize, ApiError> {
     let cutoff = rfc3339_before(retention);
     let mut removed = 0;
     loop {
-        // A batch that removes nothing ends it: the oldest events are all younger.
+        // A batch that removes nothing ends it: no event is that old.
         let batch = db.prune_audit(cutoff.clone(), PRUNE_BATCH).await?;
         removed += batch;
         if batch == 0 {
@@ -448,6 +448,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::rfc3339_after;
 
     fn event_at(time: &str, n: usize) -> NewAuditEvent {
         NewAuditEvent {
@@ -506,6 +507,26 @@ mod tests {
         // Ids are never reused: paging with after_id stays right across a prune.
         let next = db.insert_audit(event_at(&young, 0)).await.unwrap();
         assert!(next > (n_old + 3) as i64, "{next}");
+    }
+
+    #[tokio::test]
+    async fn events_dated_ahead_by_a_clock_jump_do_not_hold_back_the_old_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("brig.db")).unwrap();
+        // The clock ran a year ahead once: more such events than a batch, with the
+        // lowest ids, then the clock was set right.
+        let ahead = rfc3339_after(Duration::from_secs(86_400 * 365));
+        let old = rfc3339_before(Duration::from_secs(3600));
+        let n = PRUNE_BATCH as usize + 5;
+        for i in 0..n {
+            db.insert_audit(event_at(&ahead, i)).await.unwrap();
+        }
+        for i in n..2 * n {
+            db.insert_audit(event_at(&old, i)).await.unwrap();
+        }
+        assert_eq!(prune(&db, Duration::from_secs(60)).await.unwrap(), n);
+        let ahead_ones: Vec<String> = (0..n).map(|i| format!("a{i}")).collect();
+        assert_eq!(actions(&db).await, ahead_ones);
     }
 
     #[test]

@@ -171,6 +171,12 @@ const MIGRATIONS: &[&str] = &[
     DELETE FROM processes WHERE session_id NOT IN (SELECT id FROM sessions);
     ALTER TABLE sessions DROP COLUMN deleted_at;
     "#,
+    // 7: audit retention removes the oldest events by time, not by id: events
+    // written while the clock ran ahead would otherwise sit at the head of the id
+    // order and stop every batch until their time came.
+    r#"
+    CREATE INDEX audit_time ON audit(time);
+    "#,
 ];
 
 /// Bytes a tenant keeps on disk outside its sessions (`?1` is the tenant): its
@@ -182,6 +188,11 @@ const STORED_BYTES: &str = "
          + (SELECT COALESCE(SUM(size_bytes), 0) FROM (
                SELECT MAX(size_bytes) AS size_bytes FROM snapshot_layers
                WHERE tenant = ?1 GROUP BY digest))";
+
+/// Removes up to `?2` of the audit events older than `?1`, the oldest first.
+const PRUNE_AUDIT: &str = "
+    DELETE FROM audit WHERE id IN
+        (SELECT id FROM audit WHERE time < ?1 ORDER BY time LIMIT ?2)";
 
 /// The snapshot part of [`STORED_BYTES`].
 const SNAPSHOT_BYTES: &str = "
@@ -952,18 +963,14 @@ impl Db {
             .await
     }
 
-    /// Removes events older than `cutoff` (a stored time) among the `batch` oldest;
-    /// returns how many went. Events are appended in time order (each one's time is
-    /// taken as it is written, so neighbours differ by at most the writers' overlap),
-    /// so pruning is from the oldest id up: it reads no more than it removes plus one
-    /// batch, never the whole table, and holds the write lock only that long.
+    /// Removes up to `batch` of the events older than `cutoff` (a stored time), the
+    /// oldest first; returns how many went. Through the time index it reads no more
+    /// than it removes, never the whole table, and holds the write lock only that
+    /// long, whatever the order ids and times came in.
     pub async fn prune_audit(&self, cutoff: String, batch: u32) -> Result<usize, ApiError> {
         self.call(move |conn| {
-            conn.prepare_cached(
-                "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?2) \
-                 AND time < ?1",
-            )?
-            .execute(params![cutoff, i64::from(batch)])
+            conn.prepare_cached(PRUNE_AUDIT)?
+                .execute(params![cutoff, i64::from(batch)])
         })
         .await
     }
@@ -1320,6 +1327,29 @@ mod tests {
                 .unwrap();
             assert_eq!(recompiled, 0, "{sql}");
         }
+    }
+
+    #[tokio::test]
+    async fn audit_retention_reads_through_the_time_index() {
+        let (_dir, db) = temp_db();
+        let plan = db
+            .quick(|conn| {
+                let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {PRUNE_AUDIT}"))?;
+                let details = stmt.query_map(params!["", 1], |row| row.get::<_, String>(3))?;
+                details.collect::<Result<Vec<_>, _>>()
+            })
+            .await
+            .unwrap();
+        // A scan of the table would read every event at every tick.
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("INDEX audit_time (time<?)")),
+            "{plan:?}"
+        );
+        assert!(
+            !plan.iter().any(|step| step.starts_with("SCAN audit")),
+            "{plan:?}"
+        );
     }
 
     /// The WAL's length in frames (what a passive checkpoint reports as its log).
