@@ -313,7 +313,8 @@ async fn record_capacity(
 }
 
 /// Grows a tenant's volume to `capacity` bytes (within [`capacity_in_range`]),
-/// which its disk quota must have room for; also while sessions use it, where the
+/// which its disk quota must have room for (the capacity it has already is a
+/// success that changes nothing); also while sessions use it, where the
 /// host lets the daemon grow a mounted filesystem.
 async fn grow(state: &AppState, tenant: &str, name: &str, capacity: u64) -> Result<(), ApiError> {
     let held = Held::Volume {
@@ -337,10 +338,16 @@ async fn grow(state: &AppState, tenant: &str, name: &str, capacity: u64) -> Resu
              let a session make it again"
         )));
     }
-    if capacity <= stored {
+    // Asking for the capacity it has is done already: a client retrying a growth
+    // whose answer it never saw (or that failed once the filesystem had grown) gets
+    // its success, not an error.
+    if capacity == stored {
+        return Ok(());
+    }
+    if capacity < stored {
         return Err(ApiError::invalid(format!(
             "volume {name} has a capacity of {stored} bytes and volumes only grow: ask for \
-             more than that"
+             that much or more"
         )));
     }
     let quotas = state.auth.quotas(tenant).await?;
