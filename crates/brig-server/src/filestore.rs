@@ -531,9 +531,13 @@ fn extract_bundle(file: std::fs::File, dest: &Path, max_bytes: u64) -> Result<()
                 "the archive unpacks to more than {max_bytes} bytes (--max-file-size)"
             )));
         }
-        let relative = entry.path().map_err(bad)?.into_owned();
+        // Where unpack_in puts the entry: joining the raw name would put an
+        // absolute one ("/etc/shadow") back on the host, for the chmod below.
+        let Some(relative) = bundle_relative(&entry.path().map_err(bad)?) else {
+            continue; // a name that climbs out: unpack_in skips it too
+        };
         if !entry.unpack_in(dest).map_err(bad)? {
-            continue; // a path outside the directory: skipped by tar
+            continue;
         }
         if kind == EntryType::Symlink {
             continue; // chmod would follow it
@@ -553,6 +557,22 @@ fn extract_bundle(file: std::fs::File, dest: &Path, max_bytes: u64) -> Result<()
         }
     }
     Ok(())
+}
+
+/// An archive entry's name as a path under the bundle's directory, the way
+/// `tar::Entry::unpack_in` places it (a leading `/` and `.` parts dropped); `None`
+/// for a name with `..`, which it refuses.
+fn bundle_relative(name: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let mut relative = PathBuf::new();
+    for part in name.components() {
+        match part {
+            Component::Normal(part) => relative.push(part),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            Component::ParentDir => return None,
+        }
+    }
+    Some(relative)
 }
 
 /// Removes the blob of a deleted or expired file and its extracted bundle, if any.
@@ -956,6 +976,61 @@ mod tests {
         ] {
             assert!(!is_file_id(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn bundle_entries_with_absolute_names_stay_in_the_bundle() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // A host file and directory an archive names by their absolute paths.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "secret").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let victim_dir = dir.path().join("victim-dir");
+        std::fs::create_dir(&victim_dir).unwrap();
+        std::fs::set_permissions(&victim_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut add = |name: &Path, kind: tar::EntryType, mode: u32, data: &[u8]| {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_mode(mode);
+            header.set_size(data.len() as u64);
+            // set_path refuses absolute names; an attacker's archive is not so kind.
+            let raw = name.as_os_str().as_encoded_bytes();
+            header.as_old_mut().name[..raw.len()].copy_from_slice(raw);
+            header.set_cksum();
+            builder.append(&header, data).unwrap();
+        };
+        add(&victim, tar::EntryType::Regular, 0o600, b"x");
+        add(&victim_dir, tar::EntryType::Directory, 0o700, b"");
+        add(Path::new("../up"), tar::EntryType::Regular, 0o600, b"x");
+        let archive = dir.path().join("bundle.tar");
+        std::fs::write(&archive, builder.into_inner().unwrap()).unwrap();
+
+        let dest = dir.path().join("bundle");
+        extract_bundle(std::fs::File::open(&archive).unwrap(), &dest, 1 << 20).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&victim), 0o600);
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "secret");
+        assert_eq!(mode(&victim_dir), 0o700);
+        assert!(!dir.path().join("up").exists());
+        // Inside the bundle, where they belong, readable by every sandbox user.
+        let inside = dest.join(victim.strip_prefix("/").unwrap());
+        assert_eq!(mode(&inside), 0o644);
+        assert_eq!(
+            mode(&dest.join(victim_dir.strip_prefix("/").unwrap())),
+            0o755
+        );
+    }
+
+    #[test]
+    fn bundle_names() {
+        let rel = |name: &str| bundle_relative(Path::new(name));
+        assert_eq!(rel("/etc/shadow"), Some(PathBuf::from("etc/shadow")));
+        assert_eq!(rel("./a/./b/"), Some(PathBuf::from("a/b")));
+        assert_eq!(rel("a/../../b"), None);
+        assert_eq!(rel("."), Some(PathBuf::new()));
     }
 
     #[test]
