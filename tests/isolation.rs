@@ -173,6 +173,74 @@ fn root_init_reaps_orphans_and_everything_dies_with_the_command() {
     );
 }
 
+/// Takes every inotify instance the kernel gives it, says how many, and holds them
+/// until its stdin closes.
+const INOTIFY_HOG: &str = "import ctypes, sys\n\
+    libc = ctypes.CDLL(None)\n\
+    n = 0\n\
+    while libc.inotify_init1(0) >= 0: n += 1\n\
+    print(n, flush=True)\n\
+    sys.stdin.read()\n";
+
+/// Whether one more inotify instance can be had, as host root or in a sandbox.
+const ONE_INOTIFY: &str = "import ctypes; print(ctypes.CDLL(None).inotify_init1(0) >= 0)";
+
+#[test]
+fn root_per_user_kernel_counts_are_the_sandboxs_own_not_roots() {
+    require_root!();
+    // The kernel charges per-user counts (queued signals, inotify instances,
+    // processes) up to the owner of the sandbox's user namespace: that must be the
+    // sandbox's own unprivileged uid, never root.
+    let (out, code) = py(
+        &[],
+        "import fcntl, os, struct\n\
+         fd = os.open('/proc/self/ns/user', os.O_RDONLY)\n\
+         owner = struct.unpack('I', fcntl.ioctl(fd, 0xb704, bytes(4)))[0]\n\
+         print(owner, os.getuid())\n",
+    );
+    assert_eq!(code, 0, "{out}");
+    let ids: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(ids.len(), 2, "{out}");
+    assert_eq!(
+        ids[0], ids[1],
+        "the namespace's owner (NS_GET_OWNER_UID) is: {out}"
+    );
+
+    // The attack: one sandbox takes all the inotify instances it can get and holds
+    // them. Root on the host and another sandbox must still get theirs.
+    let mut hog = brig()
+        .args(["run", "--", "python3", "-c", INOTIFY_HOG])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut taken = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(hog.stdout.as_mut().unwrap()),
+        &mut taken,
+    )
+    .unwrap();
+    let taken: u64 = taken.trim().parse().unwrap_or(0);
+    let host = std::process::Command::new("python3")
+        .args(["-c", ONE_INOTIFY])
+        .output()
+        .unwrap();
+    let (other, _) = py(&[], ONE_INOTIFY);
+    drop(hog.stdin.take());
+    let status = hog.wait().unwrap();
+    assert!(taken > 0, "the hog got none");
+    assert_eq!(
+        String::from_utf8_lossy(&host.stdout),
+        "True\n",
+        "host root got no inotify instance while a sandbox held {taken}"
+    );
+    assert_eq!(
+        other, "True\n",
+        "another sandbox got none while one held {taken}"
+    );
+    assert!(status.success(), "{status}");
+}
+
 // 2. Filesystem ---------------------------------------------------------------
 
 #[test]

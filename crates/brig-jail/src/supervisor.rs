@@ -496,8 +496,16 @@ fn run_sandbox(
     };
 
     let started = Instant::now();
-    // SAFETY: run() checked that this process has a single thread.
-    let child = match unsafe { sys::clone_process(clone_flags(spec)) } {
+    // A leased uid owns the sandbox's user namespace (see clone_process_owned_by);
+    // rootless, the caller does anyway, and a build's namespace maps host ids 1:1.
+    let cloned = match limiter.lease_fd {
+        // SAFETY: run() checked that this process has a single thread, and a lease
+        // is taken only as root.
+        Some(_) => unsafe { sys::clone_process_owned_by(host_uid, clone_flags(spec)) },
+        // SAFETY: run() checked that this process has a single thread.
+        None => unsafe { sys::clone_process(clone_flags(spec)) },
+    };
+    let child = match cloned {
         Ok(CloneResult::Child) => init::child_main(child_plan),
         Ok(CloneResult::Parent { child }) => Pid::from_raw(child),
         Err(e) => {

@@ -266,6 +266,65 @@ pub unsafe fn clone_process(namespace_flags: libc::c_int) -> io::Result<CloneRes
     }
 }
 
+/// [`clone_process`] with `CLONE_NEWUSER` among `namespace_flags`, the new user
+/// namespace owned by host uid `owner` instead of by the caller (root).
+///
+/// The kernel charges per-user counts (queued signals, inotify instances,
+/// processes, message queue bytes) at every level up the chain of user namespaces,
+/// at the parent's level to the namespace's owner: a sandbox in a namespace root
+/// owns could use up root's share, which every other sandbox and root's own host
+/// processes draw on. Owned by the sandbox's leased uid, it uses only that uid's.
+///
+/// The owner is the creator's effective uid, so it is switched for the clone. The
+/// real and saved uids stay 0, which lets this process switch back, and
+/// `SECBIT_NO_SETUID_FIXUP` keeps its capabilities meanwhile: a host that lets only
+/// privileged processes create user namespaces (Debian's
+/// `kernel.unprivileged_userns_clone=0`, Ubuntu's AppArmor restriction) still lets
+/// this one. The child starts with those credentials and sets its own ids and
+/// securebits before anything else (see `init`).
+///
+/// # Safety
+/// As for [`clone_process`]; and the caller must be root (uid 0 in all three).
+pub unsafe fn clone_process_owned_by(
+    owner: u32,
+    namespace_flags: libc::c_int,
+) -> io::Result<CloneResult> {
+    const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+    const UNCHANGED: libc::uid_t = libc::uid_t::MAX;
+    let bits = prctl(libc::PR_GET_SECUREBITS, 0)? as libc::c_ulong;
+    prctl(libc::PR_SET_SECUREBITS, bits | SECBIT_NO_SETUID_FIXUP)?;
+    let restore = || -> io::Result<()> {
+        // SAFETY: setresuid takes plain integers; the process is single-threaded
+        // (the caller's promise), so no other thread sees credentials change.
+        if unsafe { libc::setresuid(UNCHANGED, 0, UNCHANGED) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        prctl(libc::PR_SET_SECUREBITS, bits)?;
+        // A change of effective uid makes the process undumpable, which would make
+        // its /proc files root's; nothing else about it changed.
+        prctl(libc::PR_SET_DUMPABLE, 1).map(|_| ())
+    };
+    // SAFETY: as above.
+    if unsafe { libc::setresuid(UNCHANGED, owner, UNCHANGED) } != 0 {
+        let e = io::Error::last_os_error();
+        restore()?;
+        return Err(e);
+    }
+    let cloned = prctl(libc::PR_SET_DUMPABLE, 1).and_then(|_| {
+        // SAFETY: forwarded to the caller.
+        unsafe { clone_process(namespace_flags) }
+    });
+    if let Ok(CloneResult::Child) = cloned {
+        return cloned;
+    }
+    if let Err(e) = restore() {
+        // Going on as another user would be wrong in ways no caller can check.
+        eprintln!("brig: cannot switch back to root after creating a sandbox: {e}");
+        std::process::abort();
+    }
+    cloned
+}
+
 /// Starts a process that shares this one's memory (`CLONE_VM`, not a thread: its
 /// own descriptor table, signal handlers and thread group) and runs `entry(arg)` on
 /// the stack ending at `stack_top`; it exits with what `entry` returns.
