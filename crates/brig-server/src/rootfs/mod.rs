@@ -71,6 +71,14 @@ const MAX_DEPTH: usize = 256;
 pub const MAX_LIST_ENTRIES: usize = 100_000;
 /// Entries of one directory held in memory while archiving or removing it.
 const MAX_DIR_ENTRIES: usize = 1 << 20;
+/// Entries one recursive removal removes at most: a sandbox that adds names as
+/// fast as they go would otherwise keep the daemon's thread for ever. Above most
+/// real trees (a large node_modules holds a few hundred thousand); a larger one
+/// takes more than one request.
+#[cfg(not(test))]
+const MAX_REMOVED_ENTRIES: u64 = 1 << 20;
+#[cfg(test)]
+const MAX_REMOVED_ENTRIES: u64 = 5_000;
 const FILE_MODE: u32 = 0o644;
 const DIR_MODE: u32 = 0o755;
 /// Set-id bits are never given to what the daemon creates.
@@ -662,7 +670,8 @@ impl SandboxRoot {
             rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR)
         } else {
             let mut shown_path = path.trim_end_matches('/').as_bytes().to_vec();
-            return remove_tree(parent.as_fd(), name, &mut shown_path, 0);
+            let mut budget = MAX_REMOVED_ENTRIES;
+            return remove_tree(parent.as_fd(), name, &mut shown_path, 0, &mut budget);
         };
         result.map_err(|e| errno(e, "removing", &shown))
     }
@@ -864,6 +873,7 @@ fn remove_tree(
     name: &[u8],
     shown: &mut Vec<u8>,
     depth: usize,
+    budget: &mut u64,
 ) -> Result<(), RootfsError> {
     let fail = |e: Errno, what: &str, shown: &[u8]| errno(e, what, &show(shown));
     if depth >= MAX_DEPTH {
@@ -896,6 +906,8 @@ fn remove_tree(
         #[cfg(test)]
         tests::hooks::walked(shown);
         loop {
+            #[cfg(test)]
+            tests::hooks::listing(shown);
             // Batches, read again from the start: entries removed are gone,
             // so a huge directory needs no huge list.
             let (batch, _) =
@@ -904,10 +916,19 @@ fn remove_tree(
                 break;
             }
             for child in batch {
+                if *budget == 0 {
+                    return Err(RootfsError::NotEmpty(format!(
+                        "{}: removal stopped after {MAX_REMOVED_ENTRIES} entries, the most \
+                         one request removes (or entries keep appearing); the rest is still \
+                         there: ask again",
+                        show(shown)
+                    )));
+                }
+                *budget -= 1;
                 let len = shown.len();
                 shown.push(b'/');
                 shown.extend_from_slice(&child);
-                let result = remove_child(dir.as_fd(), &child, shown, depth);
+                let result = remove_child(dir.as_fd(), &child, shown, depth, budget);
                 shown.truncate(len);
                 result?;
             }
@@ -936,6 +957,7 @@ fn remove_child(
     name: &[u8],
     shown: &mut Vec<u8>,
     depth: usize,
+    budget: &mut u64,
 ) -> Result<(), RootfsError> {
     let info = match fsops::stat_at(dir, name) {
         Ok(info) => info,
@@ -946,12 +968,12 @@ fn remove_child(
         return Err(mount_point(&show(shown)));
     }
     if info.is_dir() {
-        return remove_tree(dir, name, shown, depth + 1);
+        return remove_tree(dir, name, shown, depth + 1, budget);
     }
     match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
         Ok(()) | Err(Errno::NOENT) => Ok(()),
         // Became a directory since the stat.
-        Err(Errno::ISDIR) => remove_tree(dir, name, shown, depth + 1),
+        Err(Errno::ISDIR) => remove_tree(dir, name, shown, depth + 1, budget),
         Err(e) => Err(errno(e, "removing", &show(shown))),
     }
 }

@@ -23,11 +23,11 @@ pub(crate) mod hooks {
 
     thread_local! {
         static WALKED: RefCell<Option<Hook>> = RefCell::new(None);
+        static LISTING: RefCell<Option<Hook>> = RefCell::new(None);
     }
 
-    /// Called by the recursive removal right after it opened a directory.
-    pub(crate) fn walked(path: &[u8]) {
-        WALKED.with(|hook| {
+    fn call(hook: &'static std::thread::LocalKey<RefCell<Option<Hook>>>, path: &[u8]) {
+        hook.with(|hook| {
             if let Ok(mut hook) = hook.try_borrow_mut() {
                 if let Some(hook) = hook.as_mut() {
                     hook(path);
@@ -36,12 +36,28 @@ pub(crate) mod hooks {
         });
     }
 
+    /// Called by the recursive removal right after it opened a directory.
+    pub(crate) fn walked(path: &[u8]) {
+        call(&WALKED, path);
+    }
+
+    /// Called by the recursive removal before it reads a batch of a directory's
+    /// names.
+    pub(crate) fn listing(path: &[u8]) {
+        call(&LISTING, path);
+    }
+
     pub(crate) fn on_walked(hook: impl FnMut(&[u8]) + 'static) {
         WALKED.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
     }
 
+    pub(crate) fn on_listing(hook: impl FnMut(&[u8]) + 'static) {
+        LISTING.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+    }
+
     pub(crate) fn clear() {
         WALKED.with(|h| *h.borrow_mut() = None);
+        LISTING.with(|h| *h.borrow_mut() = None);
     }
 }
 
@@ -672,6 +688,32 @@ fn recursive_remove_holds_descriptors_when_a_directory_is_swapped() {
     assert!(!f.host("/workspace/t").exists());
     assert_eq!(f.names("/workspace"), ["moved"]);
     assert_eq!(f.names("/workspace/moved"), Vec::<String>::new());
+    f.assert_canary_intact();
+}
+
+#[test]
+fn recursive_remove_gives_up_when_the_sandbox_refills_faster_than_it_empties() {
+    let f = fixture();
+    f.write("/workspace/t/seed", b"").unwrap();
+    // The sandbox adds names before every batch of removals, as fast as they go; it
+    // would go on for ever (the hook stops after more than the budget, so the
+    // removal without one ends, and succeeds).
+    let dir = f.host("/workspace/t");
+    let mut rounds = 0;
+    hooks::on_listing(move |path| {
+        if path == b"/workspace/t" && rounds < 10 {
+            rounds += 1;
+            for i in 0..1_000 {
+                fs::write(dir.join(format!("{rounds}-{i}")), b"").unwrap();
+            }
+        }
+    });
+    let result = f.sandbox.remove("/workspace/t", true);
+    hooks::clear();
+    assert_err!(result, NotEmpty);
+    // Nothing outside the tree was touched, and it can be removed once quiet.
+    f.sandbox.remove("/workspace/t", true).unwrap();
+    assert_eq!(f.names("/workspace"), Vec::<String>::new());
     f.assert_canary_intact();
 }
 
