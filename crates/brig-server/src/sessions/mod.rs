@@ -1211,6 +1211,15 @@ async fn create_with(
     if request.image.is_some() && request.snapshot.is_some() {
         return Err(ApiError::invalid("give either image or snapshot, not both"));
     }
+    if let Some(name) = request
+        .image
+        .as_deref()
+        .filter(|n| snapshots::is_snapshot_image(n))
+    {
+        // A snapshot's image is its tenant's, reached only through `snapshot`,
+        // which checks whose it is (and counts its layers in that tenant's quota).
+        return Err(ApiError::not_found(format!("no image {name}")));
+    }
     if let Some(ttl) = request.ttl_seconds {
         check_ttl(ttl)?;
     }

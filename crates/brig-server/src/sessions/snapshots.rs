@@ -466,7 +466,7 @@ fn held_layers(
 }
 
 /// Whether an image in the store is a snapshot's (see [`image_name`]).
-fn is_snapshot_image(name: &str) -> bool {
+pub(crate) fn is_snapshot_image(name: &str) -> bool {
     name.strip_prefix("snap-")
         .is_some_and(|hex| hex.len() == 24 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
