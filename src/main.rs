@@ -466,6 +466,7 @@ fn serve_args() -> Option<Result<brig_server::ServeArgs, clap::Error>> {
 
 fn serve(args: brig_server::ServeArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(brig_server::BLOCKING_THREADS)
         .enable_all()
         .build()
     {

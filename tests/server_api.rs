@@ -3152,6 +3152,133 @@ fn audit_events_past_their_retention_are_removed() {
 /// or idles between requests is closed after `--header-timeout`, and no more than
 /// `--max-connections` are open at once (the rest wait to be accepted). A request
 /// that takes longer than the timeout to answer is not cut.
+/// A raw request with `key` on a connection of its own: the headers, then `body`
+/// (which may be less than `content_length` promises).
+fn send_raw(
+    d: &Daemon,
+    method: &str,
+    path: &str,
+    key: &str,
+    content_length: Option<usize>,
+    body: &[u8],
+) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let length = content_length.map_or(String::new(), |n| format!("Content-Length: {n}\r\n"));
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n{length}\r\n"
+    )
+    .unwrap();
+    stream.write_all(body).unwrap();
+    stream
+}
+
+/// The audit events of one action, for the admin.
+fn audit_of(d: &Daemon, action: &str) -> Vec<Value> {
+    let (_, audit) = d.request(
+        "GET",
+        &format!("/v1/audit?action={action}"),
+        Some(d.admin_key()),
+        None,
+    );
+    audit["events"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
+    require_root!();
+    let d = daemon(&["--body-timeout", "1s"]);
+    let (key, _) = tenant_key(&d, "slow");
+    set_quotas(&d, "slow", json!({"max_concurrent_execs": 2}));
+    let id = sid(&create(&d, &key, json!({})));
+
+    // Two uploads whose clients send a byte of the megabyte they promise, then
+    // nothing, holding their connections open.
+    let started = Instant::now();
+    let mut stalled: Vec<_> = (0..2)
+        .map(|i| {
+            let path = files_url(&id, &format!("/workspace/s{i}"));
+            send_raw(&d, "PUT", &path, &key, Some(1_000_000), b"x")
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // They fill the tenant's cap (that of its concurrent execs): a third transfer
+    // is refused at once; an exec, counted apart, is not.
+    let third = files_url(&id, "/workspace/third");
+    let (status, body) = d.raw("PUT", &third, Some(&key), None, Some(b"x".to_vec()));
+    let body = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("file transfers"), "{body}");
+    assert_eq!(sh(&d, &key, &id, "echo ok"), "ok\n");
+    // Each is answered 408 once it has sent nothing for the body timeout, and
+    // leaves no file.
+    for stream in &mut stalled {
+        let mut status_line = String::new();
+        BufReader::new(stream).read_line(&mut status_line).unwrap();
+        assert!(status_line.starts_with("HTTP/1.1 408"), "{status_line}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(sh(&d, &key, &id, "ls /workspace"), "");
+    let (status, _) = d.raw("PUT", &third, Some(&key), None, Some(b"x".to_vec()));
+    assert_eq!(status, 201);
+
+    // An archive download its client never reads: given up after the timeout (its
+    // event says it was not finished), not held for as long as the connection.
+    sh(
+        &d,
+        &key,
+        &id,
+        "head -c 30000000 /dev/urandom > /workspace/big",
+    );
+    let archive = format!("/v1/sessions/{id}/archive?path={}", q("/workspace"));
+    let unread = send_raw(&d, "GET", &archive, &key, None, b"");
+    let unfinished = |events: &[Value]| {
+        events
+            .iter()
+            .any(|e| e["outcome"] == "error" && e["detail"]["finished"] == false)
+    };
+    assert!(
+        common::eventually(8000, || unfinished(&audit_of(&d, "file.archive.read"))),
+        "{:?}",
+        audit_of(&d, "file.archive.read")
+    );
+    drop(unread);
+
+    // A file operation whose client leaves before the answer still ends, and is
+    // audited.
+    sh(
+        &d,
+        &key,
+        &id,
+        "mkdir /workspace/tree && cd /workspace/tree && seq 100000 | xargs touch",
+    );
+    let tree = files_url(&id, "/workspace/tree") + "&recursive=true";
+    let client = send_raw(&d, "DELETE", &tree, &key, None, b"");
+    // Gone once the removal is under way (100,000 entries took the daemon 0.75 s).
+    std::thread::sleep(Duration::from_millis(100));
+    drop(client);
+    let deleted = |events: &[Value]| {
+        events
+            .iter()
+            .any(|e| e["outcome"] == "ok" && e["detail"]["path"] == "/workspace/tree")
+    };
+    assert!(
+        common::eventually(15_000, || deleted(&audit_of(&d, "file.delete"))),
+        "{:?}",
+        audit_of(&d, "file.delete")
+    );
+    assert_eq!(sh(&d, &key, &id, "ls /workspace"), "big\nthird\n");
+    delete_session(&d, &key, &id);
+}
+
 #[test]
 fn root_silent_slow_and_idle_connections_are_closed_and_capped() {
     use std::io::Write;
@@ -5387,6 +5514,22 @@ fn root_snapshots_of_forks_count_each_layer_once_while_any_holds_it() {
     assert_eq!(status, 201, "{first}");
     let a = first["size_bytes"].as_u64().unwrap();
     assert!(a >= 4_000_000, "{first}");
+    // Its image in the store, named directly: not another tenant's way in (nor the
+    // owner's, around its quota), whoever knows the snapshot's id.
+    let image = first["snapshot_id"]
+        .as_str()
+        .unwrap()
+        .replacen("snap_", "snap-", 1);
+    let (thief, _) = tenant_key(&d, "thief");
+    for k in [&thief, &key] {
+        let (status, body) = d.request(
+            "POST",
+            "/v1/sessions",
+            Some(k),
+            Some(json!({ "image": image })),
+        );
+        assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
+    }
     let fork = sid(&create(&d, &key, json!({"snapshot": first["snapshot_id"]})));
     put(&fork, "/etc/second", noise(2, 1_000_000));
     let (status, second) = take_snapshot(&d, &key, &fork);

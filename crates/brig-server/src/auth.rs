@@ -113,7 +113,7 @@ pub struct Quotas {
     pub max_disk_bytes: u64,
 }
 
-/// Keys, tenants' quotas and the concurrent-exec limiter.
+/// Keys, tenants' quotas and the limiters of concurrent execs and transfers.
 pub struct Auth {
     db: Db,
     no_auth: bool,
@@ -122,7 +122,11 @@ pub struct Auth {
     /// Tenants' quota overrides, mirrored from the tenants table so that quota
     /// checks (`exec_permit`) need no database round trip.
     overrides: RwLock<HashMap<String, TenantRow>>,
-    execs: Arc<ExecLimiter>,
+    execs: Arc<Limiter>,
+    /// File transfers paced by the client (uploads, archive downloads): each holds
+    /// a blocking thread while it lasts, so they are capped like execs (the same
+    /// caps, counted apart) and never take every thread the daemon has.
+    transfers: Arc<Limiter>,
 }
 
 #[derive(Default)]
@@ -133,25 +137,68 @@ struct KeyCache {
     by_hash: HashMap<String, Caller>,
 }
 
-struct ExecLimiter {
+struct Limiter {
+    /// What is counted, plural, for messages ("execs").
+    what: &'static str,
     global_max: u64,
-    counts: Mutex<ExecCounts>,
+    counts: Mutex<Counts>,
 }
 
 #[derive(Default)]
-struct ExecCounts {
+struct Counts {
     global: u64,
     per_tenant: HashMap<String, u64>,
 }
 
-/// One running exec, counted against its tenant's and the global cap until dropped.
-#[must_use = "the exec is counted only while the permit is alive"]
-pub struct ExecPermit {
-    limiter: Arc<ExecLimiter>,
+/// One running exec or transfer, counted against its tenant's and the global cap
+/// until dropped.
+#[must_use = "it is counted only while the permit is alive"]
+pub struct Permit {
+    limiter: Arc<Limiter>,
     tenant: String,
 }
 
-impl Drop for ExecPermit {
+impl Limiter {
+    fn new(what: &'static str, global_max: u64) -> Arc<Limiter> {
+        Arc::new(Limiter {
+            what,
+            global_max,
+            counts: Mutex::new(Counts::default()),
+        })
+    }
+
+    /// Counts one more for `tenant`, without waiting: 429 `quota_exceeded` at the
+    /// tenant's cap, 503 `unavailable` at the global one.
+    fn permit(self: &Arc<Self>, tenant: &str, tenant_max: u64) -> Result<Permit, ApiError> {
+        let what = self.what;
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine = counts.per_tenant.get(tenant).copied().unwrap_or(0);
+        if mine >= tenant_max {
+            return Err(ApiError::quota(format!(
+                "tenant has {mine} {what} running, its limit is {tenant_max}"
+            )));
+        }
+        if counts.global >= self.global_max {
+            return Err(ApiError::unavailable(format!(
+                "the daemon runs its maximum of {} concurrent {what}; retry later",
+                self.global_max
+            )));
+        }
+        counts.global += 1;
+        *counts.per_tenant.entry(tenant.to_string()).or_insert(0) += 1;
+        Ok(Permit {
+            limiter: self.clone(),
+            tenant: tenant.to_string(),
+        })
+    }
+
+    fn running(&self, tenant: &str) -> u64 {
+        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        counts.per_tenant.get(tenant).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for Permit {
     fn drop(&mut self) {
         let mut counts = self
             .limiter
@@ -272,10 +319,11 @@ impl Auth {
             },
             keys: RwLock::new(KeyCache::default()),
             overrides: RwLock::new(tenants.into_iter().map(|t| (t.name.clone(), t)).collect()),
-            execs: Arc::new(ExecLimiter {
-                global_max: args.max_concurrent_execs as u64,
-                counts: Mutex::new(ExecCounts::default()),
-            }),
+            execs: Limiter::new("execs", args.max_concurrent_execs as u64),
+            transfers: Limiter::new(
+                "file transfers",
+                args.max_concurrent_execs.min(crate::BLOCKING_THREADS / 4) as u64,
+            ),
         })
     }
 
@@ -436,43 +484,22 @@ impl Auth {
 
     /// Counts one exec against the tenant's and the global cap, without waiting:
     /// 429 `quota_exceeded` at the tenant's cap, 503 `unavailable` at the global one.
-    pub fn exec_permit(&self, tenant: &str) -> Result<ExecPermit, ApiError> {
+    pub fn exec_permit(&self, tenant: &str) -> Result<Permit, ApiError> {
         let tenant_max = self.quotas_now(tenant).max_concurrent_execs;
-        let mut counts = self
-            .execs
-            .counts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mine = counts.per_tenant.get(tenant).copied().unwrap_or(0);
-        if mine >= tenant_max {
-            return Err(ApiError::quota(format!(
-                "tenant has {mine} execs running, its limit is {tenant_max}"
-            )));
-        }
-        if counts.global >= self.execs.global_max {
-            return Err(ApiError::unavailable(format!(
-                "the daemon runs its maximum of {} concurrent execs; retry later",
-                self.execs.global_max
-            )));
-        }
-        counts.global += 1;
-        *counts.per_tenant.entry(tenant.to_string()).or_insert(0) += 1;
-        Ok(ExecPermit {
-            limiter: self.execs.clone(),
-            tenant: tenant.to_string(),
-        })
+        self.execs.permit(tenant, tenant_max)
+    }
+
+    /// Counts one client-paced file transfer, as [`Auth::exec_permit`] counts an
+    /// exec: under the same caps (the global one held to a quarter of the daemon's
+    /// blocking threads), counted apart from execs.
+    pub fn transfer_permit(&self, tenant: &str) -> Result<Permit, ApiError> {
+        let tenant_max = self.quotas_now(tenant).max_concurrent_execs;
+        self.transfers.permit(tenant, tenant_max)
     }
 
     /// Execs running now for a tenant.
     pub fn running_execs(&self, tenant: &str) -> u64 {
-        self.execs
-            .counts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .per_tenant
-            .get(tenant)
-            .copied()
-            .unwrap_or(0)
+        self.execs.running(tenant)
     }
 }
 

@@ -88,6 +88,15 @@ pub struct ServeArgs {
         value_parser = duration_ms
     )]
     pub header_timeout_ms: u64,
+    /// How long an upload's body or an archive download may stall (no bytes taken
+    /// from the client, or none read by it) before the daemon gives up on it.
+    #[arg(
+        long = "body-timeout",
+        value_name = "DURATION",
+        default_value = "60s",
+        value_parser = duration_ms
+    )]
+    pub body_timeout_ms: u64,
     /// Default live sessions per tenant.
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub tenant_max_sessions: u64,
@@ -246,6 +255,7 @@ impl ServeArgs {
             ("--max-concurrent-execs", self.max_concurrent_execs as u64),
             ("--max-connections", self.max_connections as u64),
             ("--header-timeout", self.header_timeout_ms),
+            ("--body-timeout", self.body_timeout_ms),
             ("--file-ttl", self.file_ttl_ms),
             ("--max-execute-timeout", self.max_execute_timeout_ms),
             ("--session-ttl", self.session_ttl_ms),
@@ -311,6 +321,7 @@ mod tests {
         assert_eq!(args.audit_retention_ms, 30 * 24 * 3600 * 1000);
         assert_eq!(args.max_connections, 4096);
         assert_eq!(args.header_timeout_ms, 30_000);
+        assert_eq!(args.body_timeout_ms, 60_000);
         assert_eq!(
             parse(&["--audit-retention", "0"])
                 .unwrap()

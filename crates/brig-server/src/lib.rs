@@ -33,3 +33,8 @@ pub mod state;
 pub mod volumes;
 
 pub use config::ServeArgs;
+
+/// Threads the daemon's runtime may start for blocking work (file operations,
+/// SQLite, sandbox launches); the caller of [`server::serve`] builds its runtime
+/// with this many (tokio's default, made explicit because caps depend on it).
+pub const BLOCKING_THREADS: usize = 512;

@@ -8,12 +8,13 @@
 
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
 use utoipa::{IntoParams, ToSchema};
@@ -56,7 +57,7 @@ pub fn root_of(session: &Session) -> Result<SandboxRoot, ApiError> {
     .map_err(rootfs_error)
 }
 
-#[derive(Debug, Deserialize, IntoParams)]
+#[derive(Clone, Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PathQuery {
@@ -95,25 +96,27 @@ pub struct DirListing {
     pub entries: Vec<DirEntry>,
 }
 
-async fn audited<T>(
+/// Runs a file operation and records it in the audit log, to its end even if the
+/// client goes away meanwhile: its blocking part cannot be stopped halfway, so a
+/// request dropped with it would leave work done that the log never saw.
+async fn audited<T: Send + 'static>(
     state: &AppState,
     caller: &Caller,
     id: &str,
-    action: &str,
+    action: &'static str,
     path: &str,
-    result: Result<T, ApiError>,
+    operation: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let outcome = audit::outcome(&result);
-    audit::record(
-        state,
-        caller,
-        Some(id),
-        action,
-        serde_json::json!({"path": path}),
-        outcome,
-    )
-    .await;
-    result
+    let (state, caller, id) = (state.clone(), caller.clone(), id.to_string());
+    let detail = serde_json::json!({ "path": path });
+    tokio::spawn(async move {
+        let result = operation.await;
+        let outcome = audit::outcome(&result);
+        audit::record(&state, &caller, Some(&id), action, detail, outcome).await;
+        result
+    })
+    .await
+    .map_err(ApiError::internal)?
 }
 
 /// Runs a blocking file operation on the session's root, as the session's user
@@ -153,12 +156,71 @@ impl<R: Read> Read for Capped<R> {
     }
 }
 
-fn body_reader(body: Body, limit: u64) -> Capped<SyncIoBridge<impl tokio::io::AsyncRead + Unpin>> {
-    let stream = body.into_data_stream().map_err(std::io::Error::other);
+/// The request body as a blocking reader for a file operation: at most `limit`
+/// bytes, and an error once the client has sent nothing for `idle` (a stalled
+/// upload would otherwise hold its blocking thread for as long as its connection).
+fn body_reader(
+    body: Body,
+    limit: u64,
+    idle: Duration,
+) -> Capped<SyncIoBridge<impl tokio::io::AsyncRead + Unpin>> {
+    let chunks =
+        futures_util::stream::unfold(Some(body.into_data_stream()), move |stream| async move {
+            let mut stream = stream?;
+            match tokio::time::timeout(idle, stream.next()).await {
+                Ok(Some(chunk)) => Some((chunk.map_err(std::io::Error::other), Some(stream))),
+                Ok(None) => None,
+                Err(_) => Some((Err(stalled(idle, "sent")), None)),
+            }
+        });
     Capped {
-        inner: SyncIoBridge::new(StreamReader::new(stream)),
+        inner: SyncIoBridge::new(StreamReader::new(Box::pin(chunks))),
         left: limit,
     }
+}
+
+fn stalled(idle: Duration, verb: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the client {verb} nothing for {} s (--body-timeout)",
+            idle.as_secs_f64()
+        ),
+    )
+}
+
+/// A blocking writer into the response body that fails once the client has read
+/// nothing for `idle`, letting go of the blocking thread that writes it.
+struct ResponseWriter<W> {
+    inner: W,
+    runtime: tokio::runtime::Handle,
+    idle: Duration,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> Write for ResponseWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use tokio::io::AsyncWriteExt;
+        let idle = self.idle;
+        self.runtime.block_on(async {
+            tokio::time::timeout(idle, self.inner.write(buf))
+                .await
+                .unwrap_or_else(|_| Err(stalled(idle, "read")))
+        })
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        let idle = self.idle;
+        self.runtime.block_on(async {
+            tokio::time::timeout(idle, self.inner.flush())
+                .await
+                .unwrap_or_else(|_| Err(stalled(idle, "read")))
+        })
+    }
+}
+
+fn body_timeout(state: &AppState) -> Duration {
+    Duration::from_millis(state.args.body_timeout_ms)
 }
 
 fn io_to_api(e: std::io::Error) -> ApiError {
@@ -168,6 +230,11 @@ fn io_to_api(e: std::io::Error) -> ApiError {
             StatusCode::INSUFFICIENT_STORAGE,
             "no_space",
             "the session's disk is full (its --disk limit)",
+        ),
+        std::io::ErrorKind::TimedOut => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!("upload stalled: {e}"),
         ),
         _ => ApiError::bad_request(format!("upload interrupted: {e}")),
     }
@@ -184,25 +251,27 @@ async fn download(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<PathQuery>,
 ) -> Result<Response, ApiError> {
-    let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        let path = query.path.clone();
-        let (file, meta) = with_root(&session, move |root| {
-            root.open_read(&path).map_err(rootfs_error)
-        })
-        .await?;
-        let stream = ReaderStream::new(tokio::fs::File::from_std(file));
-        Ok((
-            [
-                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-                (header::CONTENT_LENGTH, meta.size_bytes.to_string()),
-            ],
-            Body::from_stream(stream),
-        )
-            .into_response())
-    }
-    .await;
-    audited(&state, &caller, &id, "file.read", &query.path, result).await
+    let operation = {
+        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        async move {
+            let session = lookup(&state, &caller, &id)?;
+            let path = query.path.clone();
+            let (file, meta) = with_root(&session, move |root| {
+                root.open_read(&path).map_err(rootfs_error)
+            })
+            .await?;
+            let stream = ReaderStream::new(tokio::fs::File::from_std(file));
+            Ok((
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                    (header::CONTENT_LENGTH, meta.size_bytes.to_string()),
+                ],
+                Body::from_stream(stream),
+            )
+                .into_response())
+        }
+    };
+    audited(&state, &caller, &id, "file.read", &query.path, operation).await
 }
 
 #[utoipa::path(put, path = "/v1/sessions/{id}/files", tag = "files", operation_id = "upload_session_file",
@@ -219,19 +288,22 @@ async fn upload(
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
     let limit = state.args.max_file_size_bytes;
-    let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        ensure_running(&session)?;
-        let path = query.path.clone();
-        let reader = body_reader(body, limit);
-        let size = with_root(&session, move |root| write_file(&root, &path, reader)).await?;
-        Ok(Written {
-            path: query.path.clone(),
-            size_bytes: size,
-        })
-    }
-    .await;
-    let written = audited(&state, &caller, &id, "file.write", &query.path, result).await?;
+    let operation = {
+        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        async move {
+            let session = lookup(&state, &caller, &id)?;
+            ensure_running(&session)?;
+            let _transfer = state.auth.transfer_permit(&caller.tenant)?;
+            let path = query.path.clone();
+            let reader = body_reader(body, limit, body_timeout(&state));
+            let size = with_root(&session, move |root| write_file(&root, &path, reader)).await?;
+            Ok(Written {
+                path: query.path.clone(),
+                size_bytes: size,
+            })
+        }
+    };
+    let written = audited(&state, &caller, &id, "file.write", &query.path, operation).await?;
     Ok((StatusCode::CREATED, axum::Json(written)))
 }
 
@@ -253,18 +325,20 @@ async fn remove(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<PathQuery>,
 ) -> Result<StatusCode, ApiError> {
-    let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        ensure_running(&session)?;
-        let path = query.path.clone();
-        let recursive = query.recursive.unwrap_or(false);
-        with_root(&session, move |root| {
-            root.remove(&path, recursive).map_err(rootfs_error)
-        })
-        .await
-    }
-    .await;
-    audited(&state, &caller, &id, "file.delete", &query.path, result).await?;
+    let operation = {
+        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        async move {
+            let session = lookup(&state, &caller, &id)?;
+            ensure_running(&session)?;
+            let path = query.path.clone();
+            let recursive = query.recursive.unwrap_or(false);
+            with_root(&session, move |root| {
+                root.remove(&path, recursive).map_err(rootfs_error)
+            })
+            .await
+        }
+    };
+    audited(&state, &caller, &id, "file.delete", &query.path, operation).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -278,29 +352,31 @@ async fn list_dir(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<PathQuery>,
 ) -> Result<axum::Json<DirListing>, ApiError> {
-    let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        let path = query.path.clone();
-        let entries = with_root(&session, move |root| {
-            root.list_dir(&path).map_err(rootfs_error)
-        })
-        .await?;
-        Ok(DirListing {
-            path: query.path.clone(),
-            entries: entries
-                .into_iter()
-                .map(|e| DirEntry {
-                    name: e.name,
-                    kind: e.kind.as_str().to_string(),
-                    size_bytes: e.size_bytes,
-                    mode: e.mode,
-                    modified_at: super::rfc3339(e.modified),
-                })
-                .collect(),
-        })
-    }
-    .await;
-    audited(&state, &caller, &id, "file.list", &query.path, result)
+    let operation = {
+        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        async move {
+            let session = lookup(&state, &caller, &id)?;
+            let path = query.path.clone();
+            let entries = with_root(&session, move |root| {
+                root.list_dir(&path).map_err(rootfs_error)
+            })
+            .await?;
+            Ok(DirListing {
+                path: query.path.clone(),
+                entries: entries
+                    .into_iter()
+                    .map(|e| DirEntry {
+                        name: e.name,
+                        kind: e.kind.as_str().to_string(),
+                        size_bytes: e.size_bytes,
+                        mode: e.mode,
+                        modified_at: super::rfc3339(e.modified),
+                    })
+                    .collect(),
+            })
+        }
+    };
+    audited(&state, &caller, &id, "file.list", &query.path, operation)
         .await
         .map(axum::Json)
 }
@@ -315,17 +391,19 @@ async fn make_dir(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<PathQuery>,
 ) -> Result<StatusCode, ApiError> {
-    let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        ensure_running(&session)?;
-        let path = query.path.clone();
-        with_root(&session, move |root| {
-            root.mkdir_all(&path).map_err(rootfs_error)
-        })
-        .await
-    }
-    .await;
-    audited(&state, &caller, &id, "file.mkdir", &query.path, result).await?;
+    let operation = {
+        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        async move {
+            let session = lookup(&state, &caller, &id)?;
+            ensure_running(&session)?;
+            let path = query.path.clone();
+            with_root(&session, move |root| {
+                root.mkdir_all(&path).map_err(rootfs_error)
+            })
+            .await
+        }
+    };
+    audited(&state, &caller, &id, "file.mkdir", &query.path, operation).await?;
     Ok(StatusCode::CREATED)
 }
 
@@ -340,62 +418,71 @@ async fn download_archive(
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<PathQuery>,
 ) -> Result<Response, ApiError> {
-    let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        let root = root_of(&session)?;
-        let path = query.path.clone();
-        // Checked first, so a missing directory is a 404 rather than a cut stream.
-        let probe = path.clone();
-        let root = tokio::task::spawn_blocking(move || root.list_dir(&probe).map(|_| root))
-            .await
-            .map_err(ApiError::internal)?
-            .map_err(rootfs_error)?;
-        let (reader, writer) = tokio::io::duplex(256 << 10);
-        let (finished, outcome) = tokio::sync::oneshot::channel();
-        let (audit_state, audit_caller, audit_id) = (state.clone(), caller.clone(), id.clone());
-        let runtime = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || {
-            let mut out = SyncIoBridge::new(writer);
-            let written = root.write_tar(&path, &mut out).map_err(|e| e.to_string());
-            let _ = out.flush();
-            if let Err(e) = &written {
-                tracing::warn!("archive of {path}: {e}");
-                // The download's event (outcome ok) was written as it started; this
-                // one says it was not finished: cut off, or the client hung up.
-                let detail = serde_json::json!({"path": path, "error": e, "finished": false});
-                runtime.spawn(async move {
-                    let (state, caller, id) = (audit_state, audit_caller, audit_id);
-                    let action = "file.archive.read";
-                    audit::record(&state, &caller, Some(&id), action, detail, "error").await;
-                });
-            }
-            let _ = finished.send(written);
-        });
-        // The status went out with the first bytes: an archive that cannot be
-        // finished ends the body with an error, which cuts the response off, so the
-        // client sees a failed download rather than a short tar that looks whole.
-        let end = futures_util::stream::once(async move {
-            match outcome.await {
-                Ok(Ok(())) => None,
-                Ok(Err(message)) => Some(Err(std::io::Error::other(message))),
-                Err(_) => Some(Err(std::io::Error::other("the archive was not finished"))),
-            }
-        })
-        .filter_map(std::future::ready);
-        Ok((
-            [(header::CONTENT_TYPE, "application/x-tar")],
-            Body::from_stream(ReaderStream::new(reader).chain(end)),
-        )
-            .into_response())
-    }
-    .await;
+    let operation = {
+        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        async move {
+            let session = lookup(&state, &caller, &id)?;
+            let transfer = state.auth.transfer_permit(&caller.tenant)?;
+            let root = root_of(&session)?;
+            let path = query.path.clone();
+            // Checked first, so a missing directory is a 404 rather than a cut stream.
+            let probe = path.clone();
+            let root = tokio::task::spawn_blocking(move || root.list_dir(&probe).map(|_| root))
+                .await
+                .map_err(ApiError::internal)?
+                .map_err(rootfs_error)?;
+            let (reader, writer) = tokio::io::duplex(256 << 10);
+            let (finished, outcome) = tokio::sync::oneshot::channel();
+            let (audit_state, audit_caller, audit_id) = (state.clone(), caller.clone(), id.clone());
+            let runtime = tokio::runtime::Handle::current();
+            let idle = body_timeout(&state);
+            tokio::task::spawn_blocking(move || {
+                let _transfer = transfer;
+                let mut out = ResponseWriter {
+                    inner: writer,
+                    runtime: runtime.clone(),
+                    idle,
+                };
+                let written = root.write_tar(&path, &mut out).map_err(|e| e.to_string());
+                let _ = out.flush();
+                if let Err(e) = &written {
+                    tracing::warn!("archive of {path}: {e}");
+                    // The download's event (outcome ok) was written as it started; this
+                    // one says it was not finished: cut off, or the client hung up.
+                    let detail = serde_json::json!({"path": path, "error": e, "finished": false});
+                    runtime.spawn(async move {
+                        let (state, caller, id) = (audit_state, audit_caller, audit_id);
+                        let action = "file.archive.read";
+                        audit::record(&state, &caller, Some(&id), action, detail, "error").await;
+                    });
+                }
+                let _ = finished.send(written);
+            });
+            // The status went out with the first bytes: an archive that cannot be
+            // finished ends the body with an error, which cuts the response off, so the
+            // client sees a failed download rather than a short tar that looks whole.
+            let end = futures_util::stream::once(async move {
+                match outcome.await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(message)) => Some(Err(std::io::Error::other(message))),
+                    Err(_) => Some(Err(std::io::Error::other("the archive was not finished"))),
+                }
+            })
+            .filter_map(std::future::ready);
+            Ok((
+                [(header::CONTENT_TYPE, "application/x-tar")],
+                Body::from_stream(ReaderStream::new(reader).chain(end)),
+            )
+                .into_response())
+        }
+    };
     audited(
         &state,
         &caller,
         &id,
         "file.archive.read",
         &query.path,
-        result,
+        operation,
     )
     .await
 }
@@ -414,36 +501,39 @@ async fn upload_archive(
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
     let limit = state.args.max_file_size_bytes;
-    let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        ensure_running(&session)?;
-        let path = query.path.clone();
-        let reader = body_reader(body, limit);
-        let summary = with_root(&session, move |root| {
-            root.extract_tar(
-                &path,
-                reader,
-                ExtractLimits {
-                    max_bytes: limit,
-                    max_entries: MAX_ARCHIVE_ENTRIES,
-                },
-            )
-            .map_err(rootfs_error)
-        })
-        .await?;
-        Ok(Extracted {
-            path: query.path.clone(),
-            entries: summary.entries,
-        })
-    }
-    .await;
+    let operation = {
+        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        async move {
+            let session = lookup(&state, &caller, &id)?;
+            ensure_running(&session)?;
+            let _transfer = state.auth.transfer_permit(&caller.tenant)?;
+            let path = query.path.clone();
+            let reader = body_reader(body, limit, body_timeout(&state));
+            let summary = with_root(&session, move |root| {
+                root.extract_tar(
+                    &path,
+                    reader,
+                    ExtractLimits {
+                        max_bytes: limit,
+                        max_entries: MAX_ARCHIVE_ENTRIES,
+                    },
+                )
+                .map_err(rootfs_error)
+            })
+            .await?;
+            Ok(Extracted {
+                path: query.path.clone(),
+                entries: summary.entries,
+            })
+        }
+    };
     let extracted = audited(
         &state,
         &caller,
         &id,
         "file.archive.write",
         &query.path,
-        result,
+        operation,
     )
     .await?;
     Ok((StatusCode::CREATED, axum::Json(extracted)))
