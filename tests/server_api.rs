@@ -3152,6 +3152,69 @@ fn audit_events_past_their_retention_are_removed() {
 /// or idles between requests is closed after `--header-timeout`, and no more than
 /// `--max-connections` are open at once (the rest wait to be accepted). A request
 /// that takes longer than the timeout to answer is not cut.
+#[test]
+fn root_a_sandbox_stopping_its_inits_commands_cannot_hold_execs_past_their_timeout() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "stopper");
+    set_quotas(&d, "stopper", json!({"max_concurrent_execs": 2}));
+    let id = sid(&create(&d, &key, json!({})));
+    let other = sid(&create(&d, &key, json!({})));
+    // The attack: a process that stops every other process in its session, over
+    // and over. The command init starts next is stopped before its execve, which
+    // init waits for: init answers nothing more.
+    let (status, body) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/processes"),
+        Some(&key),
+        Some(json!({"cmd": "setsid sh -c 'while :; do kill -STOP -1 2>/dev/null; done' &"})),
+    );
+    assert_eq!(status, 201, "{body}");
+    std::thread::sleep(Duration::from_millis(300));
+    // More execs than the tenant's cap, one after another: each ends at its
+    // timeout, and says why.
+    for _ in 0..3 {
+        let started = Instant::now();
+        // On a connection of its own, so that a hung exec fails the test, not hangs it.
+        let body = r#"{"argv": ["echo", "hi"], "timeout_ms": 1000}"#;
+        let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        std::io::Write::write_all(
+            &mut stream,
+            format!(
+                "POST /v1/sessions/{id}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let mut reply = String::new();
+        stream
+            .read_to_string(&mut reply)
+            .expect("the exec outlived its timeout by 9 s");
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        let result: Value = serde_json::from_str(reply.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        assert_eq!(result["timed_out"], true, "{result}");
+        assert_eq!(result["exit_code"], Value::Null, "{result}");
+        assert!(
+            result["stderr"].as_str().unwrap().contains("SIGSTOP"),
+            "{result}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    // None holds a slot: the tenant's other session runs its execs.
+    assert_eq!(sh(&d, &key, &other, "echo ok"), "ok\n");
+    delete_session(&d, &key, &id);
+    delete_session(&d, &key, &other);
+}
+
 /// A raw request with `key` on a connection of its own: the headers, then `body`
 /// (which may be less than `content_length` promises).
 fn send_raw(

@@ -222,14 +222,31 @@ async fn run_inner(
     let (stderr_r, stderr_w) = pipe()?;
     let mut agent = Agent::connect(&sandbox.control_socket).map_err(sandbox_gone)?;
     let stdio = [stdin_r.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()];
-    let reply = start_bound(
+    let deadline = tokio::time::Instant::from_std(started + command.timeout);
+    let starting = start_bound(
         &mut agent,
         command.argv.clone(),
         command.env,
         command.cwd,
         &stdio,
-    )
-    .await?;
+    );
+    // The timeout counts from the request: init may not answer at all (see
+    // init_not_answering), and the exec must end, and free its slot, anyway.
+    let Ok(reply) = tokio::time::timeout_at(deadline, starting).await else {
+        let text = format!("brig: {}\n", init_not_answering(command.timeout).message);
+        if let Some(chunks) = &chunks {
+            let _ = chunks
+                .send((Stream::Stderr, text.clone().into_bytes()))
+                .await;
+        }
+        return Ok(ExecResult {
+            timed_out: true,
+            stderr: text,
+            duration_ms: started.elapsed().as_millis() as u64,
+            ..Default::default()
+        });
+    };
+    let reply = reply?;
     // The sandbox has its copies; ours would keep the pipes from ever closing.
     drop((stdin_r, stdout_w, stderr_w));
     let job = match reply {
@@ -267,7 +284,6 @@ async fn run_inner(
     let limit = state.output_limit_bytes();
     let mut stdout = Output::new(stdout_r, Stream::Stdout, limit);
     let mut stderr = Output::new(stderr_r, Stream::Stderr, limit);
-    let deadline = tokio::time::Instant::from_std(started + command.timeout);
     let (exit, timed_out) = collect(
         &mut agent,
         [&mut stdout, &mut stderr],
@@ -493,6 +509,20 @@ impl Drop for ExecAudit {
 
 /// The audit outcome of an exec whose client hung up before it ended.
 pub const CLIENT_CLOSED: &str = "client_closed";
+
+/// How long init may take to answer when starting a background process: it
+/// cannot answer while a process in the sandbox holds the command it is starting
+/// stopped (SIGSTOP before its execve: init waits for that execve).
+pub const INIT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Init did not answer within `waited` (see [`INIT_ANSWER_TIMEOUT`]).
+pub fn init_not_answering(waited: Duration) -> ApiError {
+    ApiError::conflict(format!(
+        "the session's init did not start the command within {} ms: a process in the \
+         session may hold it stopped (SIGSTOP); continue that process or delete the session",
+        waited.as_millis()
+    ))
+}
 
 pub fn sandbox_gone(e: std::io::Error) -> ApiError {
     ApiError::conflict(format!("the session's sandbox is not reachable: {e}"))

@@ -26,7 +26,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::agent::Agent;
-use super::exec::{pipe, sandbox_gone, Command, ExecRequest};
+use super::exec::{
+    init_not_answering, pipe, sandbox_gone, Command, ExecRequest, INIT_ANSWER_TIMEOUT,
+};
 use super::files::{root_of, rootfs_error, with_root};
 use super::{ensure_running, lookup, Session};
 use crate::audit;
@@ -153,21 +155,25 @@ async fn start(
     let (stdin_r, stdin_w) = pipe()?;
     let sandbox = session.sandbox();
     let mut agent = Agent::connect(&sandbox.control_socket).map_err(sandbox_gone)?;
-    agent
-        .send(
-            &AgentRequest::Exec {
-                argv: command.argv.clone(),
-                env: command.env,
-                cwd: command.cwd,
-                // A background process outlives the request that started it.
-                bound: false,
-            },
-            &[stdin_r.as_fd(), out.as_fd(), err.as_fd()],
-        )
-        .await
-        .map_err(sandbox_gone)?;
+    let request = AgentRequest::Exec {
+        argv: command.argv.clone(),
+        env: command.env,
+        cwd: command.cwd,
+        // A background process outlives the request that started it.
+        bound: false,
+    };
+    let started = tokio::time::timeout(INIT_ANSWER_TIMEOUT, async {
+        let stdio = [stdin_r.as_fd(), out.as_fd(), err.as_fd()];
+        agent.send(&request, &stdio).await?;
+        agent.recv().await
+    })
+    .await;
     drop((stdin_r, out, err));
-    let (job, failed) = match agent.recv().await.map_err(sandbox_gone)?.0 {
+    let reply = match started {
+        Ok(reply) => reply.map_err(sandbox_gone)?.0,
+        Err(_) => return Err(init_not_answering(INIT_ANSWER_TIMEOUT)),
+    };
+    let (job, failed) = match reply {
         AgentReply::Started { job, .. } => (Some(job), None),
         AgentReply::ExecFailed { message, exit_code } => (None, Some((message, exit_code))),
         AgentReply::Error { message } => return Err(ApiError::invalid(message)),
