@@ -27,6 +27,10 @@ use crate::fsplan::{Access, FsOp, FsPlan, NodeKind, ScratchDir};
 use crate::sys;
 use crate::{Context, JailError};
 
+/// A sandbox's own devpts instance, with at most `max` terminals: every private
+/// instance on the host draws on one shared pool (`kernel.pty.max` less
+/// `kernel.pty.reserve`, 3072 by default), which one sandbox could otherwise empty.
+const DEVPTS_OPTIONS: &str = "newinstance,ptmxmode=0666,mode=0620,max=64";
 /// Where the root is assembled and where the scratch tmpfs sits meanwhile: scratch
 /// (which holds /tmp, /workspace, /dev/shm and an image's upper layer) is mounted
 /// over /tmp of the namespace's copy of the host tree (harmless in our private
@@ -482,7 +486,7 @@ fn run_op(
                 &staging.staged(path),
                 Some("devpts"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-                Some("newinstance,ptmxmode=0666,mode=0620"),
+                Some(DEVPTS_OPTIONS),
             )
             .context(|| format!("mount devpts at {path}"))?;
             tree.mounted(path);

@@ -13,6 +13,7 @@
 //! | any syscall from a foreign ABI (i386 `int 0x80` on x86_64, arm32 on aarch64) | kill the process |
 //! | x32 syscalls (x86_64: `nr & 0x4000_0000`) | kill the process |
 //! | `clone3` | `ENOSYS`, so libc falls back to `clone`, whose flags the filter can read |
+//! | `io_setup` | `ENOSYS`, as on a kernel without native AIO: its contexts count against one host-wide limit (`fs.aio-max-nr`, 65536 events), which one sandbox could take whole; programs fall back to threads |
 //! | `socket`, `socketpair` with a family other than `AF_UNIX`, `AF_INET`, `AF_INET6`, `AF_NETLINK` | `EAFNOSUPPORT` |
 //! | `clone` with a namespace flag (`CLONE_NEWNS`, `NEWUTS`, `NEWIPC`, `NEWUSER`, `NEWPID`, `NEWNET`, `NEWCGROUP`, `NEWTIME`) | `EPERM` |
 //! | `ioctl` with `TIOCSTI` or `TIOCLINUX` | `EPERM` |
@@ -26,8 +27,11 @@
 //! | unless `allow_ptrace`: `ptrace`, `process_vm_readv`, `process_vm_writev`, `pidfd_getfd`, `process_madvise` | `EPERM` |
 //! | everything else | allow |
 //!
-//! This covers every syscall Docker's default profile refuses to a container without added
-//! capabilities, plus io_uring, `name_to_handle_at` and the socket families. `adjtimex` and
+//! This covers the syscalls Docker's default profile refuses to a container without added
+//! capabilities, plus io_uring, `name_to_handle_at`, native AIO and the socket families.
+//! Docker's profile is an allowlist, so it also refuses calls newer than it (`statmount`,
+//! `listmount`, `lsm_*`, `cachestat`, `mseal`, ...), which this denylist lets through: they
+//! read what the sandbox can already see or act on its own memory. `adjtimex` and
 //! `clock_adjtime` are denied outright: only their `modes` field tells a read from a write,
 //! and it lives in user memory, which a seccomp filter cannot read.
 //!
@@ -380,6 +384,8 @@ fn verdicts(allow_ptrace: bool) -> Result<BTreeMap<u32, Verdict>, JailError> {
     let special = [
         // ENOSYS, so that libc falls back to clone, whose flags the filter can read.
         (libc::SYS_clone3, Verdict::Errno(libc::ENOSYS)),
+        // ENOSYS, as without native AIO: see the table above.
+        (libc::SYS_io_setup, Verdict::Errno(libc::ENOSYS)),
         // clone(flags, ...) takes the flags first on both architectures (s390 is the odd one).
         (libc::SYS_clone, Verdict::Check(Check::CloneFlags)),
         (libc::SYS_ioctl, Verdict::Check(Check::IoctlRequest)),
@@ -877,8 +883,9 @@ mod tests {
         assert_eq!(s.kills_x32, cfg!(target_arch = "x86_64"));
         assert_eq!(s.instructions, p.filter.len());
         assert!(s.instructions < BPF_MAXINSNS);
-        // Unconditional, ptrace group, clone/ioctl/personality, clone3/socket/socketpair.
-        let expected = DENIED.len() + arch::DENIED.len() + PTRACE.len() + 3 + 3;
+        // Unconditional, ptrace group, clone/ioctl/personality,
+        // clone3/io_setup/socket/socketpair.
+        let expected = DENIED.len() + arch::DENIED.len() + PTRACE.len() + 3 + 4;
         assert_eq!(s.denied_syscalls, expected);
         let json = serde_json::to_value(s).unwrap();
         assert_eq!(json["arch"], std::env::consts::ARCH);
@@ -916,6 +923,7 @@ mod tests {
             libc::SYS_ioctl,
             libc::SYS_personality,
             libc::SYS_clone3,
+            libc::SYS_io_setup,
             libc::SYS_socket,
             libc::SYS_socketpair,
         ]);
@@ -944,6 +952,7 @@ mod tests {
     fn clone3_is_enosys_and_denied_syscalls_are_eperm() {
         let p = program(false);
         assert_eq!(call0(&p, libc::SYS_clone3), errno(libc::ENOSYS));
+        assert_eq!(call0(&p, libc::SYS_io_setup), errno(libc::ENOSYS));
         for &nr in DENIED.iter().chain(arch::DENIED) {
             assert_eq!(call0(&p, nr), errno(libc::EPERM), "nr {nr}");
             assert_eq!(call(&p, nr, [u64::MAX; 6]), errno(libc::EPERM), "nr {nr}");
@@ -1178,7 +1187,8 @@ mod tests {
                 ]);
             }
             p.extend([
-                jump(BPF_JMP_JEQ_K, libc::SYS_clone3 as u32, 0, 1),
+                jump(BPF_JMP_JEQ_K, libc::SYS_clone3 as u32, 1, 0),
+                jump(BPF_JMP_JEQ_K, libc::SYS_io_setup as u32, 0, 1),
                 stmt(BPF_RET_K, errno(libc::ENOSYS)),
             ]);
             let families = ALLOWED_FAMILIES.len() as u8;
@@ -1212,7 +1222,7 @@ mod tests {
             || (!allow_ptrace && PTRACE.contains(&nr));
         let verdict = match nr {
             _ if unconditional => Verdict::Errno(libc::EPERM),
-            libc::SYS_clone3 => Verdict::Errno(libc::ENOSYS),
+            libc::SYS_clone3 | libc::SYS_io_setup => Verdict::Errno(libc::ENOSYS),
             libc::SYS_clone => Verdict::Check(Check::CloneFlags),
             libc::SYS_ioctl => Verdict::Check(Check::IoctlRequest),
             libc::SYS_personality => Verdict::Check(Check::Personality),

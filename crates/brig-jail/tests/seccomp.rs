@@ -232,6 +232,8 @@ fn cases() -> Vec<Case> {
         case("spawn", 0, json!([]), Ok).unconfined(Ok),
         case("clone_plain", SYS_clone, json!([sigchld, 0, 0, 0, 0]), Ok).unconfined(Ok),
         case("clone3", SYS_clone3, json!([0, 0]), Errno(ENOSYS)).unconfined(Errno(EINVAL)),
+        // Native AIO is as if absent (one host-wide pool of contexts).
+        case("io_setup", SYS_io_setup, json!([1, 0]), Errno(ENOSYS)).unconfined(Errno(EFAULT)),
         // Numbers past the table are let through for the kernel to refuse, -1 ("no syscall")
         // too although it has the x32 bit set.
         case("nr_unassigned", 1000, json!([]), Errno(ENOSYS)),
