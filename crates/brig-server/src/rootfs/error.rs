@@ -106,14 +106,21 @@ impl RootfsError {
     }
 }
 
-/// A path made printable on one line (a sandbox may name files with newlines).
+/// A path made printable on one line (a sandbox may name files with newlines),
+/// and short: an archive entry's name can be a megabyte, and every message that
+/// names it goes into a response, a log line and the audit log.
 pub(super) fn show(path: &[u8]) -> String {
-    let text = String::from_utf8_lossy(path);
-    if text.chars().any(char::is_control) {
+    const SHOWN: usize = 1024;
+    let text = String::from_utf8_lossy(&path[..path.len().min(SHOWN)]);
+    let mut shown = if text.chars().any(char::is_control) {
         text.escape_debug().to_string()
     } else {
         text.into_owned()
+    };
+    if path.len() > SHOWN {
+        shown.push_str(&format!("… ({} bytes)", path.len()));
     }
+    shown
 }
 
 /// Maps the errno of operation `what` (e.g. "opening") on sandbox path

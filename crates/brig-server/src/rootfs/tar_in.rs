@@ -94,12 +94,16 @@ pub(super) fn extract_tar<R: Read>(
     let mut entries = archive
         .entries()
         .map_err(|e| meter.error(e, &shown, None))?;
-    let mut previous_size = 0;
+    // Where the previous entry's data (and its padding) ends in the stream.
+    let mut data_end = 0;
     loop {
-        meter.expect_headers(previous_size);
+        meter.expect_headers(data_end);
         let Some(entry) = entries.next() else { break };
         let mut entry = entry.map_err(|e| meter.error(e, &shown, None))?;
-        previous_size = entry.size();
+        data_end = meter
+            .pos
+            .get()
+            .saturating_add(entry.size().saturating_add(511) & !511);
         // An entry's data is bounded by its declared size, which `add`
         // checks against the limits before reading any.
         meter.limit.set(u64::MAX);
@@ -130,15 +134,11 @@ struct Meter<R> {
 }
 
 impl<R> Meter<R> {
-    fn expect_headers(&self, previous_size: u64) {
-        // The rest of the previous entry and its padding, then the budget.
-        let skip = previous_size.saturating_add(511) & !511;
-        self.limit.set(
-            self.pos
-                .get()
-                .saturating_add(skip)
-                .saturating_add(META_BUDGET),
-        );
+    /// Allows what is left of the previous entry's data (which ends at
+    /// `data_end`; what was read of it counts as read), then the budget.
+    fn expect_headers(&self, data_end: u64) {
+        self.limit
+            .set(self.pos.get().max(data_end).saturating_add(META_BUDGET));
     }
 
     /// The error for an io error out of the tar crate.

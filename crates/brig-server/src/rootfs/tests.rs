@@ -1192,6 +1192,28 @@ fn extraction_limits() {
         TooLarge
     );
 
+    // Header room is counted from the end of the previous entry's data, however
+    // large that was: a 2 MiB file does not buy the next entry a 2.5 MiB name
+    // (nor does the name come back whole in the message).
+    let data = vec![3u8; 2 << 20];
+    let mut name = vec![1u8; (5 << 20) / 2];
+    name.push(0);
+    let long_named = raw_tar(
+        &[
+            raw("big", EntryType::Regular).data(&data),
+            raw("././@LongLink", EntryType::GNULongName).data(&name),
+            raw("x", EntryType::Regular).data(b"x"),
+        ],
+        true,
+    );
+    match f
+        .sandbox
+        .extract_tar("/workspace/t", &long_named[..], limits())
+    {
+        Err(RootfsError::TooLarge(message)) => assert!(message.len() < 4096, "{}", message.len()),
+        other => panic!("{other:?}"),
+    }
+
     // Devices and fifos are skipped.
     let special = raw_tar(
         &[
