@@ -5372,6 +5372,50 @@ fn delete_snapshot(d: &Daemon, key: &str, snapshot: &Value) {
     assert_eq!(status, 204, "{body}");
 }
 
+#[test]
+fn root_sparse_files_cannot_make_a_snapshot_read_more_than_the_quota_allows() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "sparse");
+    set_quotas(&d, "sparse", json!({"max_disk_bytes": 2u64 << 30}));
+    let id = sid(&create(&d, &key, json!({})));
+    // The attack: a file of 1 TB that takes no disk, which packing would read whole
+    // (half an hour, the session frozen all along). An image session's writes are
+    // measured the same way (rootfs unit test claimed_bytes_count_holes).
+    sh(&d, &key, &id, "truncate -s 1T /workspace/holes");
+    let started = Instant::now();
+    let (status, body) = take_snapshot(&d, &key, &id);
+    assert_eq!(
+        (status, error_code(&body)),
+        (429, "quota_exceeded"),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("sparse"),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(snapshot_ids(&d, &key).is_empty());
+    // The session runs on, and once the file is gone it can be snapshotted.
+    sh(
+        &d,
+        &key,
+        &id,
+        "rm /workspace/holes; echo kept > /workspace/small",
+    );
+    let (status, snap) = take_snapshot(&d, &key, &id);
+    assert_eq!(status, 201, "{snap}");
+    delete_session(&d, &key, &id);
+    delete_snapshot(&d, &key, &snap);
+}
+
 fn snapshot_ids(d: &Daemon, key: &str) -> Vec<String> {
     let (status, list) = d.request("GET", "/v1/snapshots", Some(key), None);
     assert_eq!(status, 200, "{list}");

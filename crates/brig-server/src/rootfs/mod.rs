@@ -978,6 +978,75 @@ fn remove_child(
     }
 }
 
+/// The bytes the regular files below `dirs` claim, holes included: what packing
+/// them into a layer reads and compresses, however little of it is allocated (a
+/// sandbox can make a terabyte file that takes no disk). Counting stops once past
+/// `limit`, so the result is exact up to it. The trees must hold still (a frozen
+/// session's); mounts inside them are not entered.
+pub fn claimed_bytes(dirs: &[BorrowedFd<'_>], limit: u64) -> Result<u64, RootfsError> {
+    let mut total = 0u64;
+    for dir in dirs {
+        // Opened again for reading: the descriptors handed over may be O_PATH.
+        let dir = fsops::openat2(*dir, ".", READ_DIR, BENEATH)
+            .map_err(|e| errno(e, "opening", "the session's writes"))?;
+        claimed_below(dir.as_fd(), &mut b"".to_vec(), 0, limit, &mut total)?;
+        if total > limit {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+fn claimed_below(
+    dir: BorrowedFd<'_>,
+    shown: &mut Vec<u8>,
+    depth: usize,
+    limit: u64,
+    total: &mut u64,
+) -> Result<(), RootfsError> {
+    if depth >= MAX_DEPTH {
+        return Err(RootfsError::TooLarge(format!(
+            "{}: nested more than {MAX_DEPTH} directories deep",
+            show(shown)
+        )));
+    }
+    let (names, more) =
+        fsops::read_names(dir, MAX_DIR_ENTRIES).map_err(|e| errno(e, "listing", &show(shown)))?;
+    if more {
+        return Err(RootfsError::TooLarge(format!(
+            "{}: more than {MAX_DIR_ENTRIES} entries in one directory",
+            show(shown)
+        )));
+    }
+    for name in names {
+        let len = shown.len();
+        shown.push(b'/');
+        shown.extend_from_slice(&name);
+        let info = match fsops::stat_at(dir, &name) {
+            Ok(info) => info,
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(errno(e, "inspecting", &show(shown))),
+        };
+        if info.is_dir() && !info.mount_root {
+            let child = fsops::openat2(
+                dir,
+                &name,
+                READ_DIR | OFlags::NOFOLLOW,
+                BENEATH | rustix::fs::ResolveFlags::NO_XDEV,
+            )
+            .map_err(|e| errno(e, "opening", &show(shown)))?;
+            claimed_below(child.as_fd(), shown, depth + 1, limit, total)?;
+        } else if info.file_type == FileType::RegularFile {
+            *total = total.saturating_add(info.size);
+        }
+        shown.truncate(len);
+        if *total > limit {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 fn mount_point(shown: &str) -> RootfsError {
     RootfsError::Busy(format!(
         "{shown}: is a mount point, which cannot be removed or replaced"

@@ -289,7 +289,10 @@ pub async fn snapshot(
     freeze(session, true).await?;
     let snapshot_id = format!("snap_{}", crate::auth::random_hex(12));
     let image = image_name(&snapshot_id);
-    let packed = pack(state, session, &sandbox, writes, &image).await;
+    // What packing reads is bounded before it starts: the room left in the quota,
+    // or the session's own disk limit (all it can hold without holes).
+    let claimable = max.saturating_sub(used).max(session.disk_bytes);
+    let packed = pack(state, session, &sandbox, writes, &image, claimable).await;
     // Only the packing needs the session frozen: it is thawed before the quota is
     // checked, so that check never keeps it waiting, and a refused snapshot leaves
     // it as it was.
@@ -361,8 +364,30 @@ async fn pack(
     sandbox: &super::launch::Launched,
     writes: Result<Writes, ApiError>,
     image: &str,
+    claimable: u64,
 ) -> Result<Packed, ApiError> {
     let writes = writes?;
+    // Sparse files take no disk but are read whole: a terabyte of holes would
+    // keep the daemon packing for half an hour, the session frozen meanwhile.
+    let (writes, claimed) = tokio::task::spawn_blocking(move || {
+        let dirs: Vec<std::os::fd::BorrowedFd<'_>> = match &writes {
+            Writes::Upper(fds) => fds.iter().map(|fd| fd.as_fd()).collect(),
+            Writes::Scratch(dirs) => dirs.iter().map(|(_, fd)| fd.as_fd()).collect(),
+        };
+        let claimed = crate::rootfs::claimed_bytes(&dirs, claimable);
+        drop(dirs);
+        (writes, claimed)
+    })
+    .await
+    .map_err(ApiError::internal)?;
+    let claimed = claimed.map_err(super::files::rootfs_error)?;
+    if claimed > claimable {
+        return Err(ApiError::quota(format!(
+            "the session's files claim more than {claimable} bytes (sparse files count at \
+             their full size, which is what a snapshot reads), more than the tenant's disk \
+             quota has room for"
+        )));
+    }
     let store_dir = state.args.store.clone();
     let placeholders = sandbox.placeholders.clone();
     let base_name = sandbox.image.clone();
