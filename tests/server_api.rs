@@ -3321,8 +3321,18 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
         &d,
         &key,
         &id,
-        "mkdir /workspace/tree && cd /workspace/tree && seq 100000 | xargs touch",
+        "mkdir /workspace/tree && cd /workspace/tree && seq 100001 | xargs touch",
     );
+    // More entries than a listing returns: the archive has them all.
+    let archive = format!("/v1/sessions/{id}/archive?path={}", q("/workspace/tree"));
+    let (status, tar) = d.raw("GET", &archive, Some(&key), None, None);
+    assert_eq!(
+        status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&tar[..tar.len().min(300)])
+    );
+    assert!(tar.len() >= 100_001 * 512, "{}", tar.len());
     let tree = files_url(&id, "/workspace/tree") + "&recursive=true";
     let client = send_raw(&d, "DELETE", &tree, &key, None, b"");
     // Gone once the removal is under way (100,000 entries took the daemon 0.75 s).

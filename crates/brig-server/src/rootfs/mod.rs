@@ -510,6 +510,18 @@ impl SandboxRoot {
         })
     }
 
+    /// Checks that `path` is a directory the sandbox's user may list (what
+    /// [`SandboxRoot::write_tar`] needs first), without reading its entries.
+    pub fn check_dir(&self, path: &str) -> Result<(), RootfsError> {
+        path::check(path)?;
+        let shown = show(path.as_bytes());
+        let dir = self.open_dir(path, &shown)?;
+        self.check_listable(dir.as_fd(), &shown)?;
+        rustix::fs::openat(&dir, ".", READ_DIR, Mode::empty())
+            .map(drop)
+            .map_err(|e| errno(e, "opening", &shown))
+    }
+
     /// Lists the directory `path` (following symlinks, confined), sorted by
     /// name; at most [`MAX_LIST_ENTRIES`] entries, else `TooLarge`.
     pub fn list_dir(&self, path: &str) -> Result<Vec<DirEntryInfo>, RootfsError> {

@@ -427,7 +427,7 @@ async fn download_archive(
             let path = query.path.clone();
             // Checked first, so a missing directory is a 404 rather than a cut stream.
             let probe = path.clone();
-            let root = tokio::task::spawn_blocking(move || root.list_dir(&probe).map(|_| root))
+            let root = tokio::task::spawn_blocking(move || root.check_dir(&probe).map(|()| root))
                 .await
                 .map_err(ApiError::internal)?
                 .map_err(rootfs_error)?;
