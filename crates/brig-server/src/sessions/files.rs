@@ -49,12 +49,22 @@ pub fn rootfs_error(e: RootfsError) -> ApiError {
 /// The sandbox's root, for file operations as its user.
 pub fn root_of(session: &Session) -> Result<SandboxRoot, ApiError> {
     let sandbox = session.sandbox();
-    SandboxRoot::open(
+    let root = SandboxRoot::open(
         std::path::Path::new(&format!("/proc/{}/root", sandbox.handle.pid)),
         sandbox.handle.host_uid,
         sandbox.handle.host_gid,
     )
-    .map_err(rootfs_error)
+    .map_err(rootfs_error)?;
+    // Opened by pid: if init has gone, its pid may be another process's by now
+    // (one a restarted daemon is not the parent of is reaped by the host's init).
+    // Checked after opening: still init's (same start time) now means it was then.
+    if !sandbox.handle.is_alive() {
+        return Err(ApiError::conflict(format!(
+            "session {} has ended (its sandbox is gone)",
+            session.id
+        )));
+    }
+    Ok(root)
 }
 
 #[derive(Clone, Debug, Deserialize, IntoParams)]
