@@ -220,6 +220,7 @@ async fn receive(
         .await?;
     let mut hasher = Sha256::new();
     let mut size: u64 = 0;
+    let mut over_quota = false;
     while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
         size += chunk.len() as u64;
         if size > max_size {
@@ -227,14 +228,21 @@ async fn receive(
                 "file is over the limit of {max_size} bytes (--max-file-size)"
             )));
         }
-        if size > room {
-            return Err(ApiError::quota(format!(
-                "tenant {tenant} would use more than its {max_disk} bytes of disk with this \
-                 file (GET /v1/tenants/{tenant} shows what counts)"
-            )));
+        // Past the quota the rest is read and dropped (no more than the size
+        // limit): answered at once, a client still sending would see its
+        // connection cut (EPIPE), not the 429.
+        over_quota |= size > room;
+        if over_quota {
+            continue;
         }
         hasher.update(&chunk);
         file.write_all(&chunk).await?;
+    }
+    if over_quota {
+        return Err(ApiError::quota(format!(
+            "tenant {tenant} would use more than its {max_disk} bytes of disk with this \
+             file (GET /v1/tenants/{tenant} shows what counts)"
+        )));
     }
     file.sync_data().await?;
     drop(file);
