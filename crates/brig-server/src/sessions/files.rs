@@ -166,6 +166,28 @@ impl<R: Read> Read for Capped<R> {
     }
 }
 
+/// What an upload needs before its body is read: the running session, a transfer
+/// permit (held until the upload ends), and the body as a bounded reader.
+fn start_upload(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    body: Body,
+) -> Result<
+    (
+        std::sync::Arc<Session>,
+        crate::auth::Permit,
+        Capped<SyncIoBridge<impl tokio::io::AsyncRead + Unpin>>,
+    ),
+    ApiError,
+> {
+    let session = lookup(state, caller, id)?;
+    ensure_running(&session)?;
+    let permit = state.auth.transfer_permit(&caller.tenant)?;
+    let reader = body_reader(body, state.args.max_file_size_bytes, body_timeout(state));
+    Ok((session, permit, reader))
+}
+
 /// The request body as a blocking reader for a file operation: at most `limit`
 /// bytes, and an error once the client has sent nothing for `idle` (a stalled
 /// upload would otherwise hold its blocking thread for as long as its connection).
@@ -297,15 +319,11 @@ async fn upload(
     ApiQuery(query): ApiQuery<PathQuery>,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let limit = state.args.max_file_size_bytes;
     let operation = {
         let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
         async move {
-            let session = lookup(&state, &caller, &id)?;
-            ensure_running(&session)?;
-            let _transfer = state.auth.transfer_permit(&caller.tenant)?;
+            let (session, _transfer, reader) = start_upload(&state, &caller, &id, body)?;
             let path = query.path.clone();
-            let reader = body_reader(body, limit, body_timeout(&state));
             let size = with_root(&session, move |root| write_file(&root, &path, reader)).await?;
             Ok(Written {
                 path: query.path.clone(),
@@ -514,11 +532,8 @@ async fn upload_archive(
     let operation = {
         let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
         async move {
-            let session = lookup(&state, &caller, &id)?;
-            ensure_running(&session)?;
-            let _transfer = state.auth.transfer_permit(&caller.tenant)?;
+            let (session, _transfer, reader) = start_upload(&state, &caller, &id, body)?;
             let path = query.path.clone();
-            let reader = body_reader(body, limit, body_timeout(&state));
             let summary = with_root(&session, move |root| {
                 root.extract_tar(
                     &path,
