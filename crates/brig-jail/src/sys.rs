@@ -292,6 +292,7 @@ pub unsafe fn clone_process_owned_by(
     const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
     const UNCHANGED: libc::uid_t = libc::uid_t::MAX;
     let bits = prctl(libc::PR_GET_SECUREBITS, 0)? as libc::c_ulong;
+    let dumpable = prctl(libc::PR_GET_DUMPABLE, 0)? as libc::c_ulong;
     prctl(libc::PR_SET_SECUREBITS, bits | SECBIT_NO_SETUID_FIXUP)?;
     let restore = || -> io::Result<()> {
         // SAFETY: setresuid takes plain integers; the process is single-threaded
@@ -300,9 +301,9 @@ pub unsafe fn clone_process_owned_by(
             return Err(io::Error::last_os_error());
         }
         prctl(libc::PR_SET_SECUREBITS, bits)?;
-        // A change of effective uid makes the process undumpable, which would make
-        // its /proc files root's; nothing else about it changed.
-        prctl(libc::PR_SET_DUMPABLE, 1).map(|_| ())
+        // A change of effective uid resets the dumpable flag (which decides who
+        // owns the process's /proc files); nothing else about it changed.
+        prctl(libc::PR_SET_DUMPABLE, dumpable).map(|_| ())
     };
     // SAFETY: as above.
     if unsafe { libc::setresuid(UNCHANGED, owner, UNCHANGED) } != 0 {
@@ -310,7 +311,8 @@ pub unsafe fn clone_process_owned_by(
         restore()?;
         return Err(e);
     }
-    let cloned = prctl(libc::PR_SET_DUMPABLE, 1).and_then(|_| {
+    // The child starts with the flag this process had, as with a plain clone.
+    let cloned = prctl(libc::PR_SET_DUMPABLE, dumpable).and_then(|_| {
         // SAFETY: forwarded to the caller.
         unsafe { clone_process(namespace_flags) }
     });
