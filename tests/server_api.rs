@@ -3152,14 +3152,57 @@ fn audit_events_past_their_retention_are_removed() {
 /// or idles between requests is closed after `--header-timeout`, and no more than
 /// `--max-connections` are open at once (the rest wait to be accepted). A request
 /// that takes longer than the timeout to answer is not cut.
+/// A JSON request on a connection of its own, its answer read for at most `limit`
+/// (a hung answer fails the test instead of hanging it): (status, body).
+fn bounded_request(
+    addr: &str,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+    limit: Duration,
+) -> (u16, Value) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(limit)).unwrap();
+    std::io::Write::write_all(
+        &mut stream,
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream
+        .read_to_string(&mut reply)
+        .unwrap_or_else(|e| panic!("{method} {path}: no answer within {limit:?}: {e}"));
+    let status = reply[9..12].parse().unwrap();
+    let json = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
+    (status, serde_json::from_str(json).unwrap_or(Value::Null))
+}
+
 #[test]
-fn root_a_sandbox_stopping_its_inits_commands_cannot_hold_execs_past_their_timeout() {
+fn root_a_sandbox_stopping_its_inits_commands_cannot_hold_requests_past_their_bounds() {
     require_root!();
     let d = daemon(&[]);
     let (key, _) = tenant_key(&d, "stopper");
     set_quotas(&d, "stopper", json!({"max_concurrent_execs": 2}));
     let id = sid(&create(&d, &key, json!({})));
     let other = sid(&create(&d, &key, json!({})));
+    let exec_path = format!("/v1/sessions/{id}/exec");
+    // An exec already running when the attack starts.
+    let running = {
+        let (addr, key, path) = (d.addr().to_string(), key.clone(), exec_path.clone());
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let body = r#"{"cmd": "sleep 1000", "timeout_ms": 4000}"#;
+            let answer = bounded_request(&addr, &key, "POST", &path, body, Duration::from_secs(30));
+            (answer, started.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
     // The attack: a process that stops every other process in its session, over
     // and over. The command init starts next is stopped before its execve, which
     // init waits for: init answers nothing more.
@@ -3173,42 +3216,52 @@ fn root_a_sandbox_stopping_its_inits_commands_cannot_hold_execs_past_their_timeo
     std::thread::sleep(Duration::from_millis(300));
     // More execs than the tenant's cap, one after another: each ends at its
     // timeout, and says why.
-    for _ in 0..3 {
+    let timed_out_at = |limit: Duration| {
         let started = Instant::now();
-        // On a connection of its own, so that a hung exec fails the test, not hangs it.
         let body = r#"{"argv": ["echo", "hi"], "timeout_ms": 1000}"#;
-        let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        std::io::Write::write_all(
-            &mut stream,
-            format!(
-                "POST /v1/sessions/{id}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
-                 Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .unwrap();
-        let mut reply = String::new();
-        stream
-            .read_to_string(&mut reply)
-            .expect("the exec outlived its timeout by 9 s");
-        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-        let result: Value = serde_json::from_str(reply.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        let (status, result) = bounded_request(d.addr(), &key, "POST", &exec_path, body, limit);
+        assert_eq!(status, 200, "{result}");
         assert_eq!(result["timed_out"], true, "{result}");
         assert_eq!(result["exit_code"], Value::Null, "{result}");
         assert!(
             result["stderr"].as_str().unwrap().contains("SIGSTOP"),
             "{result}"
         );
-        assert!(
-            started.elapsed() < Duration::from_secs(4),
-            "{:?}",
-            started.elapsed()
-        );
+        started.elapsed()
+    };
+    for _ in 0..3 {
+        let took = timed_out_at(Duration::from_secs(10));
+        assert!(took < Duration::from_secs(4), "{took:?}");
     }
+    // The exec that was running is killed at its timeout; init never reports its
+    // exit, and it is given up 10 s later.
+    let ((status, result), took) = running.join().unwrap();
+    assert_eq!(
+        (status, &result["timed_out"]),
+        (200, &json!(true)),
+        "{result}"
+    );
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    // A snapshot cannot get the session's writes from init: 409 within bounds, and
+    // the session's gate is free again for the next exec.
+    let started = Instant::now();
+    let snapshot = format!("/v1/sessions/{id}/snapshots");
+    let (status, body) = bounded_request(
+        d.addr(),
+        &key,
+        "POST",
+        &snapshot,
+        "{}",
+        Duration::from_secs(30),
+    );
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    let took = timed_out_at(Duration::from_secs(10));
+    assert!(took < Duration::from_secs(4), "{took:?}");
     // None holds a slot: the tenant's other session runs its execs.
     assert_eq!(sh(&d, &key, &other, "echo ok"), "ok\n");
     delete_session(&d, &key, &id);

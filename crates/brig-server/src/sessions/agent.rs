@@ -8,6 +8,25 @@ use std::path::Path;
 use brig_jail::agent::{AgentConnection, AgentReply, AgentRequest};
 use tokio::io::unix::AsyncFd;
 
+/// How long init may take to answer a request (other than an exec's wait for its
+/// command). It answers nothing while a process in the sandbox holds the command
+/// it is starting stopped (SIGSTOP before its execve, which init waits for), so
+/// every wait for it is bounded.
+pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Init did not answer within [`ANSWER_TIMEOUT`].
+pub fn not_answering() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "the session's init did not answer within {} s: a process in the session may \
+             hold the command it is starting stopped (SIGSTOP); continue that process or \
+             delete the session",
+            ANSWER_TIMEOUT.as_secs()
+        ),
+    )
+}
+
 pub struct Agent {
     connection: AsyncFd<AgentConnection>,
 }
@@ -48,10 +67,15 @@ impl Agent {
         }
     }
 
-    /// One request, one reply.
+    /// One request, one reply, within [`ANSWER_TIMEOUT`].
     pub async fn call(&mut self, request: &AgentRequest) -> io::Result<(AgentReply, Vec<OwnedFd>)> {
-        self.send(request, &[]).await?;
-        self.recv().await
+        let answer = async {
+            self.send(request, &[]).await?;
+            self.recv().await
+        };
+        tokio::time::timeout(ANSWER_TIMEOUT, answer)
+            .await
+            .unwrap_or_else(|_| Err(not_answering()))
     }
 }
 

@@ -296,11 +296,32 @@ async fn run_inner(
     if let Some(task) = stdin_task {
         task.abort();
     }
-    let Some(Some(exit)) = exit else {
-        return Err(ApiError::conflict(format!(
-            "session {} ended while the command ran",
-            session.id
-        )));
+    let exit = match exit {
+        Some(Some(exit)) => exit,
+        // Killed at its timeout, but init never reported the exit.
+        None if timed_out => {
+            let (out, out_truncated) = stdout.into_kept();
+            let (err, err_truncated) = stderr.into_kept();
+            let note = format!(
+                "brig: killed at its timeout, but {}\n",
+                super::agent::not_answering()
+            );
+            return Ok(ExecResult {
+                timed_out,
+                stdout: String::from_utf8_lossy(&out).into_owned(),
+                stderr: String::from_utf8_lossy(&err).into_owned() + &note,
+                stdout_truncated: out_truncated,
+                stderr_truncated: err_truncated,
+                duration_ms: started.elapsed().as_millis() as u64,
+                ..Default::default()
+            });
+        }
+        _ => {
+            return Err(ApiError::conflict(format!(
+                "session {} ended while the command ran",
+                session.id
+            )))
+        }
     };
     let (out, out_truncated) = stdout.into_kept();
     let (err, err_truncated) = stderr.into_kept();
@@ -342,6 +363,9 @@ async fn collect(
     let mut timed_out = false;
     let mut exit: Option<Option<brig_jail::agent::JobExit>> = None;
     let mut grace_ends = None;
+    // Once killed, the exit is waited for no longer than init may take to answer:
+    // a wedged init (see INIT_ANSWER_TIMEOUT) never reports it.
+    let given_up = deadline + INIT_ANSWER_TIMEOUT;
     while exit.is_none() || stdout.open() || stderr.open() {
         // Unbiased: a flooding command must not keep the deadline from being seen.
         tokio::select! {
@@ -361,6 +385,7 @@ async fn collect(
                 kill_job(control_socket, job).await;
             }
             _ = tokio::time::sleep_until(grace_ends.unwrap_or(deadline)), if grace_ends.is_some() => break,
+            _ = tokio::time::sleep_until(given_up), if timed_out && exit.is_none() => break,
         }
         if exit.is_some() && grace_ends.is_none() {
             grace_ends = Some(tokio::time::Instant::now() + grace);
@@ -510,10 +535,7 @@ impl Drop for ExecAudit {
 /// The audit outcome of an exec whose client hung up before it ended.
 pub const CLIENT_CLOSED: &str = "client_closed";
 
-/// How long init may take to answer when starting a background process: it
-/// cannot answer while a process in the sandbox holds the command it is starting
-/// stopped (SIGSTOP before its execve: init waits for that execve).
-pub const INIT_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+pub use super::agent::ANSWER_TIMEOUT as INIT_ANSWER_TIMEOUT;
 
 /// Init did not answer within `waited` (see [`INIT_ANSWER_TIMEOUT`]).
 pub fn init_not_answering(waited: Duration) -> ApiError {

@@ -551,12 +551,13 @@ async fn renew(
         names: names.clone(),
     };
     let fds: Vec<_> = to_keep.iter().map(|fd| fd.as_fd()).collect();
-    let kept = async {
+    let kept = tokio::time::timeout(super::agent::ANSWER_TIMEOUT, async {
         let mut agent = super::agent::Agent::connect(&sandbox.control_socket)?;
         agent.send(&keep, &fds).await?;
         agent.recv().await
-    }
-    .await;
+    })
+    .await
+    .unwrap_or_else(|_| Err(super::agent::not_answering()));
     if !matches!(kept, Ok((AgentReply::Done, _))) {
         // An init started by an older daemon: this snapshot is fine, the next fails.
         tracing::warn!(session = %session.id, reply = ?kept.map(|(reply, _)| reply),
