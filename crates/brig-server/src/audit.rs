@@ -106,22 +106,15 @@ pub fn spawn_retention(state: &AppState) {
         return;
     }
     let interval = (retention / 2).clamp(Duration::from_secs(1), Duration::from_secs(3600));
-    let weak = std::sync::Arc::downgrade(state);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(state) = weak.upgrade() else { return };
-            match prune(&state.db, retention).await {
-                Ok(0) => {}
-                Ok(removed) => tracing::info!(
-                    removed,
-                    retention_ms = state.args.audit_retention_ms,
-                    "removed audit events past their retention"
-                ),
-                Err(e) => tracing::warn!(error = %e, "audit retention failed; retrying later"),
-            }
+    crate::state::spawn_periodic(state, interval, move |state| async move {
+        match prune(&state.db, retention).await {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(
+                removed,
+                retention_ms = state.args.audit_retention_ms,
+                "removed audit events past their retention"
+            ),
+            Err(e) => tracing::warn!(error = %e, "audit retention failed; retrying later"),
         }
     });
 }

@@ -11,7 +11,6 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Weak;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -653,16 +652,9 @@ pub async fn expire_now(state: &Shared) -> Result<usize, ApiError> {
 
 /// Runs [`expire_now`] at once and then every `interval`, until the state is gone.
 pub fn spawn_expiry(state: &AppState, interval: Duration) -> tokio::task::JoinHandle<()> {
-    let weak: Weak<Shared> = std::sync::Arc::downgrade(state);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(state) = weak.upgrade() else { return };
-            if let Err(e) = expire_now(&state).await {
-                tracing::warn!(error = %e, "file expiry failed; retrying later");
-            }
+    crate::state::spawn_periodic(state, interval, |state| async move {
+        if let Err(e) = expire_now(&state).await {
+            tracing::warn!(error = %e, "file expiry failed; retrying later");
         }
     })
 }

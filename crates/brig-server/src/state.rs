@@ -38,6 +38,30 @@ pub struct Shared {
 /// The state type of the router.
 pub type AppState = Arc<Shared>;
 
+/// Runs `job` at once and then every `interval` (a late run delays the next, never
+/// doubles it), for as long as the state lives: the task holds it only weakly, so
+/// a stopped daemon's state is dropped rather than kept by its housekeeping.
+pub fn spawn_periodic<F, Fut>(
+    state: &AppState,
+    interval: std::time::Duration,
+    job: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(AppState) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let weak = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(state) = weak.upgrade() else { return };
+            job(state).await;
+        }
+    })
+}
+
 impl Shared {
     /// Creates the data dir (0700) and opens the database, keys and metrics. Does not
     /// validate `args` (see `ServeArgs::validate`), create the admin key or start

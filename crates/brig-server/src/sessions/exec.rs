@@ -364,8 +364,8 @@ async fn collect(
     let mut exit: Option<Option<brig_jail::agent::JobExit>> = None;
     let mut grace_ends = None;
     // Once killed, the exit is waited for no longer than init may take to answer:
-    // a wedged init (see INIT_ANSWER_TIMEOUT) never reports it.
-    let given_up = deadline + INIT_ANSWER_TIMEOUT;
+    // a wedged init (see agent::ANSWER_TIMEOUT) never reports it.
+    let given_up = deadline + super::agent::ANSWER_TIMEOUT;
     while exit.is_none() || stdout.open() || stderr.open() {
         // Unbiased: a flooding command must not keep the deadline from being seen.
         tokio::select! {
@@ -535,9 +535,7 @@ impl Drop for ExecAudit {
 /// The audit outcome of an exec whose client hung up before it ended.
 pub const CLIENT_CLOSED: &str = "client_closed";
 
-pub use super::agent::ANSWER_TIMEOUT as INIT_ANSWER_TIMEOUT;
-
-/// Init did not answer within `waited` (see [`INIT_ANSWER_TIMEOUT`]).
+/// Init did not start a command within `waited` (see [`super::agent::ANSWER_TIMEOUT`]).
 pub fn init_not_answering(waited: Duration) -> ApiError {
     ApiError::conflict(format!(
         "the session's init did not start the command within {} ms: a process in the \

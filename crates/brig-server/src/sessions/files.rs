@@ -146,6 +146,19 @@ pub async fn with_root<T: Send + 'static>(
     .map_err(ApiError::internal)?
 }
 
+/// [`with_root`] for an operation that changes a session's files: the session
+/// must be running (not paused), as for every write.
+async fn change_root<T: Send + 'static>(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    f: impl FnOnce(SandboxRoot) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let session = lookup(state, caller, id)?;
+    ensure_running(&session)?;
+    with_root(&session, f).await
+}
+
 /// A body reader that fails once more than `limit` bytes came.
 struct Capped<R> {
     inner: R,
@@ -356,11 +369,9 @@ async fn remove(
     let operation = {
         let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
         async move {
-            let session = lookup(&state, &caller, &id)?;
-            ensure_running(&session)?;
             let path = query.path.clone();
             let recursive = query.recursive.unwrap_or(false);
-            with_root(&session, move |root| {
+            change_root(&state, &caller, &id, move |root| {
                 root.remove(&path, recursive).map_err(rootfs_error)
             })
             .await
@@ -422,10 +433,8 @@ async fn make_dir(
     let operation = {
         let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
         async move {
-            let session = lookup(&state, &caller, &id)?;
-            ensure_running(&session)?;
             let path = query.path.clone();
-            with_root(&session, move |root| {
+            change_root(&state, &caller, &id, move |root| {
                 root.mkdir_all(&path).map_err(rootfs_error)
             })
             .await

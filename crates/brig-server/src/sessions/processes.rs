@@ -25,10 +25,8 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::agent::Agent;
-use super::exec::{
-    init_not_answering, pipe, sandbox_gone, Command, ExecRequest, INIT_ANSWER_TIMEOUT,
-};
+use super::agent::{Agent, ANSWER_TIMEOUT};
+use super::exec::{init_not_answering, pipe, sandbox_gone, Command, ExecRequest};
 use super::files::{root_of, rootfs_error, with_root};
 use super::{ensure_running, lookup, Session};
 use crate::audit;
@@ -162,7 +160,7 @@ async fn start(
         // A background process outlives the request that started it.
         bound: false,
     };
-    let started = tokio::time::timeout(INIT_ANSWER_TIMEOUT, async {
+    let started = tokio::time::timeout(ANSWER_TIMEOUT, async {
         let stdio = [stdin_r.as_fd(), out.as_fd(), err.as_fd()];
         agent.send(&request, &stdio).await?;
         agent.recv().await
@@ -171,7 +169,7 @@ async fn start(
     drop((stdin_r, out, err));
     let reply = match started {
         Ok(reply) => reply.map_err(sandbox_gone)?.0,
-        Err(_) => return Err(init_not_answering(INIT_ANSWER_TIMEOUT)),
+        Err(_) => return Err(init_not_answering(ANSWER_TIMEOUT)),
     };
     let (job, failed) = match reply {
         AgentReply::Started { job, .. } => (Some(job), None),
