@@ -70,7 +70,8 @@ pub struct ServeArgs {
     /// Live sessions, all tenants together.
     #[arg(long, value_name = "N", default_value_t = 2000)]
     pub max_sessions: usize,
-    /// Concurrent execs, all tenants together.
+    /// Concurrent execs, all tenants together. File uploads and archive downloads
+    /// are capped the same way, counted apart and at most 128.
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_concurrent_execs: usize,
     /// Client connections open at once; more wait in the listen backlog until one
