@@ -27,6 +27,27 @@ fn root_pid1_is_brig_init_and_host_processes_are_invisible() {
 }
 
 #[test]
+fn root_inits_command_line_shows_none_of_the_clis_arguments() {
+    require_root!();
+    // Init is a clone of the CLI and the sandbox may read /proc/1/cmdline: the CLI's
+    // arguments (host paths of binds, environment values) must not be there.
+    let host_dir = std::env::temp_dir().join(unique("brig-secret-host-path"));
+    std::fs::create_dir_all(&host_dir).unwrap();
+    let bind = format!("{}:/mnt/data", host_dir.display());
+    let (out, code) = sh_with(
+        &["--bind", &bind, "--env", "MARKER=s3cr3t-env-value"],
+        "tr '\\0' '\\n' < /proc/1/cmdline | grep -v '^$'; echo \"env:$MARKER\"; test -d /mnt/data && echo bound",
+    );
+    std::fs::remove_dir(&host_dir).unwrap();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["brig-init", "env:s3cr3t-env-value", "bound"],
+        "init's command line must be its title alone, the CLI's arguments still applied"
+    );
+}
+
+#[test]
 fn root_sandbox_ids_map_to_unprivileged_unique_host_ids() {
     require_root!();
     let (out, _) = sh("cat /proc/self/uid_map /proc/self/gid_map");

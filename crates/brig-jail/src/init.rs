@@ -114,6 +114,7 @@ fn send(msg: &ChildMessage) {
 
 /// Runs in the cloned child and never returns.
 pub(crate) fn child_main(plan: ChildPlan<'_>) -> ! {
+    sys::blank_command_line(b"brig-init");
     if let Err(e) = arrange_fds(&plan) {
         // The report pipe may not be at REPORT_FD yet; the parent sees EOF and a 125.
         let _ = write_all_fd(

@@ -6,6 +6,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 pub const OPEN_TREE_CLONE: u32 = 1;
 pub const AT_RECURSIVE: u32 = 0x8000;
@@ -431,6 +432,60 @@ pub fn write_all_fd(fd: RawFd, mut data: &[u8]) -> io::Result<()> {
         data = &data[n as usize..];
     }
     Ok(())
+}
+
+/// This process's argument vector, as the C runtime hands it to `.init_array`
+/// functions at start (glibc does so in static and dynamic binaries alike; Rust's std
+/// learns its arguments the same way). Kept for [`blank_command_line`].
+static ARGC: AtomicUsize = AtomicUsize::new(0);
+static ARGV: AtomicPtr<*const libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+
+#[used]
+#[link_section = ".init_array"]
+static CAPTURE_ARGS: extern "C" fn(
+    libc::c_int,
+    *const *const libc::c_char,
+    *const *const libc::c_char,
+) = capture_args;
+
+extern "C" fn capture_args(
+    argc: libc::c_int,
+    argv: *const *const libc::c_char,
+    _envp: *const *const libc::c_char,
+) {
+    ARGC.store(usize::try_from(argc).unwrap_or(0), Ordering::Relaxed);
+    ARGV.store(argv.cast_mut(), Ordering::Relaxed);
+}
+
+/// Overwrites this process's command line, as every process that can see it reads it
+/// in `/proc/PID/cmdline`, with `title` and zeros. A sandbox's init is a clone of the
+/// CLI, and the sandbox can read its init's command line: the CLI's arguments (host
+/// paths of binds, environment values, the daemon's options) are none of its business.
+/// `prctl(PR_SET_MM)` would point the kernel elsewhere but needs CAP_SYS_RESOURCE in
+/// the host's namespace, which root may lack (it does on brig's CI machines).
+/// Call only in a process that no longer reads its arguments (std's `env::args` reads
+/// these same bytes).
+pub fn blank_command_line(title: &[u8]) {
+    let (argc, argv) = (ARGC.load(Ordering::Relaxed), ARGV.load(Ordering::Relaxed));
+    if argc == 0 || argv.is_null() {
+        return;
+    }
+    // SAFETY: the C runtime passed `argv` with `argc` pointers to NUL-terminated
+    // strings, which the kernel laid out back to back on the initial stack (the region
+    // /proc/PID/cmdline reads). That memory stays mapped and writable for the life of
+    // the process. The final NUL is kept, so the kernel reads the region as plain
+    // arguments rather than a setproctitle()-style title spilling into the environment.
+    unsafe {
+        let first = (*argv).cast::<u8>().cast_mut();
+        let last = *argv.add(argc - 1);
+        let end = last.add(libc::strlen(last)).cast::<u8>().cast_mut();
+        let Ok(len) = usize::try_from(end.offset_from(first)) else {
+            return;
+        };
+        std::ptr::write_bytes(first, 0, len);
+        let shown = title.len().min(len);
+        std::ptr::copy_nonoverlapping(title.as_ptr(), first, shown);
+    }
 }
 
 pub fn exit_now(code: i32) -> ! {
