@@ -3368,6 +3368,127 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
     );
     drop(unread);
 
+    // A listing of long names is tens of MB: two that their clients never read
+    // hold the tenant's transfers while they last (another transfer is refused),
+    // and are given up after the timeout rather than held with the connection.
+    let pad = "n".repeat(200);
+    sh(
+        &d,
+        &key,
+        &id,
+        &format!("mkdir /workspace/long && cd /workspace/long && seq 80000 | sed 's/$/{pad}/' | xargs touch"),
+    );
+    let listing = format!("/v1/sessions/{id}/dir?path={}", q("/workspace/long"));
+    let small = format!("/v1/sessions/{id}/dir?path={}", q("/workspace"));
+    {
+        let r = d.raw("GET", &small, Some(&key), None, None);
+        eprintln!(
+            "PRE {} {}",
+            r.0,
+            String::from_utf8_lossy(&r.1[..r.1.len().min(300)])
+        );
+    }
+    let unread: Vec<_> = (0..2)
+        .map(|_| send_raw(&d, "GET", &listing, &key, None, b""))
+        .collect();
+    // Each is audited once built, its permit already taken.
+    let built = |events: &[Value]| {
+        events
+            .iter()
+            .filter(|e| e["outcome"] == "ok" && e["detail"]["path"] == "/workspace/long")
+            .count()
+            == 2
+    };
+    assert!(
+        common::eventually(5000, || built(&audit_of(&d, "file.list"))),
+        "{:?}",
+        audit_of(&d, "file.list")
+    );
+    let (status, body) = d.raw("GET", &small, Some(&key), None, None);
+    let body = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(
+        status, 429,
+        "two listings being read hold no transfers: {body}"
+    );
+    let given_up = |events: &[Value]| {
+        events
+            .iter()
+            .filter(|e| e["outcome"] == "error" && e["detail"]["finished"] == false)
+            .count()
+            == 2
+    };
+    assert!(
+        common::eventually(8000, || given_up(&audit_of(&d, "file.list"))),
+        "{:?}",
+        audit_of(&d, "file.list")
+    );
+    assert_eq!(d.raw("GET", &small, Some(&key), None, None).0, 200);
+    drop(unread);
+    // Read, the same listing is whole.
+    let (status, whole) = d.request("GET", &listing, Some(&key), None);
+    assert_eq!(status, 200);
+    assert_eq!(whole["entries"].as_array().unwrap().len(), 80_000);
+    sh(&d, &key, &id, "rm -r /workspace/long");
+
+    // A process that never reads its stdin: a write to it is answered 408 once
+    // nothing was taken for the timeout; its stdin stays open, holding what went in.
+    let (status, process) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/processes"),
+        Some(&key),
+        Some(json!({"cmd": "sleep 2; wc -c"})),
+    );
+    assert_eq!(status, 201, "{process}");
+    let stdin = format!(
+        "/v1/sessions/{id}/processes/{}/stdin",
+        process["process_id"]
+    );
+    let started = Instant::now();
+    let (status, body) = d.raw("POST", &stdin, Some(&key), None, Some(vec![b'x'; 1 << 20]));
+    let body = String::from_utf8_lossy(&body).to_string();
+    assert_eq!(status, 408, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let written: u64 = body
+        .split(" of 1048576 bytes were written")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {body}"));
+    assert!(written > 0 && written < 1 << 20, "{body}");
+    let (status, _) = d.raw(
+        "POST",
+        &format!("{stdin}?close=true"),
+        Some(&key),
+        None,
+        Some(vec![]),
+    );
+    assert_eq!(status, 204);
+    let (status, done) = d.request(
+        "POST",
+        &format!(
+            "/v1/sessions/{id}/processes/{}/wait?timeout_ms=10000",
+            process["process_id"]
+        ),
+        Some(&key),
+        None,
+    );
+    assert_eq!((status, &done["exit_code"]), (200, &json!(0)), "{done}");
+    let (_, out) = d.raw(
+        "GET",
+        &format!(
+            "/v1/sessions/{id}/processes/{}/output?stream=stdout",
+            process["process_id"]
+        ),
+        Some(&key),
+        None,
+        None,
+    );
+    assert_eq!(String::from_utf8_lossy(&out).trim(), written.to_string());
+
     // A file operation whose client leaves before the answer still ends, and is
     // audited.
     sh(

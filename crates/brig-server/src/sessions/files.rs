@@ -264,6 +264,69 @@ impl<W: tokio::io::AsyncWrite + Unpin> Write for ResponseWriter<W> {
     }
 }
 
+/// A response body written on a blocking thread as the client reads it, for a file
+/// operation whose answer is large (an archive, a listing).
+struct BlockingBody {
+    /// The operation's audit action: its event (outcome ok) is written as the body
+    /// starts, so one that is not finished gets a second event saying so.
+    action: &'static str,
+    path: String,
+    /// Held until the body is written or given up.
+    transfer: crate::auth::Permit,
+}
+
+impl BlockingBody {
+    /// Runs `write` on a blocking thread into the body. A client that reads nothing
+    /// for --body-timeout is cut off, letting go of the thread and the permit. The
+    /// status went out with the first bytes, so a failure ends the body with an
+    /// error, which cuts the response off: the client sees a failed download rather
+    /// than a short one that looks whole.
+    fn start(
+        self,
+        state: &AppState,
+        caller: &Caller,
+        id: &str,
+        write: impl FnOnce(&mut dyn Write) -> Result<(), String> + Send + 'static,
+    ) -> Body {
+        let (reader, writer) = tokio::io::duplex(256 << 10);
+        let (finished, outcome) = tokio::sync::oneshot::channel();
+        let (state, caller, id) = (state.clone(), caller.clone(), id.to_string());
+        let runtime = tokio::runtime::Handle::current();
+        let idle = body_timeout(&state);
+        tokio::task::spawn_blocking(move || {
+            let Self {
+                action,
+                path,
+                transfer,
+            } = self;
+            let mut out = ResponseWriter {
+                inner: writer,
+                runtime: runtime.clone(),
+                idle,
+            };
+            let written = write(&mut out).and_then(|()| out.flush().map_err(|e| e.to_string()));
+            drop(transfer);
+            if let Err(e) = &written {
+                tracing::warn!("{action} of {path}: {e}");
+                let detail = serde_json::json!({"path": path, "error": e, "finished": false});
+                runtime.spawn(async move {
+                    audit::record(&state, &caller, Some(&id), action, detail, "error").await;
+                });
+            }
+            let _ = finished.send(written);
+        });
+        let end = futures_util::stream::once(async move {
+            match outcome.await {
+                Ok(Ok(())) => None,
+                Ok(Err(message)) => Some(Err(std::io::Error::other(message))),
+                Err(_) => Some(Err(std::io::Error::other("the body was not finished"))),
+            }
+        })
+        .filter_map(std::future::ready);
+        Body::from_stream(ReaderStream::new(reader).chain(end))
+    }
+}
+
 fn body_timeout(state: &AppState) -> Duration {
     Duration::from_millis(state.args.body_timeout_ms)
 }
@@ -390,17 +453,21 @@ async fn list_dir(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<PathQuery>,
-) -> Result<axum::Json<DirListing>, ApiError> {
+) -> Result<Response, ApiError> {
     let operation = {
         let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
         async move {
             let session = lookup(&state, &caller, &id)?;
+            // A listing of 100,000 long names is tens of MB: it counts as a transfer,
+            // and is written out as the client reads it, so a slow reader holds
+            // neither more than its share nor longer than --body-timeout.
+            let transfer = state.auth.transfer_permit(&caller.tenant)?;
             let path = query.path.clone();
             let entries = with_root(&session, move |root| {
                 root.list_dir(&path).map_err(rootfs_error)
             })
             .await?;
-            Ok(DirListing {
+            let listing = DirListing {
                 path: query.path.clone(),
                 entries: entries
                     .into_iter()
@@ -412,12 +479,21 @@ async fn list_dir(
                         modified_at: super::rfc3339(e.modified),
                     })
                     .collect(),
-            })
+            };
+            let body = BlockingBody {
+                action: "file.list",
+                path: query.path,
+                transfer,
+            }
+            .start(&state, &caller, &id, move |out| {
+                let mut out = std::io::BufWriter::with_capacity(64 << 10, out);
+                serde_json::to_writer(&mut out, &listing).map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())
+            });
+            Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
         }
     };
-    audited(&state, &caller, &id, "file.list", &query.path, operation)
-        .await
-        .map(axum::Json)
+    audited(&state, &caller, &id, "file.list", &query.path, operation).await
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/dir", tag = "files",
@@ -468,49 +544,15 @@ async fn download_archive(
                 .await
                 .map_err(ApiError::internal)?
                 .map_err(rootfs_error)?;
-            let (reader, writer) = tokio::io::duplex(256 << 10);
-            let (finished, outcome) = tokio::sync::oneshot::channel();
-            let (audit_state, audit_caller, audit_id) = (state.clone(), caller.clone(), id.clone());
-            let runtime = tokio::runtime::Handle::current();
-            let idle = body_timeout(&state);
-            tokio::task::spawn_blocking(move || {
-                let _transfer = transfer;
-                let mut out = ResponseWriter {
-                    inner: writer,
-                    runtime: runtime.clone(),
-                    idle,
-                };
-                let written = root.write_tar(&path, &mut out).map_err(|e| e.to_string());
-                let _ = out.flush();
-                if let Err(e) = &written {
-                    tracing::warn!("archive of {path}: {e}");
-                    // The download's event (outcome ok) was written as it started; this
-                    // one says it was not finished: cut off, or the client hung up.
-                    let detail = serde_json::json!({"path": path, "error": e, "finished": false});
-                    runtime.spawn(async move {
-                        let (state, caller, id) = (audit_state, audit_caller, audit_id);
-                        let action = "file.archive.read";
-                        audit::record(&state, &caller, Some(&id), action, detail, "error").await;
-                    });
-                }
-                let _ = finished.send(written);
+            let body = BlockingBody {
+                action: "file.archive.read",
+                path: query.path.clone(),
+                transfer,
+            }
+            .start(&state, &caller, &id, move |out| {
+                root.write_tar(&path, out).map_err(|e| e.to_string())
             });
-            // The status went out with the first bytes: an archive that cannot be
-            // finished ends the body with an error, which cuts the response off, so the
-            // client sees a failed download rather than a short tar that looks whole.
-            let end = futures_util::stream::once(async move {
-                match outcome.await {
-                    Ok(Ok(())) => None,
-                    Ok(Err(message)) => Some(Err(std::io::Error::other(message))),
-                    Err(_) => Some(Err(std::io::Error::other("the archive was not finished"))),
-                }
-            })
-            .filter_map(std::future::ready);
-            Ok((
-                [(header::CONTENT_TYPE, "application/x-tar")],
-                Body::from_stream(ReaderStream::new(reader).chain(end)),
-            )
-                .into_response())
+            Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())
         }
     };
     audited(

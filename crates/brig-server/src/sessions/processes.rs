@@ -585,16 +585,40 @@ async fn process_stdin(
             "process {pid} has no open stdin (it exited, stdin was closed, or the daemon restarted)"
         )));
     };
-    let written = sender.write_all(&body).await;
-    if !query.close.unwrap_or(false) && written.is_ok() {
+    // A process that stops reading would hold the request, and its body, for as
+    // long as it lives: it gets --body-timeout to take each part of the body.
+    let idle = Duration::from_millis(state.args.body_timeout_ms);
+    let mut written = 0;
+    let outcome = loop {
+        if written == body.len() {
+            break Ok(());
+        }
+        match tokio::time::timeout(idle, sender.write(&body[written..])).await {
+            Ok(Ok(n)) => written += n,
+            Ok(Err(e)) => break Err(ApiError::conflict(format!("write to process {pid}: {e}"))),
+            Err(_) => {
+                break Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    format!(
+                        "process {pid} read nothing of its stdin for {} s (--body-timeout): \
+                         {written} of {} bytes were written; its stdin stays open",
+                        idle.as_secs_f64(),
+                        body.len()
+                    ),
+                ))
+            }
+        }
+    };
+    let timed_out = matches!(&outcome, Err(e) if e.status == StatusCode::REQUEST_TIMEOUT);
+    if (outcome.is_ok() && !query.close.unwrap_or(false)) || timed_out {
         session
             .stdin
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(pid, sender);
     }
-    written.map_err(|e| ApiError::conflict(format!("write to process {pid}: {e}")))?;
-    Ok(StatusCode::NO_CONTENT)
+    outcome.map(|()| StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
