@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 /// Host binaries an image carries in /bin (dash becomes /bin/sh).
 const TOOLS: &[&str] = &[
-    "cat", "ls", "mkdir", "rm", "mv", "stat", "sleep", "true", "id",
+    "cat", "ls", "mkdir", "rm", "mv", "stat", "sleep", "true", "id", "ln",
 ];
 
 /// A test's own store and scratch directory; cleans up the store when dropped.
@@ -999,6 +999,77 @@ fn root_snapshot_stores_files_written_by_the_default_user_as_image_root() {
     let top = fx.layers("owned").pop().unwrap();
     let meta = fs::metadata(fx.mount_point(&top).join("data/mine")).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (0, 0));
+}
+
+#[test]
+fn root_a_snapshotted_sandbox_cannot_point_brigs_cleanup_at_host_files() {
+    require_root!();
+    let fx = Fixture::new();
+    // An image without /etc: brig makes the sandbox's in its writable layer, where
+    // the sandbox may replace it.
+    let tree = fx.rootfs_copy("no-etc");
+    fs::remove_dir_all(tree.join("etc")).unwrap();
+    fx.import("no-etc", &tree);
+    // Empty host files of the names of brig's placeholders in /etc, which a
+    // snapshot removes from the sandbox's writes when the image lacked them.
+    let victim = fx.path("victim");
+    fs::create_dir(&victim).unwrap();
+    let names = ["group", "hostname", "hosts", "passwd", "resolv.conf"];
+    for name in names {
+        fs::write(victim.join(name), "").unwrap();
+    }
+    fx.sh(
+        "no-etc",
+        &["--snapshot-to", "after"],
+        &format!("mv /etc /etc.old && ln -s {} /etc", victim.display()),
+    );
+    let mut left: Vec<String> = fs::read_dir(&victim)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, names, "the snapshot removed host files");
+    assert_eq!(
+        fx.layers("after").len(),
+        2,
+        "the sandbox's writes are a layer"
+    );
+}
+
+#[test]
+fn root_an_images_symlinks_cannot_lead_brig_to_host_files() {
+    require_root!();
+    let fx = Fixture::new();
+    // Host databases that brig, reading the image's /etc/passwd and /etc/group as
+    // root to add the sandbox's user, must never read.
+    // Outside /tmp, which a sandbox gets a tmpfs of its own over.
+    let host_dir = tempfile::Builder::new()
+        .prefix("brig-images-test-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let host = host_dir.path().to_path_buf();
+    fs::write(host.join("passwd"), "host-secret:x:4321:4321::/:/bin/sh\n").unwrap();
+    fs::write(host.join("group"), "host-secret-group:x:4321:\n").unwrap();
+    // The image's /etc climbs out of its layer's mount point to them. Inside the
+    // sandbox the same link stays in the image, at a directory of its own.
+    let tree = fx.rootfs_copy("linked-etc");
+    fs::remove_dir_all(tree.join("etc")).unwrap();
+    let inside = host.strip_prefix("/").unwrap();
+    let own = tree.join(inside);
+    fs::create_dir_all(&own).unwrap();
+    fs::write(own.join("passwd"), "imageuser:x:4242:4242::/:/bin/sh\n").unwrap();
+    std::os::unix::fs::symlink(
+        "../".repeat(40) + inside.to_str().unwrap(),
+        tree.join("etc"),
+    )
+    .unwrap();
+    fx.import("linked-etc", &tree);
+    let out = fx.sh("linked-etc", &[], "cat /etc/passwd /etc/group");
+    assert!(!out.contains("host-secret"), "{out}");
+    assert!(
+        out.contains("root:x:0:0"),
+        "brig still names the sandbox's user: {out}"
+    );
 }
 
 // 4. Bad input changes nothing ---------------------------------------------------------

@@ -10,7 +10,9 @@ use crate::error::{ImageError, IoContext, Result};
 use crate::pack::PackOptions;
 use crate::progress::Progress;
 use crate::store::{now_unix, validate_name, ImageKind, ImageRecord, Store};
+use crate::unpack::beneath;
 use crate::{tree, unpack, ImageConfig};
+use rustix::fs::{AtFlags, FileType};
 
 /// Imports `source` (a directory, a tar archive, an OCI layout or a docker save
 /// archive) as image `name`.
@@ -237,44 +239,76 @@ pub fn merge_config(base: &ImageConfig, over: &ImageConfig) -> ImageConfig {
 /// lacked them (an empty file or directory the image does not have), and then the
 /// directories they alone made the upper layer copy (empty, not opaque, and in the
 /// image): they are brig's, not the sandbox's writes.
+///
+/// The upper layer is the sandbox's and the base layers are the image's, and this
+/// runs as host root: every path is resolved beneath its tree's fd and no symlink is
+/// followed, so a symlink planted where a placeholder's parent should be cannot
+/// point these removals (or the lookups deciding them) at host files.
 fn prune_placeholders(upper: &Path, placeholders: &[String], base: &[PathBuf]) -> Result<()> {
-    let in_base = |rel: &str| {
-        base.iter()
-            .any(|layer| layer.join(rel).symlink_metadata().is_ok())
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStrExt;
+    let upper_fd = beneath::open_root(upper).context(|| format!("open {}", upper.display()))?;
+    let base_fds = base
+        .iter()
+        .map(|layer| beneath::open_root(layer).context(|| format!("open {}", layer.display())))
+        .collect::<Result<Vec<_>>>()?;
+    // The parent's fd and the last component of `rel`, if its parent is a real
+    // directory beneath `root`.
+    let split = |root: BorrowedFd<'_>, rel: &Path| -> Option<(OwnedFd, Vec<u8>)> {
+        let name = rel.file_name()?.as_bytes().to_vec();
+        let parent = rel.parent().map_or(&b""[..], |p| p.as_os_str().as_bytes());
+        Some((beneath::open_dir(root, parent).ok()?, name))
+    };
+    let in_base = |rel: &Path| {
+        base_fds.iter().any(|layer| {
+            split(layer.as_fd(), rel).is_some_and(|(parent, name)| {
+                matches!(beneath::file_type(parent.as_fd(), &name), Ok(Some(_)))
+            })
+        })
     };
     let mut parents = std::collections::BTreeSet::new();
     for path in placeholders {
-        let rel = path.trim_start_matches('/');
-        if rel.is_empty() {
-            continue;
-        }
-        let candidate = upper.join(rel);
-        let Ok(meta) = candidate.symlink_metadata() else {
+        let rel = Path::new(path.trim_start_matches('/'));
+        let Some((parent, name)) = split(upper_fd.as_fd(), rel) else {
             continue;
         };
-        let placeholder =
-            (meta.is_file() && meta.len() == 0) || (meta.is_dir() && is_empty_dir(&candidate));
+        let Ok(stat) = rustix::fs::statat(&parent, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW)
+        else {
+            continue;
+        };
+        let kind = FileType::from_raw_mode(stat.st_mode);
+        let placeholder = match kind {
+            FileType::RegularFile => stat.st_size == 0,
+            FileType::Directory => beneath::is_empty_dir(parent.as_fd(), &name),
+            _ => false,
+        };
         if placeholder && !in_base(rel) {
-            let removed = if meta.is_dir() {
-                std::fs::remove_dir(&candidate)
+            let flags = if kind == FileType::Directory {
+                AtFlags::REMOVEDIR
             } else {
-                std::fs::remove_file(&candidate)
+                AtFlags::empty()
             };
-            removed.context(|| format!("remove placeholder {path}"))?;
-            let mut parent = Path::new(rel).parent();
-            while let Some(dir) = parent.filter(|p| !p.as_os_str().is_empty()) {
+            rustix::fs::unlinkat(&parent, name.as_slice(), flags)
+                .context(|| format!("remove placeholder {path}"))?;
+            let mut ancestor = rel.parent();
+            while let Some(dir) = ancestor.filter(|p| !p.as_os_str().is_empty()) {
                 parents.insert(dir.to_path_buf());
-                parent = dir.parent();
+                ancestor = dir.parent();
             }
         }
     }
     // Deepest first, so a parent is looked at after its children.
     for dir in parents.iter().rev() {
-        let candidate = upper.join(dir);
-        let opaque = rustix::fs::lgetxattr(&candidate, tree::OPAQUE_XATTR, &mut [0u8; 4]).is_ok();
-        if !opaque && is_empty_dir(&candidate) && in_base(&dir.to_string_lossy()) {
-            std::fs::remove_dir(&candidate)
-                .context(|| format!("remove {}", candidate.display()))?;
+        let Some((parent, name)) = split(upper_fd.as_fd(), dir) else {
+            continue;
+        };
+        let Ok(fd) = beneath::open_dir(parent.as_fd(), &name) else {
+            continue;
+        };
+        let opaque = rustix::fs::fgetxattr(&fd, tree::OPAQUE_XATTR, &mut [0u8; 4]).is_ok();
+        if !opaque && beneath::is_empty_dir(parent.as_fd(), &name) && in_base(dir) {
+            rustix::fs::unlinkat(&parent, name.as_slice(), AtFlags::REMOVEDIR)
+                .context(|| format!("remove {}", dir.display()))?;
         }
     }
     Ok(())
@@ -335,4 +369,61 @@ impl Drop for Attached {
 
 fn is_empty_dir(path: &Path) -> bool {
     std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn placeholders_are_pruned_only_beneath_the_upper_layer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (upper, base, host) = (
+            tmp.path().join("upper"),
+            tmp.path().join("base"),
+            tmp.path().join("host"),
+        );
+        for dir in [&upper, &base, &host] {
+            std::fs::create_dir(dir).unwrap();
+        }
+        std::fs::create_dir_all(base.join("run/brig")).unwrap();
+        // brig's placeholder, where the image lacked it: removed, and so are the
+        // directories it alone made the upper layer copy.
+        std::fs::create_dir_all(upper.join("run/brig")).unwrap();
+        std::fs::write(upper.join("run/brig/hosts"), "").unwrap();
+        // What the sandbox wrote over one is its own.
+        std::fs::create_dir(upper.join("data")).unwrap();
+        std::fs::write(upper.join("data/kept"), "written").unwrap();
+        // A sandbox that made /etc a link to a host directory holding empty files
+        // and directories of the placeholders' names.
+        for file in ["hosts", "hostname", "resolv.conf"] {
+            std::fs::write(host.join(file), "").unwrap();
+        }
+        std::fs::create_dir(host.join("pts")).unwrap();
+        symlink(&host, upper.join("etc")).unwrap();
+        let placeholders: Vec<String> = [
+            "/etc/hosts",
+            "/etc/hostname",
+            "/etc/resolv.conf",
+            "/etc/pts",
+            "/run/brig/hosts",
+            "/data/kept",
+        ]
+        .map(String::from)
+        .to_vec();
+        prune_placeholders(&upper, &placeholders, &[base]).unwrap();
+        let mut left: Vec<_> = std::fs::read_dir(&host)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["hostname", "hosts", "pts", "resolv.conf"]);
+        assert!(upper.join("etc").symlink_metadata().unwrap().is_symlink());
+        assert!(
+            !upper.join("run").exists(),
+            "brig's own directories are gone"
+        );
+        assert_eq!(std::fs::read(upper.join("data/kept")).unwrap(), b"written");
+    }
 }

@@ -773,19 +773,45 @@ fn plan_image_etc(
 }
 
 /// A file as the stacked layers show it (top layer wins; a whiteout or a non-file
-/// there hides lower ones). Only used for small text databases like /etc/passwd.
-/// `layers` are bottom first.
+/// there hides lower ones). Only used for small text databases like /etc/passwd
+/// (at most [`MAX_LAYERED_READ`] bytes). `layers` are bottom first.
+///
+/// The layers are an image's and brig reads them as host root: `path` is resolved
+/// beneath each layer without following any symlink, so one planted in an image
+/// (`etc -> ../../../../etc`) cannot lead brig to a host file. A symlink in the way
+/// hides what is below it, as a non-file does (the sandbox's own view, through it,
+/// is not the database brig would read).
 pub fn read_layered(layers: &[PathBuf], path: &str) -> Option<String> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    use std::io::Read;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    // Not blocking on a FIFO, and no controlling terminal from a device.
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
     for layer in layers.iter().rev() {
-        let candidate = layer.join(path);
-        match std::fs::symlink_metadata(&candidate) {
-            Ok(meta) if meta.is_file() => return std::fs::read_to_string(candidate).ok(),
-            Ok(_) => return None,
-            Err(_) => continue,
+        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let Ok(root) = rustix::fs::open(layer, dir_flags, Mode::empty()) else {
+            continue;
+        };
+        let file = match rustix::fs::openat2(&root, path, flags, Mode::empty(), resolve) {
+            Ok(fd) => std::fs::File::from(fd),
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(_) => return None,
+        };
+        if !file.metadata().is_ok_and(|meta| meta.is_file()) {
+            return None;
         }
+        let mut text = String::new();
+        let read = file.take(MAX_LAYERED_READ + 1).read_to_string(&mut text);
+        return read
+            .ok()
+            .filter(|&n| n as u64 <= MAX_LAYERED_READ)
+            .map(|_| text);
     }
     None
 }
+
+/// The largest database [`read_layered`] reads (a passwd of ~100,000 users).
+pub const MAX_LAYERED_READ: u64 = 16 << 20;
 
 fn has_id(db: &str, id: u32, field: usize) -> bool {
     db.lines().any(|line| {
@@ -1151,5 +1177,49 @@ mod tests {
             "root:x:0:\nnogroup:x:65534:\nsandbox:x:1000:\n"
         );
         assert!(hosts("box").contains("127.0.1.1\tbox\n"));
+    }
+
+    #[test]
+    fn layered_reads_stay_in_their_layers() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let layer = |name: &str| {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir_all(dir.join("etc")).unwrap();
+            dir
+        };
+        let host = tmp.path().join("host");
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::write(host.join("passwd"), "host-secret:x:0:0::/:/bin/sh\n").unwrap();
+        let (lower, upper) = (layer("lower"), layer("upper"));
+        std::fs::write(lower.join("etc/passwd"), "lower\n").unwrap();
+        std::fs::write(upper.join("etc/group"), "upper\n").unwrap();
+        let layers = [lower.clone(), upper.clone()];
+        // The top layer that has the file wins; a missing one lets lower ones show.
+        assert_eq!(
+            read_layered(&layers, "etc/passwd").as_deref(),
+            Some("lower\n")
+        );
+        assert_eq!(
+            read_layered(&layers, "etc/group").as_deref(),
+            Some("upper\n")
+        );
+
+        // An image's symlinks never lead out of its layer, relative or absolute,
+        // whether the parent or the file itself is the link.
+        let climb = "../".repeat(40) + host.to_str().unwrap().trim_start_matches('/');
+        for target in [climb.as_str(), host.to_str().unwrap()] {
+            std::fs::remove_dir_all(upper.join("etc")).unwrap();
+            symlink(target, upper.join("etc")).unwrap();
+            assert_eq!(read_layered(&layers, "etc/passwd"), None, "{target}");
+            std::fs::remove_file(upper.join("etc")).unwrap();
+            std::fs::create_dir(upper.join("etc")).unwrap();
+            symlink(format!("{target}/passwd"), upper.join("etc/passwd")).unwrap();
+            assert_eq!(read_layered(&layers, "etc/passwd"), None, "{target}");
+            std::fs::remove_file(upper.join("etc/passwd")).unwrap();
+        }
+        // A FIFO hides lower files and is not waited on.
+        nix::unistd::mkfifo(&upper.join("etc/passwd"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_eq!(read_layered(&layers, "etc/passwd"), None);
     }
 }

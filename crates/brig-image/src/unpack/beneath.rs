@@ -41,6 +41,29 @@ pub(crate) fn open_dir(dir: BorrowedFd<'_>, path: &[u8]) -> io::Result<OwnedFd> 
     )?)
 }
 
+/// Opens the directory `path` itself, as the root of a tree to resolve beneath
+/// (the last component not followed if it is a symlink).
+pub(crate) fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(path, DIR_FLAGS, Mode::empty())?)
+}
+
+/// Whether `name` in `dir` is a directory (not a symlink to one) with no entries.
+pub(crate) fn is_empty_dir(dir: BorrowedFd<'_>, name: &[u8]) -> bool {
+    let Ok(fd) = open_dir(dir, name) else {
+        return false;
+    };
+    let Ok(mut stream) = Dir::read_from(&fd) else {
+        return false;
+    };
+    while let Some(entry) = stream.read() {
+        match entry {
+            Ok(entry) if matches!(entry.file_name().to_bytes(), b"." | b"..") => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// Why [`walk`] stopped; the index says which component.
 #[derive(Debug)]
 pub(crate) enum WalkError {

@@ -9,7 +9,7 @@
 //! outside the staging directory (see `beneath`), blobs are checked against
 //! their digests, and anything malformed is [`ImageError::BadSource`].
 
-mod beneath;
+pub(crate) mod beneath;
 mod compress;
 mod digest;
 mod docker;
