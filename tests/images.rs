@@ -345,6 +345,8 @@ struct HostMount {
     point: PathBuf,
     fstype: String,
     source: String,
+    /// The mount's own options ("ro,nosuid,nodev,relatime").
+    options: String,
 }
 
 /// This mount namespace's mounts, from /proc/self/mountinfo.
@@ -361,9 +363,11 @@ fn host_mounts() -> Vec<HostMount> {
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
             let point = left.split(' ').nth(4)?;
+            let options = left.split(' ').nth(5)?.to_string();
             let mut right = right.split(' ');
             Some(HostMount {
                 point: PathBuf::from(unescape(point)),
+                options,
                 fstype: right.next()?.to_string(),
                 source: unescape(right.next()?),
             })
@@ -1732,6 +1736,29 @@ fn root_twenty_concurrent_sandboxes_share_one_mount_per_layer() {
     }
 }
 
+/// An image is untrusted: its layers, mounted on the host, honour neither setuid
+/// bits nor device nodes.
+fn assert_layer_mount_options(mount: &HostMount) {
+    let options: Vec<&str> = mount.options.split(',').collect();
+    for option in ["ro", "nosuid", "nodev"] {
+        assert!(options.contains(&option), "{option}: {}", mount.options);
+    }
+}
+
+#[test]
+fn root_layers_mounted_on_the_host_honour_no_setuid_bits_or_devices() {
+    require_root!();
+    let fx = Fixture::new();
+    fx.import_rootfs("base");
+    fx.sh("base", &[], "true");
+    let layer = fx.layers("base").remove(0);
+    let mount = host_mounts()
+        .into_iter()
+        .find(|m| m.point == fx.mount_point(&layer))
+        .expect("the layer stays mounted after the run");
+    assert_layer_mount_options(&mount);
+}
+
 // 8. Loop-device fallback -----------------------------------------------------------
 
 #[test]
@@ -1751,6 +1778,7 @@ fn root_loop_fallback_mounts_through_an_autoclear_loop_device_released_by_gc() {
         .find(|m| m.point == fx.mount_point(&layer))
         .expect("the layer stays mounted after the run");
     assert_eq!(mount.fstype, "erofs");
+    assert_layer_mount_options(&mount);
     assert!(mount.source.starts_with("/dev/loop"), "{}", mount.source);
     let devices = fx.loop_devices();
     assert_eq!(devices.len(), 1, "{devices:?}");

@@ -13,10 +13,17 @@ use rustix::mount::{MountFlags, UnmountFlags};
 
 use crate::error::{ImageError, IoContext, Result};
 
+/// Read-only, and neither setuid bits nor device nodes of an image count on the
+/// host: an imported image is untrusted, and its layers stay mounted in the store
+/// (a 0700 directory is then not all that stands between them and the host).
+const LAYER_MOUNT_FLAGS: MountFlags = MountFlags::RDONLY
+    .union(MountFlags::NOSUID)
+    .union(MountFlags::NODEV);
+
 pub fn mount_layer(file: BorrowedFd<'_>, path: &Path, mount_point: &Path) -> Result<()> {
     let force_loop = std::env::var("BRIG_LAYER_MOUNT").is_ok_and(|v| v == "loop");
     if !force_loop {
-        match rustix::mount::mount(path, mount_point, "erofs", MountFlags::RDONLY, None) {
+        match rustix::mount::mount(path, mount_point, "erofs", LAYER_MOUNT_FLAGS, None) {
             Ok(()) => return Ok(()),
             Err(rustix::io::Errno::NOTBLK) => {}
             Err(e) => {
@@ -29,8 +36,7 @@ pub fn mount_layer(file: BorrowedFd<'_>, path: &Path, mount_point: &Path) -> Res
     }
     let device = brig_jail::loopdev::LoopDevice::attach_read_only(file)
         .context(|| format!("attach {} to a loop device", path.display()))?;
-    let mounted =
-        rustix::mount::mount(&device.path, mount_point, "erofs", MountFlags::RDONLY, None);
+    let mounted = rustix::mount::mount(&device.path, mount_point, "erofs", LAYER_MOUNT_FLAGS, None);
     if let Err(e) = mounted {
         let device_path = device.path.clone();
         // Not mounted, so autoclear will never fire: detach now.
