@@ -551,6 +551,13 @@ fn read_meta<R: Read>(entry: &mut tar::Entry<'_, R>, shown: &str) -> Result<Meta
                     tracing::debug!(entry = shown, "dropping archived overlayfs xattr");
                     continue;
                 }
+                // Nor what the layer's digest does not cover (trusted.*, SELinux
+                // labels, IMA hashes...): layers are shared by digest, so a first
+                // archive must not decide what later ones with the same content get.
+                if !crate::tree::is_content_xattr(OsStr::from_bytes(xattr)) {
+                    tracing::debug!(entry = shown, "dropping archived xattr outside the digest");
+                    continue;
+                }
                 xattrs.push((xattr.to_vec(), extension.value_bytes().to_vec()));
             }
         }
