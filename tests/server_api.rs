@@ -3526,6 +3526,81 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
     delete_session(&d, &key, &id);
 }
 
+/// The daemon's resident memory, in KiB.
+fn rss_kib(d: &Daemon) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn root_a_stalled_process_stream_holds_little_and_is_let_go() {
+    require_root!();
+    let d = daemon(&["--body-timeout", "1s"]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    // 20 MB of a byte JSON escapes to six: the stream must neither read it in big
+    // pieces nor queue it for a client that reads nothing.
+    let (status, process) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/processes"),
+        Some(&key),
+        Some(json!({"cmd": "head -c 20000000 /dev/zero | tr '\\0' '\\1'"})),
+    );
+    assert_eq!(status, 201, "{process}");
+    let pid = &process["process_id"];
+    std::thread::sleep(Duration::from_millis(500));
+    let before = rss_kib(&d);
+    let stream = d.send(
+        "GET",
+        &format!("/v1/sessions/{id}/processes/{pid}/stream"),
+        Some(&key),
+        None,
+        (),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let grown = rss_kib(&d).saturating_sub(before);
+    assert!(
+        grown < 32 << 10,
+        "the daemon grew by {grown} KiB for one stalled stream"
+    );
+    // Let go after the body timeout: what was built is still delivered, in small
+    // events, and the stream ends without the exit.
+    let events: Vec<_> = Sse::new(stream).collect();
+    let sizes: Vec<usize> = events
+        .iter()
+        .map(|(_, v)| v["data"].as_str().unwrap().len())
+        .collect();
+    assert!(!sizes.is_empty());
+    assert!(
+        events.iter().all(|(name, _)| name == "stdout"),
+        "{:?}",
+        events.last().map(|e| &e.0)
+    );
+    assert!(sizes.iter().all(|&n| n <= 64 << 10), "{sizes:?}");
+    assert!(sizes.iter().sum::<usize>() < 20_000_000);
+    // A client that reads gets it all, then the exit.
+    let events: Vec<_> = Sse::new(d.send(
+        "GET",
+        &format!("/v1/sessions/{id}/processes/{pid}/stream"),
+        Some(&key),
+        None,
+        (),
+    ))
+    .collect();
+    assert_eq!(events.last().unwrap().0, "exit");
+    let whole: usize = events
+        .iter()
+        .filter(|(name, _)| name == "stdout")
+        .map(|(_, v)| v["data"].as_str().unwrap().len())
+        .sum();
+    assert_eq!(whole, 20_000_000);
+    delete_session(&d, &key, &id);
+}
+
 #[test]
 fn root_silent_slow_and_idle_connections_are_closed_and_capped() {
     use std::io::Write;

@@ -40,6 +40,12 @@ pub const JOBS_DIR: &str = "/tmp/.brig/jobs";
 const TAIL_INTERVAL: Duration = Duration::from_millis(50);
 /// The most a single output request returns.
 const MAX_OUTPUT_READ: u64 = 16 << 20;
+/// The most output one streamed event carries. JSON escaping can make it 6 times
+/// larger, so with [`STREAM_QUEUE`] events queued a stream holds at most ~3 MiB for a
+/// client that reads slowly, and no event takes long to build.
+const STREAM_CHUNK: u64 = 64 << 10;
+/// Events a process's stream builds ahead of its client.
+const STREAM_QUEUE: usize = 8;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -450,9 +456,11 @@ async fn process_output(
     let stream = stream_name(query.stream.as_deref())?;
     let root = root_of(&session)?;
     let offset = query.offset.unwrap_or(0);
-    let data = tokio::task::spawn_blocking(move || read_from(&root, &tag, stream, offset))
-        .await
-        .map_err(ApiError::internal)??;
+    let data = tokio::task::spawn_blocking(move || {
+        read_from(&root, &tag, stream, offset, MAX_OUTPUT_READ)
+    })
+    .await
+    .map_err(ApiError::internal)??;
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
         Body::from(data),
@@ -465,6 +473,7 @@ fn read_from(
     tag: &str,
     stream: &str,
     offset: u64,
+    max: u64,
 ) -> Result<Vec<u8>, ApiError> {
     let (mut file, _) = match root.open_read(&output_path(tag, stream)) {
         Ok(found) => found,
@@ -474,7 +483,7 @@ fn read_from(
     file.seek(SeekFrom::Start(offset))
         .map_err(ApiError::internal)?;
     let mut data = Vec::new();
-    file.take(MAX_OUTPUT_READ)
+    file.take(max)
         .read_to_end(&mut data)
         .map_err(ApiError::internal)?;
     Ok(data)
@@ -492,7 +501,10 @@ async fn process_stream(
     let session = lookup(&state, &caller, &id)?;
     let tag = std::sync::Arc::new(load_one(&state, &session, pid).await?.tag);
     let root = std::sync::Arc::new(root_of(&session)?);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(64);
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(STREAM_QUEUE);
+    // A client that takes nothing for this long is let go, with what was built for it.
+    let idle = Duration::from_millis(state.args.body_timeout_ms);
     tokio::spawn(async move {
         let mut offsets = [0u64, 0u64];
         let mut text = [
@@ -511,23 +523,33 @@ async fn process_stream(
             for (i, stream) in ["stdout", "stderr"].into_iter().enumerate() {
                 let (root, tag) = (root.clone(), tag.clone());
                 let offset = offsets[i];
-                let data =
-                    tokio::task::spawn_blocking(move || read_from(&root, &tag, stream, offset))
-                        .await
+                let mut chunker = std::mem::take(&mut text[i]);
+                // Read and escaped off the runtime's workers: output that escapes to
+                // six times its size must not hold up other requests.
+                let built = tokio::task::spawn_blocking(move || {
+                    let data = read_from(&root, &tag, stream, offset, STREAM_CHUNK)
                         .ok()
-                        .and_then(Result::ok)
                         .unwrap_or_default();
-                if data.is_empty() {
+                    let json = (!data.is_empty())
+                        .then(|| serde_json::json!({ "data": chunker.push(&data) }).to_string());
+                    (data.len() as u64, json, chunker)
+                })
+                .await;
+                let Ok((read, json, chunker)) = built else {
+                    return;
+                };
+                text[i] = chunker;
+                let Some(json) = json else {
                     continue;
-                }
+                };
                 got = true;
-                offsets[i] += data.len() as u64;
-                let chunk = text[i].push(&data);
-                if let Ok(event) = Event::default()
-                    .event(stream)
-                    .json_data(serde_json::json!({ "data": chunk }))
-                {
-                    if tx.send(Ok(event)).await.is_err() {
+                offsets[i] += read;
+                let event = Event::default().event(stream).data(json);
+                match tokio::time::timeout(idle, tx.send(Ok(event))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        tracing::debug!(pid, "a process stream's client read nothing for {idle:?}");
                         return;
                     }
                 }
@@ -537,7 +559,7 @@ async fn process_stream(
                     if let Ok(event) = Event::default().event("exit").json_data(
                         serde_json::json!({"exit_code": process.exit_code, "signal": process.signal}),
                     ) {
-                        let _ = tx.send(Ok(event)).await;
+                        let _ = tokio::time::timeout(idle, tx.send(Ok(event))).await;
                     }
                     return;
                 }
