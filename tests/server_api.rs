@@ -3526,6 +3526,62 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
     delete_session(&d, &key, &id);
 }
 
+#[test]
+fn root_background_processes_are_capped_per_tenant_and_in_all() {
+    require_root!();
+    // Each running background process holds two of the daemon's descriptors: one
+    // tenant starting thousands took all the daemon had, failing everyone's requests.
+    let d = daemon(&["--tenant-max-processes", "3", "--max-processes", "5"]);
+    let (a, _) = tenant_key(&d, "procs-a");
+    let (b, _) = tenant_key(&d, "procs-b");
+    let (sa, sb) = (
+        sid(&create(&d, &a, json!({}))),
+        sid(&create(&d, &b, json!({}))),
+    );
+    let start = |key: &str, id: &str| {
+        d.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(key),
+            Some(json!({"argv": ["sleep", "60"]})),
+        )
+    };
+    let mut mine = Vec::new();
+    for _ in 0..3 {
+        let (status, p) = start(&a, &sa);
+        assert_eq!(status, 201, "{p}");
+        mine.push(p["process_id"].clone());
+    }
+    let (status, body) = start(&a, &sa);
+    assert_eq!(status, 429, "{body}");
+    assert!(body.to_string().contains("background processes"), "{body}");
+    // The other tenant has its own share, up to the daemon's.
+    for _ in 0..2 {
+        assert_eq!(start(&b, &sb).0, 201);
+    }
+    let (status, body) = start(&b, &sb);
+    assert_eq!(status, 503, "{body}");
+    // Execs are counted apart.
+    assert_eq!(sh(&d, &a, &sa, "echo ok"), "ok\n");
+    // A process that ended frees its place.
+    let (status, _) = d.request(
+        "POST",
+        &format!("/v1/sessions/{sa}/processes/{}/signal", mine[0]),
+        Some(&a),
+        Some(json!({"signal": "KILL"})),
+    );
+    assert_eq!(status, 204);
+    assert!(common::eventually(5000, || start(&b, &sb).0 == 201));
+    assert_eq!(start(&b, &sb).0, 429, "the other tenant is at its own cap");
+    // And a deleted session's processes free theirs (the daemon is full meanwhile).
+    let again = sid(&create(&d, &a, json!({})));
+    assert_eq!(start(&a, &again).0, 503);
+    delete_session(&d, &a, &sa);
+    assert!(common::eventually(5000, || start(&a, &again).0 == 201));
+    delete_session(&d, &a, &again);
+    delete_session(&d, &b, &sb);
+}
+
 /// The daemon's resident memory, in KiB.
 fn rss_kib(d: &Daemon) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();

@@ -127,6 +127,10 @@ pub struct Auth {
     /// a blocking thread while it lasts, so they are capped like execs (the same
     /// caps, counted apart) and never take every thread the daemon has.
     transfers: Arc<Limiter>,
+    /// Running background processes: each holds two of the daemon's descriptors
+    /// (its stdin and its connection to init) for as long as it runs.
+    processes: Arc<Limiter>,
+    tenant_max_processes: u64,
 }
 
 #[derive(Default)]
@@ -184,12 +188,22 @@ impl Limiter {
                 self.global_max
             )));
         }
+        Ok(self.add(&mut counts, tenant))
+    }
+
+    /// Counts one more for `tenant` without checking the caps.
+    fn count(self: &Arc<Self>, tenant: &str) -> Permit {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        self.add(&mut counts, tenant)
+    }
+
+    fn add(self: &Arc<Self>, counts: &mut Counts, tenant: &str) -> Permit {
         counts.global += 1;
         *counts.per_tenant.entry(tenant.to_string()).or_insert(0) += 1;
-        Ok(Permit {
+        Permit {
             limiter: self.clone(),
             tenant: tenant.to_string(),
-        })
+        }
     }
 
     fn running(&self, tenant: &str) -> u64 {
@@ -324,6 +338,11 @@ impl Auth {
                 "file transfers",
                 args.max_concurrent_execs.min(crate::BLOCKING_THREADS / 4) as u64,
             ),
+            processes: Limiter::new(
+                "background processes",
+                crate::held_to_open_files(args.max_processes, 8, "--max-processes") as u64,
+            ),
+            tenant_max_processes: args.tenant_max_processes,
         })
     }
 
@@ -495,6 +514,18 @@ impl Auth {
     pub fn transfer_permit(&self, tenant: &str) -> Result<Permit, ApiError> {
         let tenant_max = self.quotas_now(tenant).max_concurrent_execs;
         self.transfers.permit(tenant, tenant_max)
+    }
+
+    /// Counts one running background process (`--tenant-max-processes`,
+    /// `--max-processes`).
+    pub fn process_permit(&self, tenant: &str) -> Result<Permit, ApiError> {
+        self.processes.permit(tenant, self.tenant_max_processes)
+    }
+
+    /// Counts a background process already running (one a previous daemon
+    /// started), whatever the caps: it holds its descriptors all the same.
+    pub fn running_process(&self, tenant: &str) -> Permit {
+        self.processes.count(tenant)
     }
 
     /// Execs running now for a tenant.

@@ -74,6 +74,11 @@ pub struct ServeArgs {
     /// are capped the same way, counted apart and at most 128.
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_concurrent_execs: usize,
+    /// Background processes running at once, all tenants together. Each holds two
+    /// of the daemon's descriptors while it runs, so this is also held to an eighth
+    /// of the open-file limit.
+    #[arg(long, value_name = "N", default_value_t = 2048)]
+    pub max_processes: usize,
     /// Client connections open at once; more wait in the listen backlog until one
     /// closes. Held to a quarter of the open-file limit (raised to its hard limit at
     /// start), so connections cannot take the descriptors sandboxes need.
@@ -104,6 +109,9 @@ pub struct ServeArgs {
     /// Default concurrent execs per tenant.
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub tenant_max_concurrent_execs: u64,
+    /// Background processes running at once per tenant.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub tenant_max_processes: u64,
     /// Default disk per tenant: the disk limit of each live session plus stored files.
     #[arg(long = "tenant-max-disk", value_name = "SIZE", default_value = "10G", value_parser = size)]
     pub tenant_max_disk_bytes: u64,
@@ -255,6 +263,8 @@ impl ServeArgs {
             ("--max-sessions", self.max_sessions as u64),
             ("--max-concurrent-execs", self.max_concurrent_execs as u64),
             ("--max-connections", self.max_connections as u64),
+            ("--max-processes", self.max_processes as u64),
+            ("--tenant-max-processes", self.tenant_max_processes),
             ("--header-timeout", self.header_timeout_ms),
             ("--body-timeout", self.body_timeout_ms),
             ("--file-ttl", self.file_ttl_ms),

@@ -38,3 +38,23 @@ pub use config::ServeArgs;
 /// SQLite, sandbox launches); the caller of [`server::serve`] builds its runtime
 /// with this many (tokio's default, made explicit because caps depend on it).
 pub const BLOCKING_THREADS: usize = 512;
+
+/// `value` of flag `flag`, held to `1/divisor` of the open-file limit (a warning
+/// says so when it is): connections and background processes hold descriptors for
+/// as long as they last, and must leave the rest to sandboxes, execs and files.
+pub(crate) fn held_to_open_files(value: usize, divisor: u64, flag: &str) -> usize {
+    let files = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    let cap = value.min(usize::try_from(files / divisor).unwrap_or(usize::MAX));
+    if cap < value {
+        tracing::warn!(
+            flag,
+            value,
+            open_files = files,
+            cap,
+            "held to a share of the open-file limit"
+        );
+    }
+    cap.max(1)
+}

@@ -425,19 +425,7 @@ pub async fn run(listener: tokio::net::TcpListener, state: AppState) -> anyhow::
 /// is a descriptor, and the rest are for sandboxes, execs' pipes, files and the
 /// database.
 fn connection_cap(max_connections: usize) -> usize {
-    let files = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(u64::MAX);
-    let cap = max_connections.min(usize::try_from(files / 4).unwrap_or(usize::MAX));
-    if cap < max_connections {
-        tracing::warn!(
-            max_connections,
-            open_files = files,
-            cap,
-            "--max-connections is held to a quarter of the open-file limit"
-        );
-    }
-    cap.max(1)
+    crate::held_to_open_files(max_connections, 4, "--max-connections")
 }
 
 /// After a failed accept: a connection reset before it was accepted is nothing; out

@@ -147,6 +147,7 @@ async fn start(
         ..Default::default()
     };
     let command = Command::from_request(state, session, &exec)?;
+    let permit = state.auth.process_permit(&session.tenant)?;
     let tag = crate::auth::random_hex(8);
     let (out_path, err_path) = (output_path(&tag, "stdout"), output_path(&tag, "stderr"));
     let paths = (out_path.clone(), err_path.clone());
@@ -223,7 +224,7 @@ async fn start(
             )
         })
         .await?;
-    watch(state, session, job, Some(agent));
+    watch(state, session, job, Some(agent), permit);
     Ok(ProcessInfo {
         process_id: job,
         argv: command.argv,
@@ -239,10 +240,19 @@ async fn start(
 
 /// Records the process's end when it comes: on the connection that started it, or
 /// (after a daemon restart) by asking init to `wait`.
-pub fn watch(state: &AppState, session: &std::sync::Arc<Session>, job: u64, agent: Option<Agent>) {
+/// Waits for a background process's exit and records it; `permit` counts the
+/// process (and the descriptors it holds) until then.
+pub fn watch(
+    state: &AppState,
+    session: &std::sync::Arc<Session>,
+    job: u64,
+    agent: Option<Agent>,
+    permit: crate::auth::Permit,
+) {
     let state = state.clone();
     let session = session.clone();
     tokio::spawn(async move {
+        let _permit = permit;
         let exit = match agent {
             Some(mut agent) => wait_on(&mut agent).await,
             None => match Agent::connect(&session.sandbox().control_socket) {
@@ -312,7 +322,8 @@ pub async fn rewatch(state: &AppState, session: &std::sync::Arc<Session>) {
         .await
         .unwrap_or_default();
     for job in jobs.iter().filter_map(|j| j.parse().ok()) {
-        watch(state, session, job, None);
+        let permit = state.auth.running_process(&session.tenant);
+        watch(state, session, job, None, permit);
     }
 }
 
