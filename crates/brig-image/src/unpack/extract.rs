@@ -310,7 +310,7 @@ impl Layer<'_> {
             if n == 0 {
                 break;
             }
-            file.write_all(&self.buf[..n])
+            write_keeping_holes(&mut file, &self.buf[..n])
                 .context(|| format!("writing '{shown}'"))?;
             written += n as u64;
         }
@@ -320,6 +320,9 @@ impl Layer<'_> {
                 format!("archive truncated after {written} of {expected} bytes"),
             ));
         }
+        // A file that ends in a hole has its size only once it is set.
+        file.set_len(written)
+            .context(|| format!("writing '{shown}'"))?;
         set_meta(file.as_fd(), &meta, shown)?;
         rustix::fs::futimens(&file, &meta.times())
             .context(|| format!("setting the times of '{shown}'"))
@@ -686,6 +689,24 @@ fn bad(shown: &str, message: impl std::fmt::Display) -> ImageError {
     ImageError::BadSource(format!("entry '{shown}': {message}"))
 }
 
+/// The block a run of zeros must fill to be left as a hole rather than written.
+const HOLE_BLOCK: usize = 4096;
+
+/// Writes `data` at the file's offset, skipping over whole blocks of zeros, so they
+/// stay holes: a sparse entry of a few KiB declaring terabytes (or a compressed
+/// layer of zeros) takes no disk, where writing it out would fill the store.
+fn write_keeping_holes(file: &mut File, data: &[u8]) -> io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    for block in data.chunks(HOLE_BLOCK) {
+        if block.len() == HOLE_BLOCK && block.iter().all(|&b| b == 0) {
+            file.seek(SeekFrom::Current(HOLE_BLOCK as i64))?;
+        } else {
+            file.write_all(block)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -725,5 +746,22 @@ mod tests {
         assert_eq!(id(65534, "uid", "x").unwrap(), 65534);
         assert!(id(u64::from(u32::MAX), "uid", "x").is_err());
         assert!(id(1 << 40, "gid", "x").is_err());
+    }
+
+    #[test]
+    fn blocks_of_zeros_are_left_as_holes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        let mut file = File::create(&path).unwrap();
+        let mut data = vec![0u8; 64 << 20];
+        data[HOLE_BLOCK + 7] = 1;
+        write_keeping_holes(&mut file, &data[..data.len() - 100]).unwrap();
+        file.set_len((data.len() - 100) as u64).unwrap();
+        drop(file);
+        let read = std::fs::read(&path).unwrap();
+        assert_eq!(read, &data[..data.len() - 100]);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert!(meta.blocks() * 512 < 1 << 20, "{} blocks", meta.blocks());
     }
 }
