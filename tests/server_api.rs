@@ -4104,6 +4104,29 @@ fn root_bad_input_is_refused_and_changes_nothing() {
             422,
             "invalid_request",
         ),
+        // Over the daemon's --max-session-* (16G, 4096, the host's CPUs): the host's
+        // memory, processes and CPU are every tenant's.
+        (
+            "POST",
+            "/v1/sessions".into(),
+            br#"{"limits": {"memory": "200G"}}"#.to_vec(),
+            422,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/sessions".into(),
+            br#"{"limits": {"pids": 1000000}}"#.to_vec(),
+            422,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/sessions".into(),
+            br#"{"limits": {"cpus": 4096}}"#.to_vec(),
+            422,
+            "invalid_request",
+        ),
         (
             "POST",
             "/v1/sessions".into(),

@@ -103,6 +103,15 @@ pub struct ServeArgs {
         value_parser = duration_ms
     )]
     pub body_timeout_ms: u64,
+    /// The most memory a session may ask for (`limits.memory`).
+    #[arg(long = "max-session-memory", value_name = "SIZE", default_value = "16G", value_parser = size)]
+    pub max_session_memory_bytes: u64,
+    /// The most processes and threads a session may ask for (`limits.pids`).
+    #[arg(long = "max-session-pids", value_name = "N", default_value_t = 4096)]
+    pub max_session_pids: u64,
+    /// The most CPUs a session may ask for (`limits.cpus`; default: the host's).
+    #[arg(long = "max-session-cpus", value_name = "N", value_parser = cpus_millis)]
+    pub max_session_cpus_millis: Option<u32>,
     /// Default live sessions per tenant.
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub tenant_max_sessions: u64,
@@ -156,6 +165,10 @@ pub enum LogFormat {
 
 fn size(text: &str) -> Result<u64, String> {
     brig_policy::parse_size(text).map_err(|e| e.to_string())
+}
+
+fn cpus_millis(text: &str) -> Result<u32, String> {
+    brig_policy::parse_cpus_millis(text).map_err(|e| e.to_string())
 }
 
 fn duration_ms(text: &str) -> Result<u64, String> {
@@ -265,6 +278,8 @@ impl ServeArgs {
             ("--max-connections", self.max_connections as u64),
             ("--max-processes", self.max_processes as u64),
             ("--tenant-max-processes", self.tenant_max_processes),
+            ("--max-session-memory", self.max_session_memory_bytes),
+            ("--max-session-pids", self.max_session_pids),
             ("--header-timeout", self.header_timeout_ms),
             ("--body-timeout", self.body_timeout_ms),
             ("--file-ttl", self.file_ttl_ms),

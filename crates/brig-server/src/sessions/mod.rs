@@ -941,6 +941,43 @@ pub fn limits_of(request: &CreateSession) -> Result<brig_policy::Limits, ApiErro
     Ok(limits)
 }
 
+/// Refuses limits over the daemon's `--max-session-*`: a session's cgroup takes
+/// what it is given, and memory, processes and CPU are the host's, shared by every
+/// tenant.
+pub fn check_limit_caps(
+    limits: &brig_policy::Limits,
+    args: &crate::ServeArgs,
+) -> Result<(), ApiError> {
+    let over = |what: &str, asked: String, flag: &str, cap: String| {
+        Err(ApiError::invalid(format!(
+            "limits.{what} {asked} is over this daemon's {flag} of {cap}"
+        )))
+    };
+    if let Some(memory) = limits.memory_bytes {
+        if memory > args.max_session_memory_bytes {
+            let show = |bytes: u64| format!("{} MiB", bytes >> 20);
+            let cap = args.max_session_memory_bytes;
+            return over("memory", show(memory), "--max-session-memory", show(cap));
+        }
+    }
+    if let Some(pids) = limits.pids {
+        if pids > args.max_session_pids {
+            let cap = args.max_session_pids.to_string();
+            return over("pids", pids.to_string(), "--max-session-pids", cap);
+        }
+    }
+    let cpus_cap = args.max_session_cpus_millis.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1000, |n| n.get() as u32 * 1000)
+    });
+    if let Some(cpus) = limits.cpus_millis {
+        if cpus > cpus_cap {
+            let show = |millis: u32| format!("{}", f64::from(millis) / 1000.0);
+            return over("cpus", show(cpus), "--max-session-cpus", show(cpus_cap));
+        }
+    }
+    Ok(())
+}
+
 /// A relative path under /workspace (for `files`), checked by string: the file
 /// itself is written through [`crate::rootfs`], which resolves it inside the root.
 pub fn workspace_path(relative: &str, cwd: &str) -> Result<String, ApiError> {
@@ -1208,6 +1245,7 @@ async fn create_with(
 ) -> Result<(Arc<Session>, bool), ApiError> {
     let shared: &Shared = state;
     let limits = limits_of(&request)?;
+    check_limit_caps(&limits, &shared.args)?;
     if request.image.is_some() && request.snapshot.is_some() {
         return Err(ApiError::invalid("give either image or snapshot, not both"));
     }
