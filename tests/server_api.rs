@@ -3582,6 +3582,25 @@ fn root_background_processes_are_capped_per_tenant_and_in_all() {
     delete_session(&d, &b, &sb);
 }
 
+#[test]
+fn root_small_and_empty_files_count_as_the_disk_they_take() {
+    require_root!();
+    // Thousands of empty uploads counted 0 bytes while each took an inode, a
+    // block and a row on the host.
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "tiny");
+    set_quotas(&d, "tiny", json!({"max_disk_bytes": 10 * 4096}));
+    for i in 0..9 {
+        upload_file(&d, &key, &format!("empty{i}"), b"");
+    }
+    upload_file(&d, &key, "one-byte", b"x");
+    let (_, tenant) = d.request("GET", "/v1/tenants/tiny", Some(&key), None);
+    assert_eq!(tenant["usage"]["file_bytes"], 10 * 4096, "{tenant}");
+    let (ct, body) = multipart("one-more", b"");
+    let (status, body) = d.raw("POST", "/v1/files", Some(&key), Some(&ct), Some(body));
+    assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
+}
+
 /// The daemon's resident memory, in KiB.
 fn rss_kib(d: &Daemon) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();

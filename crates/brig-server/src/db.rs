@@ -183,11 +183,19 @@ const MIGRATIONS: &[&str] = &[
 /// stored files, its volumes' capacity and the layers its snapshots hold, each
 /// layer once (one a fork's snapshot builds on is held by both snapshots).
 const STORED_BYTES: &str = "
-    SELECT (SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE tenant = ?1)
+    SELECT (SELECT COALESCE(SUM(MAX(1, (size_bytes + 4095) / 4096) * 4096), 0)
+            FROM files WHERE tenant = ?1)
          + (SELECT COALESCE(SUM(capacity_bytes), 0) FROM volumes WHERE tenant = ?1)
          + (SELECT COALESCE(SUM(size_bytes), 0) FROM (
                SELECT MAX(size_bytes) AS size_bytes FROM snapshot_layers
                WHERE tenant = ?1 GROUP BY digest))";
+
+/// The disk quota counts a stored file as the 4 KiB blocks it takes, and at least
+/// one: what it costs the host's disk (and its inodes), so that many small or empty
+/// files are not free. [`STORED_BYTES`] and [`Db::file_bytes`] count the same in SQL.
+pub fn charged_file_bytes(size: u64) -> u64 {
+    size.div_ceil(4096).max(1).saturating_mul(4096)
+}
 
 /// Removes up to `?2` of the audit events older than `?1`, the oldest first.
 const PRUNE_AUDIT: &str = "
@@ -727,7 +735,7 @@ impl Db {
             let used: i64 = tx.query_row(STORED_BYTES, [&file.tenant], |row| row.get(0))?;
             let total = from_sql_int(used)
                 .saturating_add(reserved)
-                .saturating_add(file.size_bytes);
+                .saturating_add(charged_file_bytes(file.size_bytes));
             if total > max_disk_bytes {
                 return Err(ApiError::quota(format!(
                     "tenant {} would use {total} of its {max_disk_bytes} bytes of disk with \
@@ -835,10 +843,12 @@ impl Db {
         .await
     }
 
-    /// Bytes of the tenant's stored files (expired ones until they are swept).
+    /// Disk the tenant's stored files take, as [`charged_file_bytes`] counts it
+    /// (expired ones until they are swept).
     pub async fn file_bytes(&self, tenant: &str) -> Result<u64, ApiError> {
         self.tenant_sum(
-            "SELECT COALESCE(SUM(size_bytes), 0) FROM files WHERE tenant = ?1",
+            "SELECT COALESCE(SUM(MAX(1, (size_bytes + 4095) / 4096) * 4096), 0) \
+             FROM files WHERE tenant = ?1",
             tenant,
         )
         .await
@@ -1628,6 +1638,8 @@ mod tests {
     #[tokio::test]
     async fn snapshot_quota_is_checked_with_the_insert_and_counts_each_layer_once() {
         let (_dir, db) = temp_db();
+        // In 4 KiB blocks: a file counts as whole blocks.
+        const K: u64 = 4096;
         let snapshot = |id: &str, layers: &[(&str, u64)]| SnapshotRow {
             id: id.into(),
             tenant: "t".into(),
@@ -1639,42 +1651,46 @@ mod tests {
             mounts: "[]".into(),
             layers: layers.iter().map(|(d, n)| (d.to_string(), *n)).collect(),
         };
-        db.insert_snapshot_within(snapshot("a", &[("sha256:1", 40)]), 10, 100)
+        db.insert_snapshot_within(snapshot("a", &[("sha256:1", 40 * K)]), 10 * K, 100 * K)
             .await
             .unwrap();
         // A fork's snapshot holds the layer it builds on too: counted once.
         db.insert_snapshot_within(
-            snapshot("b", &[("sha256:1", 40), ("sha256:2", 30)]),
-            10,
-            100,
+            snapshot("b", &[("sha256:1", 40 * K), ("sha256:2", 30 * K)]),
+            10 * K,
+            100 * K,
         )
         .await
         .unwrap();
-        assert_eq!(db.snapshot_bytes("t").await.unwrap(), 70);
+        assert_eq!(db.snapshot_bytes("t").await.unwrap(), 70 * K);
         let err = db
-            .insert_snapshot_within(snapshot("c", &[("sha256:3", 21)]), 10, 100)
+            .insert_snapshot_within(snapshot("c", &[("sha256:3", 21 * K)]), 10 * K, 100 * K)
             .await
             .unwrap_err();
         assert_eq!(err.code, "quota_exceeded");
-        assert!(err.message.contains("21 bytes more"), "{}", err.message);
+        assert!(
+            err.message.contains(&format!("{} bytes more", 21 * K)),
+            "{}",
+            err.message
+        );
         let rows: i64 = db
             .call(|c| c.query_row("SELECT COUNT(*) FROM snapshots", [], |r| r.get(0)))
             .await
             .unwrap();
         assert_eq!(rows, 2, "a refused snapshot left its row");
-        assert_eq!(db.stored_bytes("t").await.unwrap(), 70);
+        assert_eq!(db.stored_bytes("t").await.unwrap(), 70 * K);
         // Files and snapshots share the quota, checked in one transaction each.
         let file = FileRow {
             id: "f".into(),
             tenant: "t".into(),
             filename: "f".into(),
-            size_bytes: 25,
+            size_bytes: 25 * K,
             sha256: String::new(),
             created_at: now_rfc3339(),
             expires_at: rfc3339_after(Duration::from_secs(60)),
         };
         let err = db
-            .insert_file_within(file.clone(), 10, 100)
+            .insert_file_within(file.clone(), 10 * K, 100 * K)
             .await
             .unwrap_err();
         assert_eq!(err.code, "quota_exceeded");
@@ -1682,14 +1698,14 @@ mod tests {
         assert!(db.delete_snapshot("t", "a").await.unwrap());
         assert!(!db.delete_snapshot("t", "a").await.unwrap());
         assert!(!db.delete_snapshot("other", "b").await.unwrap());
-        assert_eq!(db.snapshot_bytes("t").await.unwrap(), 70);
+        assert_eq!(db.snapshot_bytes("t").await.unwrap(), 70 * K);
         assert!(db.delete_snapshot("t", "b").await.unwrap());
         assert_eq!(db.snapshot_bytes("t").await.unwrap(), 0);
-        db.insert_file_within(file, 10, 100).await.unwrap();
-        db.insert_snapshot_within(snapshot("c", &[("sha256:3", 21)]), 10, 100)
+        db.insert_file_within(file, 10 * K, 100 * K).await.unwrap();
+        db.insert_snapshot_within(snapshot("c", &[("sha256:3", 21 * K)]), 10 * K, 100 * K)
             .await
             .unwrap();
-        assert_eq!(db.stored_bytes("t").await.unwrap(), 46);
+        assert_eq!(db.stored_bytes("t").await.unwrap(), 46 * K);
         assert_eq!(db.snapshot_bytes("other").await.unwrap(), 0);
     }
 
@@ -1705,20 +1721,35 @@ mod tests {
             created_at: now_rfc3339(),
             expires_at: rfc3339_after(Duration::from_secs(60)),
         };
-        db.insert_file_within(file("a", 60), 0, 100).await.unwrap();
+        // Files count in 4 KiB blocks, at least one.
+        const K: u64 = 4096;
+        db.insert_file_within(file("a", 60 * K - 100), 0, 100 * K)
+            .await
+            .unwrap();
         let err = db
-            .insert_file_within(file("b", 50), 0, 100)
+            .insert_file_within(file("b", 40 * K + 1), 0, 100 * K)
             .await
             .unwrap_err();
         assert_eq!(err.code, "quota_exceeded");
         let err = db
-            .insert_file_within(file("b", 30), 20, 100)
+            .insert_file_within(file("b", 30 * K), 20 * K, 100 * K)
             .await
             .unwrap_err();
         assert_eq!(err.code, "quota_exceeded");
-        db.insert_file_within(file("b", 40), 0, 100).await.unwrap();
-        assert_eq!(db.file_bytes("t").await.unwrap(), 100);
+        db.insert_file_within(file("b", 39 * K), 0, 100 * K)
+            .await
+            .unwrap();
+        db.insert_file_within(file("c", 0), 0, 100 * K)
+            .await
+            .unwrap();
+        let err = db
+            .insert_file_within(file("d", 0), 0, 100 * K)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "quota_exceeded", "an empty file takes a block");
+        assert_eq!(db.file_bytes("t").await.unwrap(), 100 * K);
+        assert_eq!(db.stored_bytes("t").await.unwrap(), 100 * K);
         assert!(db.file("other", "a").await.unwrap().is_none());
-        assert_eq!(db.files("t").await.unwrap().len(), 2);
+        assert_eq!(db.files("t").await.unwrap().len(), 3);
     }
 }

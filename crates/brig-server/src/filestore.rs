@@ -230,7 +230,7 @@ async fn receive(
         // Past the quota the rest is read and dropped (no more than the size
         // limit): answered at once, a client still sending would see its
         // connection cut (EPIPE), not the 429.
-        over_quota |= size > room;
+        over_quota |= crate::db::charged_file_bytes(size) > room;
         if over_quota {
             continue;
         }

@@ -1234,7 +1234,8 @@ async fn store_file_and_bundles() {
         .unwrap_err();
     assert_eq!(err.code, "payload_too_large");
     assert_eq!(h.tenant_files("acme"), std::slice::from_ref(&meta.file_id));
-    assert_eq!(h.state.db.stored_bytes("acme").await.unwrap(), 8);
+    // An 8-byte file takes a 4 KiB block.
+    assert_eq!(h.state.db.stored_bytes("acme").await.unwrap(), 4096);
     // What a create counts against the disk quota besides its sessions: files and
     // volumes, of this tenant only.
     h.state
@@ -1247,7 +1248,7 @@ async fn store_file_and_bundles() {
         })
         .await
         .unwrap();
-    assert_eq!(h.state.db.stored_bytes("acme").await.unwrap(), 108);
+    assert_eq!(h.state.db.stored_bytes("acme").await.unwrap(), 4196);
     assert_eq!(h.state.db.stored_bytes("nobody").await.unwrap(), 0);
 
     // An uploaded tar becomes a readable directory, extracted once.
