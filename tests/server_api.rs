@@ -3601,6 +3601,59 @@ fn root_small_and_empty_files_count_as_the_disk_they_take() {
     assert_eq!(status, 429, "{}", String::from_utf8_lossy(&body));
 }
 
+#[test]
+fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
+    use std::io::Write;
+    require_root!();
+    let d = daemon(&["--body-timeout", "1s"]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    // 1 MiB of a control byte on each stream escapes to ~12 MB of JSON, which the
+    // daemon would hold for as long as the client kept its socket open.
+    let body =
+        json!({"cmd": "head -c 1048576 /dev/zero | tr '\\0' '\\1' | tee /dev/stderr"}).to_string();
+    let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
+    write!(
+        stream,
+        "POST /v1/sessions/{id}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    // What was in flight still arrives; then the connection is closed, the answer
+    // not whole.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut received = Vec::new();
+    let ended = stream.read_to_end(&mut received);
+    let text = String::from_utf8_lossy(&received);
+    assert!(
+        text.starts_with("HTTP/1.1 200"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
+    let length: usize = text
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(str::to_string)
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a content length");
+    assert!(
+        received.len() < length,
+        "{} of {length} bytes: the answer was held until read ({ended:?})",
+        received.len()
+    );
+    // A client that reads gets the answer whole.
+    let reply = exec(&d, &key, &id, serde_json::from_str(&body).unwrap());
+    assert_eq!(reply["stdout"].as_str().unwrap().len(), 1 << 20);
+    delete_session(&d, &key, &id);
+}
+
 /// The daemon's resident memory, in KiB.
 fn rss_kib(d: &Daemon) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();

@@ -94,8 +94,9 @@ pub struct ServeArgs {
         value_parser = duration_ms
     )]
     pub header_timeout_ms: u64,
-    /// How long an upload's body or an archive download may stall (no bytes taken
-    /// from the client, or none read by it) before the daemon gives up on it.
+    /// How long a transfer may stall before the daemon gives up on it: an upload's
+    /// body (no bytes from the client), any response (none read by the client: the
+    /// connection is closed), a process's stdin (none taken by the process).
     #[arg(
         long = "body-timeout",
         value_name = "DURATION",

@@ -361,7 +361,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// timeout never runs, and caps nothing: a client that opens connections and sends
 /// nothing kept each one (and its descriptor) forever, until the daemon could open
 /// no more files and served nobody. Here a connection must send its headers within
-/// `--header-timeout`, and at most [`connection_cap`] are open at once.
+/// `--header-timeout`, must read what it is sent within `--body-timeout`, and at
+/// most [`connection_cap`] are open at once.
 pub async fn run(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
@@ -376,6 +377,7 @@ pub async fn run(listener: tokio::net::TcpListener, state: AppState) -> anyhow::
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(state.args.header_timeout_ms));
+    let write_timeout = Duration::from_millis(state.args.body_timeout_ms);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let accept = async {
         loop {
@@ -393,8 +395,15 @@ pub async fn run(listener: tokio::net::TcpListener, state: AppState) -> anyhow::
             // Responses and SSE chunks go out as they are written, not after the
             // client's delayed ACK of the previous segment.
             let _ = stream.set_nodelay(true);
-            let connection = builder
-                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+            // A client that reads nothing of a response for --body-timeout loses its
+            // connection: otherwise it holds the response (an exec's output escaped
+            // into JSON is up to ~12 MB) for as long as it keeps the socket open.
+            let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+            stream.set_write_timeout(Some(write_timeout));
+            let connection = builder.serve_connection(
+                TokioIo::new(Box::pin(stream)),
+                TowerToHyperService::new(app.clone()),
+            );
             let connection = graceful.watch(connection);
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
