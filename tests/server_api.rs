@@ -3651,6 +3651,48 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
     // A client that reads gets the answer whole.
     let reply = exec(&d, &key, &id, serde_json::from_str(&body).unwrap());
     assert_eq!(reply["stdout"].as_str().unwrap().len(), 1 << 20);
+
+    // Until it is read (or given up), an answer holds its exec's slot: unread
+    // answers are never more than the tenant's concurrent execs.
+    let (slow, _) = tenant_key(&d, "slow-reader");
+    set_quotas(&d, "slow-reader", json!({"max_concurrent_execs": 2}));
+    let other = sid(&create(&d, &slow, json!({})));
+    let unread: Vec<_> = (0..2)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
+            write!(
+                stream,
+                "POST /v1/sessions/{other}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {slow}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            stream
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, refused) = d.request(
+        "POST",
+        &format!("/v1/sessions/{other}/exec"),
+        Some(&slow),
+        Some(json!({"cmd": "true"})),
+    );
+    assert_eq!(status, 429, "{refused}");
+    let freed = || {
+        d.request(
+            "POST",
+            &format!("/v1/sessions/{other}/exec"),
+            Some(&slow),
+            Some(json!({"cmd": "true"})),
+        )
+        .0 == 200
+    };
+    assert!(
+        common::eventually(8000, freed),
+        "given-up answers freed no slot"
+    );
+    drop(unread);
+    delete_session(&d, &slow, &other);
     delete_session(&d, &key, &id);
 }
 

@@ -188,13 +188,27 @@ pub async fn run(
     command: Command,
     chunks: Option<Chunks>,
 ) -> Result<ExecResult, ApiError> {
+    run_holding(state, session, command, chunks)
+        .await
+        .map(|(result, _slot)| result)
+}
+
+/// [`run`], also giving back the exec's slot (its count against the tenant's and
+/// the daemon's concurrent execs), for the answer to hold until it is sent
+/// ([`answer_holding`]).
+async fn run_holding(
+    state: &AppState,
+    session: &Session,
+    command: Command,
+    chunks: Option<Chunks>,
+) -> Result<(ExecResult, crate::auth::Permit), ApiError> {
     ensure_running(session)?;
     let _gate = session.gate.read().await;
     if session.deleted.load(Ordering::SeqCst) {
         return Err(ApiError::not_found(format!("no session {}", session.id)));
     }
     ensure_running(session)?;
-    let _permit = state.auth.exec_permit(&session.tenant)?;
+    let slot = state.auth.exec_permit(&session.tenant)?;
     crate::metrics::exec_started();
     let started = Instant::now();
     let result = run_inner(state, session, command, chunks, started).await;
@@ -205,7 +219,63 @@ pub async fn run(
         Err(e) => e.code,
     };
     crate::metrics::exec_finished(started.elapsed(), outcome);
-    result
+    result.map(|result| (result, slot))
+}
+
+/// An exec's answer as a response that holds the exec's slot until the client has
+/// (nearly) all of it, or its connection is gone (at the latest --body-timeout after
+/// it stopped reading). An answer is up to ~12 MB of JSON (output escaped): clients
+/// that read slowly then hold no more answers than their tenant's concurrent execs,
+/// where each connection could otherwise hold one.
+fn answer_holding<T: Serialize>(answer: T, slot: crate::auth::Permit) -> axum::response::Response {
+    let json = match serde_json::to_vec(&answer) {
+        Ok(json) => json,
+        Err(e) => return ApiError::internal(e).into_response(),
+    };
+    let body = axum::body::Body::new(Holding {
+        rest: axum::body::Bytes::from(json),
+        _slot: slot,
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+/// The answer, given to hyper a piece at a time: it takes the next piece only when
+/// it has written out most of the last, so the body (and the slot it holds) lives
+/// until the client has read nearly all of it. Given whole, it would be dropped at
+/// once.
+struct Holding {
+    rest: axum::body::Bytes,
+    _slot: crate::auth::Permit,
+}
+
+impl http_body::Body for Holding {
+    type Data = axum::body::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        const PIECE: usize = 64 << 10;
+        if self.rest.is_empty() {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.rest.len().min(PIECE);
+        let piece = self.rest.split_to(n);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.rest.len() as u64)
+    }
 }
 
 async fn run_inner(
@@ -486,7 +556,7 @@ impl ExecAudit {
         }
     }
 
-    pub async fn record(mut self, result: &Result<ExecResult, ApiError>) {
+    pub async fn record(mut self, result: Result<&ExecResult, &ApiError>) {
         self.recorded = true;
         let (outcome, detail) = match result {
             Ok(r) => (
@@ -645,16 +715,17 @@ async fn exec_sync(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<ExecRequest>,
-) -> Result<ApiJson<ExecResult>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let audit = ExecAudit::new(&state, &caller, &id, "exec", &request);
-    let result = async {
+    let ran = async {
         let session = lookup(&state, &caller, &id)?;
         let command = Command::from_request(&state, &session, &request)?;
-        run(&state, &session, command, None).await
+        run_holding(&state, &session, command, None).await
     }
     .await;
-    audit.record(&result).await;
-    result.map(ApiJson)
+    audit.record(ran.as_ref().map(|(result, _)| result)).await;
+    let (result, slot) = ran?;
+    Ok(answer_holding(result, slot))
 }
 
 /// Turns output chunks into UTF-8 text without splitting a character across two
@@ -714,7 +785,7 @@ async fn exec_stream(
                 return Err(ApiError::conflict("the client closed the connection"));
             }
         };
-        audit.record(&result).await;
+        audit.record(result.as_ref()).await;
         result
     });
     tokio::spawn(async move {
@@ -794,7 +865,7 @@ async fn bash(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
     ApiJson(request): ApiJson<BashRequest>,
-) -> Result<ApiJson<BashResult>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let exec = ExecRequest {
         argv: Some(vec!["bash".into(), "-c".into(), request.cmd.clone()]),
         timeout_ms: request.timeout_ms,
@@ -804,8 +875,10 @@ async fn bash(
     let result = async {
         let session = lookup(&state, &caller, &id)?;
         let command = Command::from_request(&state, &session, &exec)?;
-        let result = run(&state, &session, command, None).await?;
+        let ran = run_holding(&state, &session, command, None).await?;
+        let result = &ran.0;
         if result.exit_code == Some(127) && result.stderr.starts_with("brig: command not found") {
+            drop(ran);
             // No bash in this root: a POSIX shell does for most command lines.
             let fallback = ExecRequest {
                 argv: None,
@@ -813,20 +886,23 @@ async fn bash(
                 ..exec.clone()
             };
             let command = Command::from_request(&state, &session, &fallback)?;
-            return run(&state, &session, command, None).await;
+            return run_holding(&state, &session, command, None).await;
         }
-        Ok(result)
+        Ok(ran)
     }
     .await;
-    audit.record(&result).await;
-    let r = result?;
-    Ok(ApiJson(BashResult {
+    audit
+        .record(result.as_ref().map(|(result, _)| result))
+        .await;
+    let (r, slot) = result?;
+    let answer = BashResult {
         stdout: r.stdout,
         stderr: r.stderr,
         exit_code: r.exit_code,
         timed_out: r.timed_out,
         duration_ms: r.duration_ms,
-    }))
+    };
+    Ok(answer_holding(answer, slot))
 }
 
 #[cfg(test)]
