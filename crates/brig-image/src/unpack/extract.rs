@@ -695,7 +695,7 @@ const HOLE_BLOCK: usize = 4096;
 /// Writes `data` at the file's offset, skipping over whole blocks of zeros, so they
 /// stay holes: a sparse entry of a few KiB declaring terabytes (or a compressed
 /// layer of zeros) takes no disk, where writing it out would fill the store.
-fn write_keeping_holes(file: &mut File, data: &[u8]) -> io::Result<()> {
+pub(super) fn write_keeping_holes(file: &mut File, data: &[u8]) -> io::Result<()> {
     use std::io::{Seek, SeekFrom};
     for block in data.chunks(HOLE_BLOCK) {
         if block.len() == HOLE_BLOCK && block.iter().all(|&b| b == 0) {

@@ -240,6 +240,7 @@ fn decompress_to_staging(
         .decoder()
         .context(|| "starting the decompressor".to_string())?;
     let mut buf = vec![0; 128 * 1024];
+    let mut written = 0u64;
     loop {
         if progress.cancelled() {
             return Err(ImageError::Interrupted);
@@ -250,9 +251,13 @@ fn decompress_to_staging(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(read_error(e)),
         };
-        io::Write::write_all(&mut out, &buf[..n])
+        // A small archive can decompress to gigabytes of zeros: they stay holes.
+        super::extract::write_keeping_holes(&mut out, &buf[..n])
             .context(|| format!("writing {}", temp.display()))?;
+        written += n as u64;
     }
+    out.set_len(written)
+        .context(|| format!("writing {}", temp.display()))?;
     Ok(out)
 }
 
