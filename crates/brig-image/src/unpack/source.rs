@@ -252,7 +252,7 @@ fn decompress_to_staging(
             Err(e) => return Err(read_error(e)),
         };
         // A small archive can decompress to gigabytes of zeros: they stay holes.
-        super::extract::write_keeping_holes(&mut out, &buf[..n])
+        super::extract::write_keeping_holes(&mut out, &buf[..n], written)
             .context(|| format!("writing {}", temp.display()))?;
         written += n as u64;
     }
@@ -393,5 +393,33 @@ mod tests {
             Some("blobs/sha256/x")
         );
         assert_eq!(resolve_symlink("l", b"/x/y").as_deref(), Some("x/y"));
+    }
+
+    #[test]
+    fn zeros_decompressed_to_staging_stay_holes() {
+        use std::io::Write;
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("zeros.gz");
+        let mut gz = flate2::write::GzEncoder::new(
+            File::create(&source).unwrap(),
+            flate2::Compression::fast(),
+        );
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..256 {
+            gz.write_all(&zeros).unwrap();
+        }
+        gz.write_all(b"tail").unwrap();
+        gz.finish().unwrap();
+        let staged = decompress_to_staging(
+            &source,
+            File::open(&source).unwrap(),
+            dir.path(),
+            &crate::progress::Silent,
+        )
+        .unwrap();
+        let meta = staged.metadata().unwrap();
+        assert_eq!(meta.len(), (256 << 20) + 4);
+        assert!(meta.blocks() * 512 <= 64 << 10, "{} blocks", meta.blocks());
     }
 }
