@@ -3670,7 +3670,15 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
             stream
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // Once both have run (and are audited), their unread answers hold the slots.
+    let ran = || {
+        audit_of(&d, "exec")
+            .iter()
+            .filter(|e| e["tenant"] == "slow-reader")
+            .count()
+            == 2
+    };
+    assert!(common::eventually(10_000, ran));
     let (status, refused) = d.request(
         "POST",
         &format!("/v1/sessions/{other}/exec"),
@@ -3687,6 +3695,39 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
         )
         .0 == 200
     };
+    assert!(
+        common::eventually(8000, freed),
+        "given-up answers freed no slot"
+    );
+    drop(unread);
+    // The same for one-shot code execution.
+    let code = json!({"code": "import sys\nsys.stdout.write('\\x01' * 1048576)\nsys.stderr.write('\\x01' * 1048576)"})
+        .to_string();
+    let unread: Vec<_> = (0..2)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
+            write!(
+                stream,
+                "POST /v1/execute HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {slow}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{code}",
+                code.len()
+            )
+            .unwrap();
+            stream
+        })
+        .collect();
+    let refused = || {
+        d.request(
+            "POST",
+            &format!("/v1/sessions/{other}/exec"),
+            Some(&slow),
+            Some(json!({"cmd": "true"})),
+        )
+        .0 == 429
+    };
+    // Once both have run (and are audited), their unread answers hold the slots.
+    assert!(common::eventually(10_000, || audit_of(&d, "execute").len() == 2));
+    assert!(refused(), "unread /v1/execute answers hold no slot");
     assert!(
         common::eventually(8000, freed),
         "given-up answers freed no slot"

@@ -21,7 +21,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::audit;
-use crate::auth::Caller;
+use crate::auth::{Caller, Permit};
 use crate::error::{ApiError, ApiJson};
 use crate::rootfs::{EntryKind, SandboxRoot};
 use crate::sessions::exec::{self, Command, ExecResult, Stream};
@@ -141,12 +141,14 @@ fn scan(root: &SandboxRoot, cwd: &str) -> Listing {
     listing
 }
 
+/// Runs the code in a session of its own, deleted after; the answer comes with the
+/// exec's slot, for it to hold until it is sent (see `exec::answer_holding`).
 async fn run(
     state: &AppState,
     caller: &Caller,
     request: &ExecuteRequest,
     chunks: Option<exec::Chunks>,
-) -> Result<ExecuteResponse, ApiError> {
+) -> Result<(ExecuteResponse, Permit), ApiError> {
     let timeout_ms = validate(state, request)?;
     let session = sessions::create(
         state,
@@ -175,7 +177,7 @@ async fn run_in(
     request: &ExecuteRequest,
     timeout_ms: u64,
     chunks: Option<exec::Chunks>,
-) -> Result<ExecuteResponse, ApiError> {
+) -> Result<(ExecuteResponse, Permit), ApiError> {
     let cwd = session.sandbox().cwd.clone();
     let code = request.code.clone();
     let scan_cwd = cwd.clone();
@@ -206,14 +208,17 @@ async fn run_in(
         stdin: request.stdin.clone().map(String::into_bytes),
         timeout: std::time::Duration::from_millis(timeout_ms),
     };
-    let ExecResult {
-        exit_code,
-        timed_out,
-        stdout,
-        stderr,
-        duration_ms,
-        ..
-    } = exec::run(state, session, command, chunks).await?;
+    let (
+        ExecResult {
+            exit_code,
+            timed_out,
+            stdout,
+            stderr,
+            duration_ms,
+            ..
+        },
+        slot,
+    ) = exec::run_holding(state, session, command, chunks).await?;
 
     // Files the code created or changed.
     let after_cwd = cwd.clone();
@@ -262,14 +267,15 @@ async fn run_in(
             file_id,
         });
     }
-    Ok(ExecuteResponse {
+    let response = ExecuteResponse {
         stdout,
         stderr,
         exit_code,
         timed_out,
         duration_ms,
         files,
-    })
+    };
+    Ok((response, slot))
 }
 
 /// Copies a file out of the sandbox into the file store.
@@ -318,26 +324,25 @@ async fn execute(
     State(state): State<AppState>,
     caller: Caller,
     ApiJson(request): ApiJson<ExecuteRequest>,
-) -> Result<ApiJson<ExecuteResponse>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     // In its own task, audit included: a client that hangs up must not leave a
     // session half made, nor a run unrecorded. The run is short (its timeout is
     // capped by --max-execute-timeout) and cleans up after itself.
-    tokio::spawn(async move {
+    let (response, slot) = tokio::spawn(async move {
         let result = run(&state, &caller, &request, None).await;
-        audit_execute(&state, &caller, &request, &result).await;
+        audit_execute(&state, &caller, &request, result.as_ref().map(|(r, _)| r)).await;
         result
     })
     .await
-    .map_err(ApiError::internal)
-    .and_then(|r| r)
-    .map(ApiJson)
+    .map_err(ApiError::internal)??;
+    Ok(exec::answer_holding(response, slot))
 }
 
 async fn audit_execute(
     state: &AppState,
     caller: &Caller,
     request: &ExecuteRequest,
-    result: &Result<ExecuteResponse, ApiError>,
+    result: Result<&ExecuteResponse, &ApiError>,
 ) {
     let (outcome, detail) = match result {
         Ok(r) => (
@@ -368,8 +373,11 @@ async fn execute_stream(
     let (chunks_tx, mut chunks_rx) = mpsc::channel::<(Stream, Vec<u8>)>(64);
     let task_state = state.clone();
     let runner = tokio::spawn(async move {
-        let result = run(&task_state, &caller, &request, Some(chunks_tx)).await;
-        audit_execute(&task_state, &caller, &request, &result).await;
+        // The output went out as events; the result is small: the slot is let go.
+        let result = run(&task_state, &caller, &request, Some(chunks_tx))
+            .await
+            .map(|(response, _slot)| response);
+        audit_execute(&task_state, &caller, &request, result.as_ref()).await;
         result
     });
     tokio::spawn(async move {

@@ -196,7 +196,7 @@ pub async fn run(
 /// [`run`], also giving back the exec's slot (its count against the tenant's and
 /// the daemon's concurrent execs), for the answer to hold until it is sent
 /// ([`answer_holding`]).
-async fn run_holding(
+pub(crate) async fn run_holding(
     state: &AppState,
     session: &Session,
     command: Command,
@@ -227,7 +227,10 @@ async fn run_holding(
 /// it stopped reading). An answer is up to ~12 MB of JSON (output escaped): clients
 /// that read slowly then hold no more answers than their tenant's concurrent execs,
 /// where each connection could otherwise hold one.
-fn answer_holding<T: Serialize>(answer: T, slot: crate::auth::Permit) -> axum::response::Response {
+pub(crate) fn answer_holding<T: Serialize>(
+    answer: T,
+    slot: crate::auth::Permit,
+) -> axum::response::Response {
     let json = match serde_json::to_vec(&answer) {
         Ok(json) => json,
         Err(e) => return ApiError::internal(e).into_response(),
