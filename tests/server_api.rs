@@ -6593,6 +6593,35 @@ fn root_volumes_persist_across_sessions() {
 }
 
 #[test]
+fn root_volumes_no_session_uses_are_unmounted_after_a_while() {
+    require_root!();
+    // A mounted volume holds a loop device, a mount and a journal thread of the
+    // host's: a tenant could keep one for each of its volumes, used once each.
+    let d = daemon(&["--volume-idle-unmount", "1s"]);
+    let key = d.admin_key().to_string();
+    let data_dir = d.data_dir().to_str().unwrap().to_string();
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|line| line.split(' ').nth(4))
+            .any(|point| point.starts_with(&data_dir) && point.ends_with("/idle/root"))
+    };
+    let id = sid(&create(&d, &key, json!({"volume": "idle"})));
+    sh(&d, &key, &id, "echo kept > /volume/f");
+    // In use, it stays mounted round after round.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(mounted());
+    delete_session(&d, &key, &id);
+    assert!(common::eventually(8000, || !mounted()), "still mounted");
+    // The next session that uses it mounts it again, with its data.
+    let id = sid(&create(&d, &key, json!({"volume": "idle"})));
+    assert_eq!(sh(&d, &key, &id, "cat /volume/f"), "kept\n");
+    assert!(mounted());
+    delete_session(&d, &key, &id);
+}
+
+#[test]
 fn root_volumes_resist_attacks_from_inside() {
     require_root!();
     let d = daemon(&[]);

@@ -113,6 +113,15 @@ pub struct ServeArgs {
     /// The most CPUs a session may ask for (`limits.cpus`; default: the host's).
     #[arg(long = "max-session-cpus", value_name = "N", value_parser = cpus_millis)]
     pub max_session_cpus_millis: Option<u32>,
+    /// A volume no session has used for this long is unmounted (its loop device and
+    /// mount are the host's); the next session that uses it mounts it again.
+    #[arg(
+        long = "volume-idle-unmount",
+        value_name = "DURATION",
+        default_value = "5m",
+        value_parser = duration_ms
+    )]
+    pub volume_idle_unmount_ms: u64,
     /// Default live sessions per tenant.
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub tenant_max_sessions: u64,
@@ -281,6 +290,7 @@ impl ServeArgs {
             ("--tenant-max-processes", self.tenant_max_processes),
             ("--max-session-memory", self.max_session_memory_bytes),
             ("--max-session-pids", self.max_session_pids),
+            ("--volume-idle-unmount", self.volume_idle_unmount_ms),
             ("--header-timeout", self.header_timeout_ms),
             ("--body-timeout", self.body_timeout_ms),
             ("--file-ttl", self.file_ttl_ms),

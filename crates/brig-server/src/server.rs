@@ -318,6 +318,7 @@ pub fn spawn_background(state: &AppState, expiry_interval: Duration) {
     state.metrics.spawn_upkeep();
     state.db.spawn_checkpoints();
     crate::audit::spawn_retention(state);
+    crate::volumes::spawn_idle_unmount(state);
 }
 
 /// `brig serve`: runs the daemon until SIGTERM or SIGINT.

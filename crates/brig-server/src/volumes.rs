@@ -35,7 +35,9 @@
 //! see each other's writes at once, with no locking beyond what the programs in them
 //! do.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -534,6 +536,34 @@ fn current_size(mount_point: &Path, stored: i64) -> u64 {
 /// At shutdown: unmounts the volumes no live session uses (sessions outlive the
 /// daemon; the next daemon finds their volumes mounted and goes on with them).
 pub async fn unmount_unused(shared: &Shared) {
+    unmount_idle(shared, |_| true).await;
+}
+
+/// Every `--volume-idle-unmount`: unmounts the volumes no session has used since the
+/// last round. A mounted volume holds a loop device, a mount and a journal thread of
+/// the host's, which a tenant could otherwise keep for each of its volumes; the next
+/// session that uses one mounts it again.
+pub fn spawn_idle_unmount(state: &crate::state::AppState) {
+    let interval = std::time::Duration::from_millis(state.args.volume_idle_unmount_ms);
+    let idle_before = Arc::new(Mutex::new(HashSet::new()));
+    crate::state::spawn_periodic(state, interval, move |state| {
+        let idle_before = idle_before.clone();
+        async move {
+            let before =
+                std::mem::take(&mut *idle_before.lock().unwrap_or_else(|e| e.into_inner()));
+            let idle_now = unmount_idle(&state, |volume| before.contains(volume)).await;
+            *idle_before.lock().unwrap_or_else(|e| e.into_inner()) = idle_now;
+        }
+    });
+}
+
+/// Unmounts each volume no live session uses (nor waits for) that `chosen` picks,
+/// and returns the unused ones it left. Each is checked and unmounted under the
+/// holds' lock, taken per volume, so session creates wait for one at most.
+async fn unmount_idle(
+    shared: &Shared,
+    chosen: impl Fn(&(String, String)) -> bool,
+) -> HashSet<(String, String)> {
     let rows = shared
         .db
         .call(|conn| {
@@ -547,13 +577,19 @@ pub async fn unmount_unused(shared: &Shared) {
         })
         .await
         .unwrap_or_default();
-    let _lock = shared.holds.lock().await;
-    for (tenant, name) in rows {
+    let mut left = HashSet::new();
+    for volume in rows {
+        let _lock = shared.holds.lock().await;
+        let (tenant, name) = volume.clone();
         let held = Held::Volume {
             tenant: tenant.clone(),
             name: name.clone(),
         };
         if !crate::sessions::users(shared, &held).is_empty() || shared.holds.pending(&held) > 0 {
+            continue;
+        }
+        if !chosen(&volume) {
+            left.insert(volume);
             continue;
         }
         let mount_point = mount_point(shared, &tenant, &name);
@@ -584,6 +620,7 @@ pub async fn unmount_unused(shared: &Shared) {
             other => tracing::warn!(tenant, volume = name, "cannot unmount a volume: {other:?}"),
         }
     }
+    left
 }
 
 /// At startup: removes what deletions interrupted by a crash left (renamed
