@@ -3453,7 +3453,7 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
         started.elapsed()
     );
     let written: u64 = body
-        .split(" of 1048576 bytes were written")
+        .split(" bytes were written")
         .next()
         .and_then(|head| head.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
@@ -3563,6 +3563,21 @@ fn root_background_processes_are_capped_per_tenant_and_in_all() {
     assert_eq!(status, 503, "{body}");
     // Execs are counted apart.
     assert_eq!(sh(&d, &a, &sa, "echo ok"), "ok\n");
+    // Streams of their output are counted as execs are (each holds what it built
+    // for its client), apart from them.
+    set_quotas(&d, "procs-a", json!({"max_concurrent_execs": 2}));
+    let stream_path = format!("/v1/sessions/{sa}/processes/{}/stream", mine[1]);
+    let open: Vec<_> = (0..2)
+        .map(|_| d.send("GET", &stream_path, Some(&a), None, ()))
+        .collect();
+    let (status, body) = d.request("GET", &stream_path, Some(&a), None);
+    assert_eq!(status, 429, "{body}");
+    assert!(body.to_string().contains("streams"), "{body}");
+    drop(open);
+    assert!(common::eventually(5000, || {
+        d.try_send("GET", &stream_path, Some(&a), None, ())
+            .is_ok_and(|r| r.status() == 200)
+    }));
     // A process that ended frees its place.
     let (status, _) = d.request(
         "POST",
@@ -3735,6 +3750,55 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
     drop(unread);
     delete_session(&d, &slow, &other);
     delete_session(&d, &key, &id);
+}
+
+#[test]
+fn root_stdin_goes_to_a_slow_reader_as_it_reads_not_held_whole() {
+    use std::io::Write;
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    // Processes that take their stdin slowly but steadily: a body held whole until
+    // they had it all would keep up to --max-body (10 MiB) per request for hours.
+    let before = rss_kib(&d);
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let (status, process) = d.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(&key),
+            Some(json!({"cmd": "while head -c 16384 >/dev/null; do sleep 0.5; done"})),
+        );
+        assert_eq!(status, 201, "{process}");
+        let path = format!(
+            "/v1/sessions/{id}/processes/{}/stdin",
+            process["process_id"]
+        );
+        let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
+        let size = 8 << 20;
+        write!(
+            stream,
+            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Content-Length: {size}\r\n\r\n"
+        )
+        .unwrap();
+        clients.push(std::thread::spawn(move || {
+            // Blocks once the daemon stops reading: the rest waits in the client.
+            let _ = stream.write_all(&vec![b'x'; size]);
+            stream
+        }));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let grown = rss_kib(&d).saturating_sub(before);
+    assert!(
+        grown < 12 << 10,
+        "the daemon grew by {grown} KiB for 4 bodies of 8 MiB"
+    );
+    delete_session(&d, &key, &id);
+    for client in clients {
+        drop(client.join());
+    }
 }
 
 /// The daemon's resident memory, in KiB.

@@ -131,6 +131,10 @@ pub struct Auth {
     /// (its stdin and its connection to init) for as long as it runs.
     processes: Arc<Limiter>,
     tenant_max_processes: u64,
+    /// Open streams of background processes' output: each holds what it has built
+    /// ahead of its client (up to ~1.5 MiB of escaped output) for as long as the
+    /// client is connected.
+    streams: Arc<Limiter>,
 }
 
 #[derive(Default)]
@@ -343,6 +347,7 @@ impl Auth {
                 crate::held_to_open_files(args.max_processes, 8, "--max-processes") as u64,
             ),
             tenant_max_processes: args.tenant_max_processes,
+            streams: Limiter::new("process output streams", args.max_concurrent_execs as u64),
         })
     }
 
@@ -520,6 +525,13 @@ impl Auth {
     /// `--max-processes`).
     pub fn process_permit(&self, tenant: &str) -> Result<Permit, ApiError> {
         self.processes.permit(tenant, self.tenant_max_processes)
+    }
+
+    /// Counts one open stream of a background process's output, as an exec counts
+    /// (the same caps, counted apart).
+    pub fn stream_permit(&self, tenant: &str) -> Result<Permit, ApiError> {
+        let tenant_max = self.quotas_now(tenant).max_concurrent_execs;
+        self.streams.permit(tenant, tenant_max)
     }
 
     /// Counts a background process already running (one a previous daemon

@@ -41,11 +41,11 @@ const TAIL_INTERVAL: Duration = Duration::from_millis(50);
 /// The most a single output request returns.
 const MAX_OUTPUT_READ: u64 = 16 << 20;
 /// The most output one streamed event carries. JSON escaping can make it 6 times
-/// larger, so with [`STREAM_QUEUE`] events queued a stream holds at most ~3 MiB for a
-/// client that reads slowly, and no event takes long to build.
+/// larger, so with [`STREAM_QUEUE`] events queued a stream holds at most ~1.5 MiB for
+/// a client that reads slowly, and no event takes long to build.
 const STREAM_CHUNK: u64 = 64 << 10;
 /// Events a process's stream builds ahead of its client.
-const STREAM_QUEUE: usize = 8;
+const STREAM_QUEUE: usize = 4;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -512,11 +512,14 @@ async fn process_stream(
     let session = lookup(&state, &caller, &id)?;
     let tag = std::sync::Arc::new(load_one(&state, &session, pid).await?.tag);
     let root = std::sync::Arc::new(root_of(&session)?);
+    // Held while the stream is open: each holds what it built for its client.
+    let permit = state.auth.stream_permit(&caller.tenant)?;
     let (tx, rx) =
         tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(STREAM_QUEUE);
     // A client that takes nothing for this long is let go, with what was built for it.
     let idle = Duration::from_millis(state.args.body_timeout_ms);
     tokio::spawn(async move {
+        let _permit = permit;
         let mut offsets = [0u64, 0u64];
         let mut text = [
             super::exec::Utf8Chunker::default(),
@@ -603,9 +606,19 @@ async fn process_stdin(
     caller: Caller,
     ApiPath((id, pid)): ApiPath<(String, u64)>,
     ApiQuery(query): ApiQuery<StdinQuery>,
-    body: axum::body::Bytes,
+    headers: axum::http::HeaderMap,
+    body: Body,
 ) -> Result<StatusCode, ApiError> {
-    use tokio::io::AsyncWriteExt;
+    let limit = state.args.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::too_large(format!(
+            "stdin body over the daemon's --max-body of {limit} bytes"
+        )));
+    }
     let session = lookup(&state, &caller, &id)?;
     load_one(&state, &session, pid).await?;
     let sender = session
@@ -618,40 +631,83 @@ async fn process_stdin(
             "process {pid} has no open stdin (it exited, stdin was closed, or the daemon restarted)"
         )));
     };
-    // A process that stops reading would hold the request, and its body, for as
-    // long as it lives: it gets --body-timeout to take each part of the body.
-    let idle = Duration::from_millis(state.args.body_timeout_ms);
-    let mut written = 0;
-    let outcome = loop {
-        if written == body.len() {
-            break Ok(());
-        }
-        match tokio::time::timeout(idle, sender.write(&body[written..])).await {
-            Ok(Ok(n)) => written += n,
-            Ok(Err(e)) => break Err(ApiError::conflict(format!("write to process {pid}: {e}"))),
-            Err(_) => {
-                break Err(ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request_timeout",
-                    format!(
-                        "process {pid} read nothing of its stdin for {} s (--body-timeout): \
-                         {written} of {} bytes were written; its stdin stays open",
-                        idle.as_secs_f64(),
-                        body.len()
-                    ),
-                ))
-            }
-        }
+    let outcome = pipe_body(&state, pid, body, &mut sender).await;
+    // Stdin stays open unless the process closed it or the caller asked to close it
+    // (after a whole body only: a write cut short closes nothing).
+    let keep = match &outcome {
+        Ok(_) => !query.close.unwrap_or(false),
+        Err(e) => e.code != "conflict",
     };
-    let timed_out = matches!(&outcome, Err(e) if e.status == StatusCode::REQUEST_TIMEOUT);
-    if (outcome.is_ok() && !query.close.unwrap_or(false)) || timed_out {
+    if keep {
         session
             .stdin
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(pid, sender);
     }
-    outcome.map(|()| StatusCode::NO_CONTENT)
+    outcome.map(|_| StatusCode::NO_CONTENT)
+}
+
+/// Streams a request body into a process's stdin as the process takes it, so a
+/// process that reads slowly holds a chunk of it, not the whole body (up to
+/// --max-body). Either side that moves nothing for --body-timeout ends it with 408;
+/// the error says how much went in. Returns the bytes written.
+async fn pipe_body(
+    state: &AppState,
+    pid: u64,
+    body: Body,
+    sender: &mut tokio::net::unix::pipe::Sender,
+) -> Result<u64, ApiError> {
+    use futures_util::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let (limit, idle) = (
+        state.args.max_body_bytes,
+        Duration::from_millis(state.args.body_timeout_ms),
+    );
+    let stalled = |who: &str, written: u64| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "{who} for {} s (--body-timeout): {written} bytes were written to process \
+                 {pid}'s stdin, which stays open",
+                idle.as_secs_f64()
+            ),
+        )
+    };
+    let mut chunks = body.into_data_stream();
+    let mut written = 0u64;
+    loop {
+        let chunk = match tokio::time::timeout(idle, chunks.next()).await {
+            Ok(None) => return Ok(written),
+            Ok(Some(Ok(chunk))) => chunk,
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::bad_request(format!(
+                    "stdin body interrupted after {written} bytes: {e}"
+                )))
+            }
+            Err(_) => return Err(stalled("the client sent nothing", written)),
+        };
+        if written + chunk.len() as u64 > limit {
+            return Err(ApiError::too_large(format!(
+                "stdin body over the daemon's --max-body of {limit} bytes: {written} bytes \
+                 were written to process {pid}'s stdin, which stays open"
+            )));
+        }
+        let mut at = 0;
+        while at < chunk.len() {
+            match tokio::time::timeout(idle, sender.write(&chunk[at..])).await {
+                Ok(Ok(n)) => {
+                    at += n;
+                    written += n as u64;
+                }
+                Ok(Err(e)) => {
+                    return Err(ApiError::conflict(format!("write to process {pid}: {e}")))
+                }
+                Err(_) => return Err(stalled("the process read nothing", written)),
+            }
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
