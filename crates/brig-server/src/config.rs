@@ -70,8 +70,9 @@ pub struct ServeArgs {
     /// Live sessions, all tenants together.
     #[arg(long, value_name = "N", default_value_t = 2000)]
     pub max_sessions: usize,
-    /// Concurrent execs, all tenants together. File uploads and archive downloads
-    /// are capped the same way, counted apart and at most 128.
+    /// Concurrent execs, all tenants together. File transfers (uploads, archive
+    /// downloads, listings) and process output streams are capped the same way, each
+    /// counted apart (transfers at most 128).
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_concurrent_execs: usize,
     /// Background processes running at once, all tenants together. Each holds two
@@ -302,6 +303,30 @@ impl ServeArgs {
                 bail!("{flag} must be greater than 0");
             }
         }
+        // A session that asks for nothing gets brig run's defaults: the caps must
+        // leave room for them, or every such create would be refused.
+        use brig_policy::defaults;
+        if self.max_session_memory_bytes < defaults::MEMORY_BYTES {
+            bail!(
+                "--max-session-memory must be at least a default session's {} MiB",
+                defaults::MEMORY_BYTES >> 20
+            );
+        }
+        if self.max_session_pids < defaults::PIDS {
+            bail!(
+                "--max-session-pids must be at least a default session's {}",
+                defaults::PIDS
+            );
+        }
+        if self
+            .max_session_cpus_millis
+            .is_some_and(|cpus| cpus < defaults::CPUS_MILLIS)
+        {
+            bail!(
+                "--max-session-cpus must be at least a default session's {}",
+                f64::from(defaults::CPUS_MILLIS) / 1000.0
+            );
+        }
         if self.default_image.trim().is_empty() {
             bail!("--default-image must not be empty");
         }
@@ -454,11 +479,21 @@ mod tests {
             &["--pool", "python=3", "--pool", "python=1"],
             &["--pool", "python=3", "--max-sessions", "2"],
             &["--default-image", " "],
+            &["--max-processes", "0"],
+            &["--volume-idle-unmount", "0s"],
+            // Caps below what a session that asks for nothing gets.
+            &["--max-session-memory", "256M"],
+            &["--max-session-pids", "100"],
+            &["--max-session-cpus", "0.5"],
         ] {
             assert!(
                 parse(bad).unwrap().validate().is_err(),
                 "{bad:?} should be refused"
             );
         }
+        parse(&["--max-session-memory", "512M", "--max-session-pids", "256"])
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 }
