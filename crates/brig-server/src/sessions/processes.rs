@@ -525,15 +525,20 @@ async fn process_stream(
             super::exec::Utf8Chunker::default(),
             super::exec::Utf8Chunker::default(),
         ];
+        let mut got = false;
         loop {
             // Read the end state before the output, so nothing written before the
-            // exit is missed.
-            let ended = load_one(&state, &session, pid)
-                .await
-                .ok()
-                .map(|p| p.info)
-                .filter(|p| p.ended_at.is_some());
-            let mut got = false;
+            // exit is missed; not while output keeps coming (the stream cannot end
+            // on a round that got some).
+            let ended = match got {
+                true => None,
+                false => load_one(&state, &session, pid)
+                    .await
+                    .ok()
+                    .map(|p| p.info)
+                    .filter(|p| p.ended_at.is_some()),
+            };
+            got = false;
             for (i, stream) in ["stdout", "stderr"].into_iter().enumerate() {
                 let (root, tag) = (root.clone(), tag.clone());
                 let offset = offsets[i];
