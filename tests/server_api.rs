@@ -3873,6 +3873,23 @@ fn root_a_stalled_process_stream_holds_little_and_is_let_go() {
         .map(|(_, v)| v["data"].as_str().unwrap().len())
         .sum();
     assert_eq!(whole, 20_000_000);
+
+    // Its raw output (up to 16 MiB an answer), asked for by clients that read none
+    // of it, is not read into memory for them.
+    let before = rss_kib(&d);
+    let output = format!("/v1/sessions/{id}/processes/{pid}/output?stream=stdout");
+    let unread: Vec<_> = (0..20)
+        .map(|_| send_raw(&d, "GET", &output, &key, None, b""))
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let grown = rss_kib(&d).saturating_sub(before);
+    assert!(
+        grown < 32 << 10,
+        "20 unread outputs grew the daemon by {grown} KiB"
+    );
+    drop(unread);
+    let (status, bytes) = d.raw("GET", &output, Some(&key), None, None);
+    assert_eq!((status, bytes.len()), (200, 16 << 20));
     delete_session(&d, &key, &id);
 }
 

@@ -222,63 +222,16 @@ pub(crate) async fn run_holding(
     result.map(|result| (result, slot))
 }
 
-/// An exec's answer as a response that holds the exec's slot until the client has
-/// (nearly) all of it, or its connection is gone (at the latest --body-timeout after
-/// it stopped reading). An answer is up to ~12 MB of JSON (output escaped): clients
-/// that read slowly then hold no more answers than their tenant's concurrent execs,
-/// where each connection could otherwise hold one.
+/// An exec's answer, holding the exec's slot until the client has (nearly) all of
+/// it, or its connection is gone (at the latest --body-timeout after it stopped
+/// reading). An answer is up to ~12 MB of JSON (output escaped): clients that read
+/// slowly then hold no more answers than their tenant's concurrent execs, where
+/// each connection could otherwise hold one.
 pub(crate) fn answer_holding<T: Serialize>(
     answer: T,
     slot: crate::auth::Permit,
 ) -> axum::response::Response {
-    let json = match serde_json::to_vec(&answer) {
-        Ok(json) => json,
-        Err(e) => return ApiError::internal(e).into_response(),
-    };
-    let body = axum::body::Body::new(Holding {
-        rest: axum::body::Bytes::from(json),
-        _slot: slot,
-    });
-    (
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        body,
-    )
-        .into_response()
-}
-
-/// The answer, given to hyper a piece at a time: it takes the next piece only when
-/// it has written out most of the last, so the body (and the slot it holds) lives
-/// until the client has read nearly all of it. Given whole, it would be dropped at
-/// once.
-struct Holding {
-    rest: axum::body::Bytes,
-    _slot: crate::auth::Permit,
-}
-
-impl http_body::Body for Holding {
-    type Data = axum::body::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        const PIECE: usize = 64 << 10;
-        if self.rest.is_empty() {
-            return std::task::Poll::Ready(None);
-        }
-        let n = self.rest.len().min(PIECE);
-        let piece = self.rest.split_to(n);
-        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(piece))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.rest.is_empty()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.rest.len() as u64)
-    }
+    crate::auth::json_holding(&answer, slot)
 }
 
 async fn run_inner(

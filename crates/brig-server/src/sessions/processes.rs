@@ -467,16 +467,37 @@ async fn process_output(
     let stream = stream_name(query.stream.as_deref())?;
     let root = root_of(&session)?;
     let offset = query.offset.unwrap_or(0);
-    let data = tokio::task::spawn_blocking(move || {
-        read_from(&root, &tag, stream, offset, MAX_OUTPUT_READ)
-    })
-    .await
-    .map_err(ApiError::internal)??;
-    Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream")],
-        Body::from(data),
-    )
-        .into_response())
+    // Streamed from the file as the client reads (up to 16 MiB): read into memory
+    // first, each unread answer held its 16 MiB for as long as the connection lasted.
+    let file = tokio::task::spawn_blocking(move || open_at(&root, &tag, stream, offset))
+        .await
+        .map_err(ApiError::internal)??;
+    let body = match file {
+        Some(file) => {
+            use tokio::io::AsyncReadExt;
+            let file = tokio::fs::File::from_std(file).take(MAX_OUTPUT_READ);
+            Body::from_stream(tokio_util::io::ReaderStream::new(file))
+        }
+        None => Body::empty(),
+    };
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+}
+
+/// A process's output file, positioned at `offset`; `None` if it has none yet.
+fn open_at(
+    root: &crate::rootfs::SandboxRoot,
+    tag: &str,
+    stream: &str,
+    offset: u64,
+) -> Result<Option<std::fs::File>, ApiError> {
+    let (mut file, _) = match root.open_read(&output_path(tag, stream)) {
+        Ok(found) => found,
+        Err(crate::rootfs::RootfsError::NotFound(_)) => return Ok(None),
+        Err(e) => return Err(super::files::rootfs_error(e)),
+    };
+    file.seek(SeekFrom::Start(offset))
+        .map_err(ApiError::internal)?;
+    Ok(Some(file))
 }
 
 fn read_from(
@@ -486,13 +507,9 @@ fn read_from(
     offset: u64,
     max: u64,
 ) -> Result<Vec<u8>, ApiError> {
-    let (mut file, _) = match root.open_read(&output_path(tag, stream)) {
-        Ok(found) => found,
-        Err(crate::rootfs::RootfsError::NotFound(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(super::files::rootfs_error(e)),
+    let Some(file) = open_at(root, tag, stream, offset)? else {
+        return Ok(Vec::new());
     };
-    file.seek(SeekFrom::Start(offset))
-        .map_err(ApiError::internal)?;
     let mut data = Vec::new();
     file.take(max)
         .read_to_end(&mut data)
