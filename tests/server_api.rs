@@ -3801,6 +3801,32 @@ fn root_stdin_goes_to_a_slow_reader_as_it_reads_not_held_whole() {
     }
 }
 
+#[test]
+fn root_refused_requests_add_little_to_the_audit_log() {
+    require_root!();
+    // A refused exec is audited with its command: a hundred arguments of 1 KiB of
+    // control bytes, six bytes each as JSON, added ~600 KiB a request, kept 30 days.
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let argv: Vec<String> = (0..100).map(|_| "\u{1}".repeat(1024)).collect();
+    for _ in 0..3 {
+        let (status, _) = d.request(
+            "POST",
+            "/v1/sessions/ses_nope/exec",
+            Some(&key),
+            Some(json!({ "argv": argv })),
+        );
+        assert_eq!(status, 404);
+    }
+    let events = audit_of(&d, "exec");
+    assert_eq!(events.len(), 3, "{events:?}");
+    for event in events {
+        let stored = serde_json::to_vec(&event["detail"]).unwrap().len();
+        assert!(stored <= 4096, "a detail of {stored} bytes");
+        assert_eq!(event["outcome"], "not_found");
+    }
+}
+
 /// The daemon's resident memory, in KiB.
 fn rss_kib(d: &Daemon) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();

@@ -24,13 +24,17 @@ use crate::auth::{Caller, CallerSlot};
 use crate::db::{
     now_rfc3339, parse_rfc3339, rfc3339_before, AuditFilter, AuditRow, Db, NewAuditEvent,
 };
-use crate::error::{ApiError, ApiJson, ApiQuery, ErrorCode};
+use crate::error::{ApiError, ApiQuery, ErrorCode};
 use crate::state::{AppState, Shared};
 
 /// Longest string kept in an event's detail (commands, code, paths).
 pub const MAX_DETAIL_STRING: usize = 1024;
 /// Most items kept of an array or object in an event's detail.
 pub const MAX_DETAIL_ITEMS: usize = 100;
+/// The most an event's detail takes stored, as JSON (where a control byte takes
+/// six): a refused request with a hundred long arguments would otherwise add ~600
+/// KiB to the log, kept for its retention and counted in no quota.
+pub const MAX_DETAIL_BYTES: usize = 4096;
 /// Whether the refusal middleware records a response: the client's errors, and the
 /// daemon's "not now" (503: a global cap, shutting down). A 500 is not a refusal:
 /// it is logged with its cause instead.
@@ -147,28 +151,26 @@ pub fn event(
         time: now_rfc3339(),
         tenant: caller.tenant.clone(),
         key_id: caller.key_id.clone(),
-        session_id: session_id.map(|s| truncate_str(s).into_owned()),
-        action: truncate_str(action).into_owned(),
+        // Ids are short: a longer one is a client's invention.
+        session_id: session_id.map(|s| truncate_str(s, 128).into_owned()),
+        action: truncate_str(action, MAX_DETAIL_STRING).into_owned(),
         detail: truncate_detail(detail),
-        outcome: truncate_str(outcome).into_owned(),
+        outcome: truncate_str(outcome, MAX_DETAIL_STRING).into_owned(),
     }
 }
 
-fn truncate_str(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.len() <= MAX_DETAIL_STRING {
+fn truncate_str(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
         return text.into();
     }
     const MARK: &str = "…";
-    let mut end = MAX_DETAIL_STRING - MARK.len();
+    let mut end = max.saturating_sub(MARK.len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }
     format!("{}{MARK}", &text[..end]).into()
 }
 
-/// Bounds a detail value: every string at most 1 KiB (cut at a character boundary,
-/// ending with `…`), every array and object at most 100 items (an array gets a last
-/// string item `… N more`, an object a `"…"` key with the count left out).
 /// The audit outcome of a request's result: "ok", or the error's stable code.
 pub fn outcome<T>(result: &Result<T, crate::error::ApiError>) -> &'static str {
     match result {
@@ -177,24 +179,43 @@ pub fn outcome<T>(result: &Result<T, crate::error::ApiError>) -> &'static str {
     }
 }
 
+/// Bounds a detail value: every string at most 1 KiB (cut at a character boundary,
+/// ending with `…`), every array and object at most 100 items (an array gets a last
+/// string item `… N more`, an object a `"…"` key with the count left out), and the
+/// whole at most [`MAX_DETAIL_BYTES`] as stored: past that, strings and lists are
+/// cut shorter until it fits.
 pub fn truncate_detail(value: Value) -> Value {
+    let encoded = |value: &Value| serde_json::to_vec(value).map_or(usize::MAX, |v| v.len());
+    let (mut string, mut items) = (MAX_DETAIL_STRING, MAX_DETAIL_ITEMS);
+    let mut value = cut_detail(value, string, items);
+    loop {
+        let size = encoded(&value);
+        if size <= MAX_DETAIL_BYTES {
+            return value;
+        }
+        if string <= 16 && items <= 1 {
+            return Value::String(format!("… (a detail of {size} bytes, left out)"));
+        }
+        (string, items) = ((string / 2).max(16), (items / 2).max(1));
+        value = cut_detail(value, string, items);
+    }
+}
+
+fn cut_detail(value: Value, string: usize, items: usize) -> Value {
     match value {
-        Value::String(s) => match truncate_str(&s) {
+        Value::String(s) => match truncate_str(&s, string) {
             std::borrow::Cow::Borrowed(_) => Value::String(s),
             std::borrow::Cow::Owned(cut) => Value::String(cut),
         },
-        Value::Array(items) => {
-            let total = items.len();
-            let mut kept: Vec<Value> = items
+        Value::Array(list) => {
+            let total = list.len();
+            let mut kept: Vec<Value> = list
                 .into_iter()
-                .take(MAX_DETAIL_ITEMS)
-                .map(truncate_detail)
+                .take(items)
+                .map(|v| cut_detail(v, string, items))
                 .collect();
-            if total > MAX_DETAIL_ITEMS {
-                kept.push(Value::String(format!(
-                    "… {} more",
-                    total - MAX_DETAIL_ITEMS
-                )));
+            if total > items {
+                kept.push(Value::String(format!("… {} more", total - items)));
             }
             Value::Array(kept)
         }
@@ -202,11 +223,14 @@ pub fn truncate_detail(value: Value) -> Value {
             let total = map.len();
             let mut kept: serde_json::Map<String, Value> = map
                 .into_iter()
-                .take(MAX_DETAIL_ITEMS)
-                .map(|(k, v)| (truncate_str(&k).into_owned(), truncate_detail(v)))
+                .take(items)
+                .map(|(k, v)| {
+                    let key = truncate_str(&k, string).into_owned();
+                    (key, cut_detail(v, string, items))
+                })
                 .collect();
-            if total > MAX_DETAIL_ITEMS {
-                kept.insert("…".to_string(), Value::from(total - MAX_DETAIL_ITEMS));
+            if total > items {
+                kept.insert("…".to_string(), Value::from(total - items));
             }
             Value::Object(kept)
         }
@@ -377,27 +401,34 @@ async fn list_audit(
         max_id: None,
         limit,
     };
+    // An answer is up to 1,000 events (a few MB) or a whole export: it counts as a
+    // transfer until the client has read it.
+    let transfer = state.auth.transfer_permit(&caller.tenant)?;
     match format {
         AuditFormat::Json => {
             let events = state.db.audit_events(filter).await?;
-            Ok(ApiJson(AuditList { events }).into_response())
+            Ok(crate::auth::json_holding(&AuditList { events }, transfer))
         }
-        AuditFormat::Jsonl => Ok(jsonl_response(state.db.clone(), filter).await?),
+        AuditFormat::Jsonl => Ok(jsonl_response(state.db.clone(), filter, transfer).await?),
     }
 }
 
 /// Streams the events as JSON lines, a page at a time. Events appended while the
 /// stream runs are left out (the stream stops at the newest id when it started), so
 /// it always ends.
-async fn jsonl_response(db: Db, mut filter: AuditFilter) -> Result<Response, ApiError> {
+async fn jsonl_response(
+    db: Db,
+    mut filter: AuditFilter,
+    transfer: crate::auth::Permit,
+) -> Result<Response, ApiError> {
     filter.max_id = Some(
         db.call(|c| c.query_row("SELECT COALESCE(MAX(id), 0) FROM audit", [], |r| r.get(0)))
             .await?,
     );
     let remaining = filter.limit;
     let stream = futures_util::stream::unfold(
-        (db, filter, remaining, false),
-        |(db, mut filter, remaining, done)| async move {
+        (db, filter, remaining, false, transfer),
+        |(db, mut filter, remaining, done, transfer)| async move {
             if done || remaining == 0 {
                 return None;
             }
@@ -415,11 +446,12 @@ async fn jsonl_response(db: Db, mut filter: AuditFilter) -> Result<Response, Api
                         }
                     }
                     let remaining = remaining - rows.len() as u32;
-                    Some((Ok(Bytes::from(out)), (db, filter, remaining, last_page)))
+                    let state = (db, filter, remaining, last_page, transfer);
+                    Some((Ok(Bytes::from(out)), state))
                 }
                 Err(e) => Some((
                     Err(std::io::Error::other(e.message)),
-                    (db, filter, remaining, true),
+                    (db, filter, remaining, true, transfer),
                 )),
             }
         },
@@ -550,5 +582,16 @@ mod tests {
         let v = truncate_detail(Value::Object(map));
         assert_eq!(v.as_object().unwrap().len(), MAX_DETAIL_ITEMS + 1);
         assert_eq!(v["…"], 20);
+        // A hundred arguments of control bytes (six bytes each as JSON) stay within
+        // the budget, with what fits of them kept.
+        let argv: Vec<String> = (0..100).map(|_| "\u{1}".repeat(1024)).collect();
+        let v = truncate_detail(serde_json::json!({"argv": argv, "cmd": null}));
+        let stored = serde_json::to_vec(&v).unwrap().len();
+        assert!(stored <= MAX_DETAIL_BYTES, "{stored}");
+        assert!(!v["argv"].as_array().unwrap().is_empty(), "{v}");
+        let deep = (0..10).fold(Value::from("x".repeat(1000)), |v, _| {
+            serde_json::json!([v, v])
+        });
+        assert!(serde_json::to_vec(&truncate_detail(deep)).unwrap().len() <= MAX_DETAIL_BYTES);
     }
 }
