@@ -3715,6 +3715,40 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
         "given-up answers freed no slot"
     );
     drop(unread);
+    // The same for a streamed exec, whose events wait for the client after the run.
+    let unread: Vec<_> = (0..2)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
+            write!(
+                stream,
+                "POST /v1/sessions/{other}/exec/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {slow}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            stream
+        })
+        .collect();
+    let streamed = || {
+        audit_of(&d, "exec.stream")
+            .iter()
+            .filter(|e| e["tenant"] == "slow-reader")
+            .count()
+            == 2
+    };
+    assert!(common::eventually(10_000, streamed));
+    let (status, refused) = d.request(
+        "POST",
+        &format!("/v1/sessions/{other}/exec"),
+        Some(&slow),
+        Some(json!({"cmd": "true"})),
+    );
+    assert_eq!(status, 429, "unread streamed execs hold no slot: {refused}");
+    assert!(
+        common::eventually(8000, freed),
+        "given-up streams freed no slot"
+    );
+    drop(unread);
     // The same for one-shot code execution.
     let code = json!({"code": "import sys\nsys.stdout.write('\\x01' * 1048576)\nsys.stderr.write('\\x01' * 1048576)"})
         .to_string();

@@ -372,11 +372,11 @@ async fn execute_stream(
     let (events_tx, events_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let (chunks_tx, mut chunks_rx) = mpsc::channel::<(Stream, Vec<u8>)>(64);
     let task_state = state.clone();
+    let (slot, held) = exec::held_slot();
     let runner = tokio::spawn(async move {
-        // The output went out as events; the result is small: the slot is let go.
         let result = run(&task_state, &caller, &request, Some(chunks_tx))
             .await
-            .map(|(response, _slot)| response);
+            .map(|(response, permit)| slot.keep(permit, response));
         audit_execute(&task_state, &caller, &request, result.as_ref()).await;
         result
     });
@@ -421,8 +421,5 @@ async fn execute_stream(
             let _ = events_tx.send(Ok(event)).await;
         }
     });
-    Ok(
-        Sse::new(tokio_stream::wrappers::ReceiverStream::new(events_rx))
-            .keep_alive(KeepAlive::default()),
-    )
+    Ok(Sse::new(held.on(events_rx)).keep_alive(KeepAlive::default()))
 }

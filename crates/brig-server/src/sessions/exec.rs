@@ -732,15 +732,17 @@ async fn exec_stream(
     let task_state = state.clone();
     let audit = ExecAudit::new(&state, &caller, &id, "exec.stream", &request);
     let client = events_tx.clone();
+    let (slot, held) = held_slot();
     let runner = tokio::spawn(async move {
         let result = tokio::select! {
-            result = run(&task_state, &session, command, Some(chunks_tx)) => result,
+            result = run_holding(&task_state, &session, command, Some(chunks_tx)) => result,
             // The client hung up: nobody reads the rest. The run is dropped, and with
             // it its connection to init, which kills the command; `audit` records it.
             _ = client.closed() => {
                 return Err(ApiError::conflict("the client closed the connection"));
             }
         };
+        let result = result.map(|(result, permit)| slot.keep(permit, result));
         audit.record(result.as_ref()).await;
         result
     });
@@ -789,10 +791,45 @@ async fn exec_stream(
             let _ = events_tx.send(Ok(event)).await;
         }
     });
-    Ok(
-        Sse::new(tokio_stream::wrappers::ReceiverStream::new(events_rx))
-            .keep_alive(KeepAlive::default()),
-    )
+    Ok(Sse::new(held.on(events_rx)).keep_alive(KeepAlive::default()))
+}
+
+/// An exec's slot, kept after its run by the stream of its events until the client
+/// has had them: up to ~12 MB of escaped output can be queued for a client that
+/// reads slowly, which must count against its tenant's concurrent execs as an
+/// unread answer does (see [`answer_holding`]).
+pub(crate) fn held_slot() -> (SlotKeeper, HeldSlot) {
+    let cell = std::sync::Arc::new(std::sync::Mutex::new(None));
+    (SlotKeeper(cell.clone()), HeldSlot { _cell: cell })
+}
+
+/// The run's side of [`held_slot`].
+pub(crate) struct SlotKeeper(std::sync::Arc<std::sync::Mutex<Option<crate::auth::Permit>>>);
+
+impl SlotKeeper {
+    pub(crate) fn keep<T>(&self, permit: crate::auth::Permit, result: T) -> T {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(permit);
+        result
+    }
+}
+
+/// The stream's side of [`held_slot`]: the slot is dropped with the last side.
+pub(crate) struct HeldSlot {
+    _cell: std::sync::Arc<std::sync::Mutex<Option<crate::auth::Permit>>>,
+}
+
+impl HeldSlot {
+    /// The events, holding the slot until they are all sent or the client is gone.
+    pub(crate) fn on(
+        self,
+        events: mpsc::Receiver<Result<Event, Infallible>>,
+    ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> {
+        use futures_util::StreamExt;
+        tokio_stream::wrappers::ReceiverStream::new(events).map(move |event| {
+            let _held = &self;
+            event
+        })
+    }
 }
 
 /// `POST /v1/sessions/{id}/bash` (onyx python-sandbox).
