@@ -998,6 +998,29 @@ fn symlinks_may_point_anywhere() {
     }
 }
 
+#[test]
+fn pax_sparse_files_are_refused_rather_than_extracted_wrong() {
+    // GNU tar --sparse --format=pax (versions 0.0, 0.1 and 1.0): the tar crate
+    // would give the map and the pieces as the file's content.
+    for keys in [
+        &[
+            ("GNU.sparse.size", &b"1048576"[..]),
+            ("GNU.sparse.numblocks", b"1"),
+        ][..],
+        &[
+            ("GNU.sparse.major", b"1"),
+            ("GNU.sparse.minor", b"0"),
+            ("GNU.sparse.name", b"big"),
+        ],
+    ] {
+        let out = tempfile::tempdir().unwrap();
+        let mut t = Tar::new();
+        t.pax(keys).file("GNUSparseFile.1/big", b"1\n0\n5\nhello");
+        let err = extract_layer(&t.build()[..], out.path(), &Silent).unwrap_err();
+        assert_bad_source(err, "sparse file in the pax format");
+    }
+}
+
 // ---------------------------------------------------------------- hostile archives
 
 #[test]

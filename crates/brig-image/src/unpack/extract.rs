@@ -540,6 +540,16 @@ fn read_meta<R: Read>(entry: &mut tar::Entry<'_, R>, shown: &str) -> Result<Meta
         for extension in extensions {
             let extension = extension.map_err(|e| bad(shown, format!("bad pax header: {e}")))?;
             let key = extension.key_bytes();
+            // GNU tar's sparse files in the pax format (--sparse with --format=pax):
+            // the tar crate reads them as their raw map and pieces, so the file would
+            // come out wrong. The GNU format's sparse files are read right.
+            if key.starts_with(b"GNU.sparse.") {
+                return Err(bad(
+                    shown,
+                    "a sparse file in the pax format (GNU tar --sparse --format=pax) is not \
+                     supported: make the archive with --format=gnu, or without --sparse",
+                ));
+            }
             if key == b"mtime" {
                 mtime = parse_pax_time(extension.value_bytes())
                     .ok_or_else(|| bad(shown, "bad mtime in the pax header"))?;
