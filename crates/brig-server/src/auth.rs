@@ -251,12 +251,20 @@ pub fn bytes_holding(
     permit: Permit,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let body = axum::body::Body::new(Holding {
-        rest: bytes,
-        _permit: permit,
-    });
+    // An answer of one piece goes to hyper's buffer whole anyway: plainly, as any.
+    let body = if bytes.len() <= HOLDING_PIECE {
+        axum::body::Body::from(bytes)
+    } else {
+        axum::body::Body::new(Holding {
+            rest: bytes,
+            _permit: permit,
+        })
+    };
     ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
 }
+
+/// What [`Holding`] gives hyper at a time.
+const HOLDING_PIECE: usize = 64 << 10;
 
 /// A body given to hyper a piece at a time: it takes the next piece only when it
 /// has written out most of the last, so the body (and the permit it holds) lives
@@ -275,11 +283,10 @@ impl http_body::Body for Holding {
         mut self: std::pin::Pin<&mut Self>,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        const PIECE: usize = 64 << 10;
         if self.rest.is_empty() {
             return std::task::Poll::Ready(None);
         }
-        let n = self.rest.len().min(PIECE);
+        let n = self.rest.len().min(HOLDING_PIECE);
         let piece = self.rest.split_to(n);
         std::task::Poll::Ready(Some(Ok(http_body::Frame::data(piece))))
     }

@@ -966,8 +966,13 @@ pub fn check_limit_caps(
             return over("pids", pids.to_string(), "--max-session-pids", cap);
         }
     }
+    // Asked once: available_parallelism reads the cgroup files of this process,
+    // which a pooled create (a fraction of a millisecond) cannot afford each time.
+    static HOST_CPUS_MILLIS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     let cpus_cap = args.max_session_cpus_millis.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1000, |n| n.get() as u32 * 1000)
+        *HOST_CPUS_MILLIS.get_or_init(|| {
+            std::thread::available_parallelism().map_or(1000, |n| n.get() as u32 * 1000)
+        })
     });
     if let Some(cpus) = limits.cpus_millis {
         if cpus > cpus_cap {
