@@ -3293,6 +3293,20 @@ fn send_raw(
     stream
 }
 
+/// POSTs a JSON body on a connection of its own and returns it unread.
+fn post_json_unread(d: &Daemon, path: &str, key: &str, body: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    stream
+}
+
 /// The audit events of one action, for the admin.
 fn audit_of(d: &Daemon, action: &str) -> Vec<Value> {
     let (_, audit) = d.request(
@@ -3618,7 +3632,6 @@ fn root_small_and_empty_files_count_as_the_disk_they_take() {
 
 #[test]
 fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
-    use std::io::Write;
     require_root!();
     let d = daemon(&["--body-timeout", "1s"]);
     let key = d.admin_key().to_string();
@@ -3627,14 +3640,7 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
     // daemon would hold for as long as the client kept its socket open.
     let body =
         json!({"cmd": "head -c 1048576 /dev/zero | tr '\\0' '\\1' | tee /dev/stderr"}).to_string();
-    let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
-    write!(
-        stream,
-        "POST /v1/sessions/{id}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let mut stream = post_json_unread(&d, &format!("/v1/sessions/{id}/exec"), &key, &body);
     std::thread::sleep(Duration::from_secs(4));
     // What was in flight still arrives; then the connection is closed, the answer
     // not whole.
@@ -3673,17 +3679,7 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
     set_quotas(&d, "slow-reader", json!({"max_concurrent_execs": 2}));
     let other = sid(&create(&d, &slow, json!({})));
     let unread: Vec<_> = (0..2)
-        .map(|_| {
-            let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
-            write!(
-                stream,
-                "POST /v1/sessions/{other}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {slow}\r\n\
-                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .unwrap();
-            stream
-        })
+        .map(|_| post_json_unread(&d, &format!("/v1/sessions/{other}/exec"), &slow, &body))
         .collect();
     // Once both have run (and are audited), their unread answers hold the slots.
     let ran = || {
@@ -3718,15 +3714,12 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
     // The same for a streamed exec, whose events wait for the client after the run.
     let unread: Vec<_> = (0..2)
         .map(|_| {
-            let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
-            write!(
-                stream,
-                "POST /v1/sessions/{other}/exec/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {slow}\r\n\
-                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
+            post_json_unread(
+                &d,
+                &format!("/v1/sessions/{other}/exec/stream"),
+                &slow,
+                &body,
             )
-            .unwrap();
-            stream
         })
         .collect();
     let streamed = || {
@@ -3753,17 +3746,7 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
     let code = json!({"code": "import sys\nsys.stdout.write('\\x01' * 1048576)\nsys.stderr.write('\\x01' * 1048576)"})
         .to_string();
     let unread: Vec<_> = (0..2)
-        .map(|_| {
-            let mut stream = std::net::TcpStream::connect(d.addr()).unwrap();
-            write!(
-                stream,
-                "POST /v1/execute HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {slow}\r\n\
-                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{code}",
-                code.len()
-            )
-            .unwrap();
-            stream
-        })
+        .map(|_| post_json_unread(&d, "/v1/execute", &slow, &code))
         .collect();
     let refused = || {
         d.request(
