@@ -142,7 +142,7 @@ fn scan(root: &SandboxRoot, cwd: &str) -> Listing {
 }
 
 /// Runs the code in a session of its own, deleted after; the answer comes with the
-/// exec's slot, for it to hold until it is sent (see `exec::answer_holding`).
+/// exec's slot, for it to hold until it is sent (see `exec::run_holding`).
 async fn run(
     state: &AppState,
     caller: &Caller,
@@ -335,7 +335,7 @@ async fn execute(
     })
     .await
     .map_err(ApiError::internal)??;
-    Ok(exec::answer_holding(response, slot))
+    Ok(crate::auth::json_holding(&response, slot))
 }
 
 async fn audit_execute(

@@ -195,7 +195,9 @@ pub async fn run(
 
 /// [`run`], also giving back the exec's slot (its count against the tenant's and
 /// the daemon's concurrent execs), for the answer to hold until it is sent
-/// ([`answer_holding`]).
+/// ([`crate::auth::json_holding`]): an answer is up to ~12 MB of JSON (output
+/// escaped), and clients that read slowly must hold no more of them than their
+/// tenant's concurrent execs, where each connection could otherwise hold one.
 pub(crate) async fn run_holding(
     state: &AppState,
     session: &Session,
@@ -220,18 +222,6 @@ pub(crate) async fn run_holding(
     };
     crate::metrics::exec_finished(started.elapsed(), outcome);
     result.map(|result| (result, slot))
-}
-
-/// An exec's answer, holding the exec's slot until the client has (nearly) all of
-/// it, or its connection is gone (at the latest --body-timeout after it stopped
-/// reading). An answer is up to ~12 MB of JSON (output escaped): clients that read
-/// slowly then hold no more answers than their tenant's concurrent execs, where
-/// each connection could otherwise hold one.
-pub(crate) fn answer_holding<T: Serialize>(
-    answer: T,
-    slot: crate::auth::Permit,
-) -> axum::response::Response {
-    crate::auth::json_holding(&answer, slot)
 }
 
 async fn run_inner(
@@ -681,7 +671,7 @@ async fn exec_sync(
     .await;
     audit.record(ran.as_ref().map(|(result, _)| result)).await;
     let (result, slot) = ran?;
-    Ok(answer_holding(result, slot))
+    Ok(crate::auth::json_holding(&result, slot))
 }
 
 /// Turns output chunks into UTF-8 text without splitting a character across two
@@ -797,7 +787,7 @@ async fn exec_stream(
 /// An exec's slot, kept after its run by the stream of its events until the client
 /// has had them: up to ~12 MB of escaped output can be queued for a client that
 /// reads slowly, which must count against its tenant's concurrent execs as an
-/// unread answer does (see [`answer_holding`]).
+/// unread answer does (see [`run_holding`]).
 pub(crate) fn held_slot() -> (SlotKeeper, HeldSlot) {
     let cell = std::sync::Arc::new(std::sync::Mutex::new(None));
     (SlotKeeper(cell.clone()), HeldSlot { _cell: cell })
@@ -895,7 +885,7 @@ async fn bash(
         timed_out: r.timed_out,
         duration_ms: r.duration_ms,
     };
-    Ok(answer_holding(answer, slot))
+    Ok(crate::auth::json_holding(&answer, slot))
 }
 
 #[cfg(test)]
