@@ -999,6 +999,22 @@ fn symlinks_may_point_anywhere() {
 }
 
 #[test]
+fn files_ending_in_zeros_keep_their_size_and_content() {
+    let out = tempfile::tempdir().unwrap();
+    let mut tail = b"data".to_vec();
+    tail.extend(vec![0u8; 3 * 4096 + 5]);
+    let zeros = vec![0u8; 2 * 4096];
+    let mut t = Tar::new();
+    t.file("tail", &tail)
+        .file("zeros", &zeros)
+        .file("empty", b"");
+    extract_layer(&t.build()[..], out.path(), &Silent).unwrap();
+    assert_eq!(fs::read(out.path().join("tail")).unwrap(), tail);
+    assert_eq!(fs::read(out.path().join("zeros")).unwrap(), zeros);
+    assert_eq!(fs::read(out.path().join("empty")).unwrap(), b"");
+}
+
+#[test]
 fn pax_sparse_files_are_refused_rather_than_extracted_wrong() {
     // GNU tar --sparse --format=pax (versions 0.0, 0.1 and 1.0): the tar crate
     // would give the map and the pieces as the file's content.

@@ -299,7 +299,7 @@ impl Layer<'_> {
         .context(|| format!("creating '{shown}'"))?;
         let mut file = File::from(fd);
         let expected = entry.size();
-        let mut written = 0u64;
+        let (mut written, mut ends_in_hole) = (0u64, false);
         loop {
             if self.progress.cancelled() {
                 return Err(ImageError::Interrupted);
@@ -310,7 +310,7 @@ impl Layer<'_> {
             if n == 0 {
                 break;
             }
-            write_keeping_holes(&mut file, &self.buf[..n], written)
+            ends_in_hole = write_keeping_holes(&mut file, &self.buf[..n], written)
                 .context(|| format!("writing '{shown}'"))?;
             written += n as u64;
         }
@@ -321,8 +321,10 @@ impl Layer<'_> {
             ));
         }
         // A file that ends in a hole has its size only once it is set.
-        file.set_len(written)
-            .context(|| format!("writing '{shown}'"))?;
+        if ends_in_hole {
+            file.set_len(written)
+                .context(|| format!("writing '{shown}'"))?;
+        }
         set_meta(file.as_fd(), &meta, shown)?;
         rustix::fs::futimens(&file, &meta.times())
             .context(|| format!("setting the times of '{shown}'"))
@@ -706,8 +708,9 @@ const HOLE_BLOCK: usize = 4096;
 /// skipping over blocks of zeros so they stay holes: a sparse entry of a few KiB declaring terabytes (or a
 /// compressed layer of zeros) takes no disk, where writing it out would fill the
 /// store. Blocks are aligned to the file's, whatever sizes the reads come in, and
-/// runs of data (or of holes) go out in one call each.
-pub(super) fn write_keeping_holes(file: &mut File, data: &[u8], offset: u64) -> io::Result<()> {
+/// runs of data (or of holes) go out in one call each. Returns whether `data` ended
+/// in a hole: if nothing follows, the file's size must then be set.
+pub(super) fn write_keeping_holes(file: &mut File, data: &[u8], offset: u64) -> io::Result<bool> {
     use std::io::{Seek, SeekFrom};
     let (mut at, mut pending_data, mut pending_hole) = (0usize, 0..0, 0i64);
     while at < data.len() {
@@ -737,7 +740,7 @@ pub(super) fn write_keeping_holes(file: &mut File, data: &[u8], offset: u64) -> 
     if pending_hole > 0 {
         file.seek(SeekFrom::Current(pending_hole))?;
     }
-    Ok(())
+    Ok(pending_hole > 0)
 }
 
 #[cfg(test)]
@@ -793,7 +796,7 @@ mod tests {
         let data_len = data.len() - 100;
         let mut offset = 0;
         for piece in data[..data_len].chunks(12_345) {
-            write_keeping_holes(&mut file, piece, offset).unwrap();
+            let _ = write_keeping_holes(&mut file, piece, offset).unwrap();
             offset += piece.len() as u64;
         }
         file.set_len((data.len() - 100) as u64).unwrap();

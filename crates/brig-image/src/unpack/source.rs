@@ -240,7 +240,7 @@ fn decompress_to_staging(
         .decoder()
         .context(|| "starting the decompressor".to_string())?;
     let mut buf = vec![0; 128 * 1024];
-    let mut written = 0u64;
+    let (mut written, mut ends_in_hole) = (0u64, false);
     loop {
         if progress.cancelled() {
             return Err(ImageError::Interrupted);
@@ -252,12 +252,14 @@ fn decompress_to_staging(
             Err(e) => return Err(read_error(e)),
         };
         // A small archive can decompress to gigabytes of zeros: they stay holes.
-        super::extract::write_keeping_holes(&mut out, &buf[..n], written)
+        ends_in_hole = super::extract::write_keeping_holes(&mut out, &buf[..n], written)
             .context(|| format!("writing {}", temp.display()))?;
         written += n as u64;
     }
-    out.set_len(written)
-        .context(|| format!("writing {}", temp.display()))?;
+    if ends_in_hole {
+        out.set_len(written)
+            .context(|| format!("writing {}", temp.display()))?;
+    }
     Ok(out)
 }
 
