@@ -114,8 +114,9 @@ pub struct ServeArgs {
     /// The most CPUs a session may ask for (`limits.cpus`; default: the host's).
     #[arg(long = "max-session-cpus", value_name = "N", value_parser = cpus_millis)]
     pub max_session_cpus_millis: Option<u32>,
-    /// A volume no session has used for this long is unmounted (its loop device and
-    /// mount are the host's); the next session that uses it mounts it again.
+    /// A volume no session is using at two checks this far apart is unmounted (its
+    /// loop device and mount are the host's); the next session that uses it mounts it
+    /// again.
     #[arg(
         long = "volume-idle-unmount",
         value_name = "DURATION",

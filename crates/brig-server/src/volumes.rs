@@ -539,8 +539,9 @@ pub async fn unmount_unused(shared: &Shared) {
     unmount_idle(shared, |_| true).await;
 }
 
-/// Every `--volume-idle-unmount`: unmounts the volumes no session has used since the
-/// last round. A mounted volume holds a loop device, a mount and a journal thread of
+/// Every `--volume-idle-unmount`: unmounts the volumes no session was using at this
+/// round nor at the one before (a session that used one only in between is not
+/// seen: the volume is mounted again at its next use). A mounted volume holds a loop device, a mount and a journal thread of
 /// the host's, which a tenant could otherwise keep for each of its volumes; the next
 /// session that uses one mounts it again.
 pub fn spawn_idle_unmount(state: &crate::state::AppState) {
