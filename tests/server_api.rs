@@ -6033,6 +6033,69 @@ fn root_sparse_files_cannot_make_a_snapshot_read_more_than_the_quota_allows() {
     delete_snapshot(&d, &key, &snap);
 }
 
+#[test]
+fn root_a_fork_keeps_the_holes_of_a_snapshots_sparse_files() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "holes");
+    let id = sid(&create(&d, &key, json!({})));
+    // 400 MiB that take a few KiB: a hole, one written byte, a hole; and 4 MiB of
+    // zeros really written (they read the same as a hole).
+    sh(
+        &d,
+        &key,
+        &id,
+        "cd /workspace && truncate -s 400M holes && printf x | dd of=holes bs=1 seek=200000000 conv=notrunc 2>/dev/null \
+         && head -c 4194304 /dev/zero > zeros",
+    );
+    let (status, snap) = take_snapshot(&d, &key, &id);
+    assert_eq!(status, 201, "{snap}");
+    // Forked into a sandbox whose disk (a tmpfs charged to its memory) is far
+    // smaller than the file claims: filled whole, it could not start.
+    let fork = create(
+        &d,
+        &key,
+        json!({"snapshot": snap["snapshot_id"], "limits": {"disk": "64M", "memory": "128M"}}),
+    );
+    let fork_id = sid(&fork);
+    let seen = sh(
+        &d,
+        &key,
+        &fork_id,
+        "cd /workspace && stat -c '%s %b' holes zeros && dd if=holes bs=1 skip=200000000 count=1 2>/dev/null \
+         && cmp -n 200000000 holes /dev/zero && cmp -n 4194304 zeros /dev/zero; echo \" $?\"",
+    );
+    let mut words = seen.split_whitespace();
+    let mut next = || words.next().unwrap_or_default().to_string();
+    let (holes_size, holes_blocks, zeros_size, zeros_blocks) = (next(), next(), next(), next());
+    assert_eq!(holes_size, (400u64 << 20).to_string(), "{seen}");
+    assert_eq!(zeros_size, (4u64 << 20).to_string(), "{seen}");
+    // Blocks of 512 bytes: a page or two for the written byte, none for the zeros.
+    assert!(holes_blocks.parse::<u64>().unwrap() <= 64, "{seen}");
+    assert!(zeros_blocks.parse::<u64>().unwrap() <= 64, "{seen}");
+    // The byte is where it was, everything else reads as zeros (cmp stops at the
+    // byte, hence the status of the last cmp only).
+    assert!(seen.contains('x'), "{seen}");
+    assert!(seen.trim_end().ends_with(" 0"), "{seen}");
+    // A restore fills the session the same way.
+    let (status, restored) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/restore"),
+        Some(&key),
+        Some(json!({"snapshot_id": snap["snapshot_id"]})),
+    );
+    assert_eq!(status, 200, "{restored}");
+    let seen = sh(&d, &key, &id, "stat -c '%s %b' /workspace/holes");
+    let blocks: u64 = seen.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(
+        seen.starts_with(&(400u64 << 20).to_string()) && blocks <= 64,
+        "{seen}"
+    );
+    delete_session(&d, &key, &fork_id);
+    delete_session(&d, &key, &id);
+    delete_snapshot(&d, &key, &snap);
+}
+
 fn snapshot_ids(d: &Daemon, key: &str) -> Vec<String> {
     let (status, list) = d.request("GET", "/v1/snapshots", Some(key), None);
     assert_eq!(status, 200, "{list}");

@@ -36,6 +36,7 @@ pub mod rlimits;
 pub mod seccomp;
 mod seed;
 pub mod session;
+pub mod sparse;
 mod supervisor;
 mod sys;
 pub mod watchdog;

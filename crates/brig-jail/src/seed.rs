@@ -22,7 +22,8 @@
 //! Kept: regular files, directories and symlinks, with their modes (less set-id
 //! bits) and modification times. Hard links become separate files; fifos, sockets
 //! and devices are skipped (the sandbox could not have made devices anyway). Cost:
-//! proportional to the snapshot's size (one read and one write of every byte).
+//! proportional to the snapshot's size (one read of every byte, one write of every
+//! block that is not all zeros: holes, and blocks of zeros, stay holes).
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -43,6 +44,7 @@ const CHUNK: usize = 1 << 20;
 pub(crate) fn fill(seed: &OwnedFd, plan: &FsPlan) -> Result<(), JailError> {
     let filling = Filling {
         disk_bytes: plan.scratch_bytes,
+        buf: std::cell::RefCell::new(vec![0; CHUNK]),
     };
     for op in &plan.ops {
         let FsOp::Scratch { dir, path } = op else {
@@ -69,6 +71,8 @@ pub(crate) fn fill(seed: &OwnedFd, plan: &FsPlan) -> Result<(), JailError> {
 
 struct Filling {
     disk_bytes: u64,
+    /// One copy buffer for every file (init's memory is the sandbox's).
+    buf: std::cell::RefCell<Vec<u8>>,
 }
 
 /// A directory being copied: its entries still to read and where they go.
@@ -224,17 +228,37 @@ impl Filling {
             Err(Errno::EXIST) => return Ok(()),
             Err(e) => return Err(self.error(e, "create", path)),
         };
+        // Holes stay holes: a snapshot of a sparse file (the layer packs its zeros
+        // into almost nothing) must not come back as that many bytes of tmpfs.
+        let mut target = std::fs::File::from(target);
+        let (mut copied, mut ends_in_hole) = (0u64, false);
+        let mut buf = self.buf.borrow_mut();
         loop {
-            match rustix::fs::sendfile(&target, &source, None, CHUNK) {
+            let n = match rustix::io::read(&source, &mut buf[..]) {
                 Ok(0) => break,
-                Ok(_) => {}
-                Err(Errno::INTR) => {}
-                Err(e) => return Err(self.error(e, "write", path)),
-            }
+                Ok(n) => n,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(self.error(e, "read the snapshot's", path)),
+            };
+            ends_in_hole = crate::sparse::write_keeping_holes(&mut target, &buf[..n], copied)
+                .map_err(|e| self.io_error(e, "write", path))?;
+            copied += n as u64;
+        }
+        if ends_in_hole {
+            target
+                .set_len(copied)
+                .map_err(|e| self.io_error(e, "write", path))?;
         }
         rustix::fs::fchmod(&target, mode_of(stat))
             .and_then(|()| rustix::fs::futimens(&target, &times_of(stat)))
             .map_err(|e| self.error(e, "set the mode and times of", path))
+    }
+
+    fn io_error(&self, e: std::io::Error, what: &str, path: &str) -> JailError {
+        match e.raw_os_error() {
+            Some(raw) => self.error(Errno::from_raw_os_error(raw), what, path),
+            None => JailError::sys(format!("fill from the snapshot: {what} {path}"), e),
+        }
     }
 
     fn error(&self, e: Errno, what: &str, path: &str) -> JailError {

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -310,8 +310,9 @@ impl Layer<'_> {
             if n == 0 {
                 break;
             }
-            ends_in_hole = write_keeping_holes(&mut file, &self.buf[..n], written)
-                .context(|| format!("writing '{shown}'"))?;
+            ends_in_hole =
+                brig_jail::sparse::write_keeping_holes(&mut file, &self.buf[..n], written)
+                    .context(|| format!("writing '{shown}'"))?;
             written += n as u64;
         }
         if written != expected {
@@ -701,48 +702,6 @@ fn bad(shown: &str, message: impl std::fmt::Display) -> ImageError {
     ImageError::BadSource(format!("entry '{shown}': {message}"))
 }
 
-/// The block a run of zeros must fill to be left as a hole rather than written.
-const HOLE_BLOCK: usize = 4096;
-
-/// Writes `data` at the file's offset `offset` (a new file, written front to back),
-/// skipping over blocks of zeros so they stay holes: a sparse entry of a few KiB declaring terabytes (or a
-/// compressed layer of zeros) takes no disk, where writing it out would fill the
-/// store. Blocks are aligned to the file's, whatever sizes the reads come in, and
-/// runs of data (or of holes) go out in one call each. Returns whether `data` ended
-/// in a hole: if nothing follows, the file's size must then be set.
-pub(super) fn write_keeping_holes(file: &mut File, data: &[u8], offset: u64) -> io::Result<bool> {
-    use std::io::{Seek, SeekFrom};
-    let (mut at, mut pending_data, mut pending_hole) = (0usize, 0..0, 0i64);
-    while at < data.len() {
-        let into_block = (offset + at as u64) as usize % HOLE_BLOCK;
-        let end = data.len().min(at + HOLE_BLOCK - into_block);
-        let window = &data[at..end];
-        // Zeros need not be written to a new file at all; the block is the unit only
-        // so the runs are long. A block cut in two by the reads is skipped in two.
-        if window.iter().all(|&b| b == 0) {
-            file.write_all(&data[pending_data.clone()])?;
-            pending_data = end..end;
-            pending_hole += window.len() as i64;
-        } else {
-            if pending_hole > 0 {
-                file.seek(SeekFrom::Current(pending_hole))?;
-                pending_hole = 0;
-            }
-            if pending_data.is_empty() {
-                pending_data = at..end;
-            } else {
-                pending_data.end = end;
-            }
-        }
-        at = end;
-    }
-    file.write_all(&data[pending_data])?;
-    if pending_hole > 0 {
-        file.seek(SeekFrom::Current(pending_hole))?;
-    }
-    Ok(pending_hole > 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -782,28 +741,5 @@ mod tests {
         assert_eq!(id(65534, "uid", "x").unwrap(), 65534);
         assert!(id(u64::from(u32::MAX), "uid", "x").is_err());
         assert!(id(1 << 40, "gid", "x").is_err());
-    }
-
-    #[test]
-    fn blocks_of_zeros_are_left_as_holes() {
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sparse");
-        let mut file = File::create(&path).unwrap();
-        let mut data = vec![0u8; 64 << 20];
-        data[HOLE_BLOCK + 7] = 1;
-        // In pieces of odd sizes, as a decompressor hands them out.
-        let data_len = data.len() - 100;
-        let mut offset = 0;
-        for piece in data[..data_len].chunks(12_345) {
-            let _ = write_keeping_holes(&mut file, piece, offset).unwrap();
-            offset += piece.len() as u64;
-        }
-        file.set_len((data.len() - 100) as u64).unwrap();
-        drop(file);
-        let read = std::fs::read(&path).unwrap();
-        assert_eq!(read, &data[..data.len() - 100]);
-        let meta = std::fs::metadata(&path).unwrap();
-        assert!(meta.blocks() * 512 <= 64 << 10, "{} blocks", meta.blocks());
     }
 }

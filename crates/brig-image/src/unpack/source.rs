@@ -252,7 +252,7 @@ fn decompress_to_staging(
             Err(e) => return Err(read_error(e)),
         };
         // A small archive can decompress to gigabytes of zeros: they stay holes.
-        ends_in_hole = super::extract::write_keeping_holes(&mut out, &buf[..n], written)
+        ends_in_hole = brig_jail::sparse::write_keeping_holes(&mut out, &buf[..n], written)
             .context(|| format!("writing {}", temp.display()))?;
         written += n as u64;
     }
