@@ -318,6 +318,7 @@ pub fn spawn_background(state: &AppState, expiry_interval: Duration) {
     state.metrics.spawn_upkeep();
     state.db.spawn_checkpoints();
     crate::audit::spawn_retention(state);
+    crate::audit::spawn_refusal_summaries(state);
     crate::volumes::spawn_idle_unmount(state);
 }
 
@@ -351,6 +352,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // do, by design).
     crate::sessions::pool::drain(&state).await;
     crate::volumes::unmount_unused(&state).await;
+    crate::audit::write_refusal_summaries(&state).await;
     result
 }
 

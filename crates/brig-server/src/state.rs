@@ -30,6 +30,8 @@ pub struct Shared {
     pub sessions: OnceCell<Sessions>,
     /// Volumes and bundles claimed by session creates under way.
     pub holds: Holds,
+    /// Refusals recorded one by one; the rest are summed up (`audit::RefusalBudget`).
+    pub refusals: crate::audit::RefusalBudget,
     shutdown: watch::Sender<bool>,
     /// Held for as long as the state lives; see [`DataDirLock`].
     _data_dir_lock: DataDirLock,
@@ -84,6 +86,7 @@ impl Shared {
             metrics: Metrics::global(),
             sessions: OnceCell::new(),
             holds: Holds::default(),
+            refusals: Default::default(),
             shutdown,
             _data_dir_lock: data_dir_lock,
         }))
