@@ -365,23 +365,53 @@ impl Settings {
             url = url.or(config.url);
             api_key = api_key.or(config.api_key);
         }
-        if api_key.is_none() {
-            let dir = env("BRIG_DATA_DIR").unwrap_or_else(|| DEFAULT_DATA_DIR.to_string());
-            // Unreadable (not root, no daemon here) simply means no key: the daemon
-            // then answers 401 with its own message.
-            api_key = fs::read_to_string(Path::new(&dir).join("admin.key"))
-                .ok()
-                .map(|k| k.trim().to_string())
-                .filter(|k| !k.is_empty());
-        }
         let url = url.unwrap_or_else(|| DEFAULT_URL.to_string());
         let url = url.trim_end_matches('/').to_string();
         if !(url.starts_with("http://") || url.starts_with("https://")) || url.contains(['?', '#'])
         {
             bail!("bad daemon URL '{url}': expected http(s)://HOST:PORT");
         }
+        if api_key.is_none() {
+            let dir = env("BRIG_DATA_DIR").unwrap_or_else(|| DEFAULT_DATA_DIR.to_string());
+            let dir = Path::new(&dir);
+            // The admin key goes only to the daemon that wrote it, at the address it
+            // serves on: any other URL (mistyped, copied, or a port someone bound
+            // while the daemon was down) would be handed the daemon. Unreadable (not
+            // root, no daemon here) simply means no key: the daemon then answers 401.
+            let serving = brig_server::state::running_daemon_address(dir);
+            if serving.is_some_and(|addr| url_reaches(&url, addr)) {
+                api_key = fs::read_to_string(dir.join("admin.key"))
+                    .ok()
+                    .map(|k| k.trim().to_string())
+                    .filter(|k| !k.is_empty());
+            }
+        }
         Ok(Settings { url, api_key })
     }
+}
+
+/// Whether `url` names the daemon listening on `addr`: the same port, and the same
+/// address or, for a daemon listening on every address, a loopback address.
+fn url_reaches(url: &str, addr: std::net::SocketAddr) -> bool {
+    let Ok(uri) = url.parse::<ureq::http::Uri>() else {
+        return false;
+    };
+    let default_port = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    if uri.port_u16().unwrap_or(default_port) != addr.port() {
+        return false;
+    }
+    // Only an address, not a name: `localhost` may resolve to ::1 while the daemon
+    // listens on 127.0.0.1 only, and then another user's listener there gets the key.
+    let host = uri.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let Ok(ip) = host.parse::<std::net::IpAddr>() else {
+        return false;
+    };
+    ip == addr.ip() || (addr.ip().is_unspecified() && ip.is_loopback())
 }
 
 fn load_config(env: &dyn Fn(&str) -> Option<String>) -> Result<ConfigFile> {
@@ -505,6 +535,17 @@ impl Client {
                 Some((e["code"].as_str()?.into(), e["message"].as_str()?.into()))
             });
         Err(match parsed {
+            // The daemon's message speaks of headers; a CLI user sets a variable.
+            Some((code, message)) if status == 401 && self.api_key.is_none() => ApiError {
+                status,
+                code,
+                message: format!(
+                    "{message}: this CLI found no key (give one with --api-key, BRIG_API_KEY \
+                     or api_key in ~/.config/brig/client.toml; as root on the daemon's host, \
+                     the admin key in BRIG_DATA_DIR (default {DEFAULT_DATA_DIR}) is sent to \
+                     that daemon's own address only)"
+                ),
+            },
             Some((code, message)) => ApiError {
                 status,
                 code,
@@ -1746,10 +1787,10 @@ mod tests {
             ("BRIG_URL", String::new()),
         ]);
         let s = Settings::resolve(&none, &env).unwrap();
-        // No key anywhere else: the readable admin.key.
+        // No key anywhere else, but the admin.key is not that daemon's: none.
         assert_eq!(
             (s.url.as_str(), s.api_key.as_deref()),
-            ("http://other:1", Some("admin-key"))
+            ("http://other:1", None)
         );
         // Nothing at all: the default URL, no key.
         let env = env_of(&[(
@@ -1763,6 +1804,57 @@ mod tests {
                 api_key: None
             }
         );
+    }
+
+    #[test]
+    fn the_admin_key_goes_only_to_the_daemon_that_wrote_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path();
+        fs::write(data.join("admin.key"), "admin-key\n").unwrap();
+        fs::write(data.join("listen"), "127.0.0.1:7799\n").unwrap();
+        let lock = fs::File::create(data.join("daemon.lock")).unwrap();
+        let key_for = |url: &str| {
+            let env = env_of(&[
+                ("BRIG_DATA_DIR", data.to_string_lossy().into()),
+                ("BRIG_URL", url.into()),
+                ("HOME", data.to_string_lossy().into()),
+            ]);
+            Settings::resolve(&ConnArgs::default(), &env)
+                .unwrap()
+                .api_key
+        };
+        // No daemon holds the data dir: whatever listens there now is not it.
+        assert_eq!(key_for("http://127.0.0.1:7799"), None);
+        lock.lock().unwrap();
+        assert_eq!(
+            key_for("http://127.0.0.1:7799").as_deref(),
+            Some("admin-key")
+        );
+        assert_eq!(
+            key_for("http://127.0.0.1:7799/").as_deref(),
+            Some("admin-key")
+        );
+        for elsewhere in [
+            "http://127.0.0.1:7798",
+            "http://127.0.0.2:7799",
+            "http://localhost:7799",
+            "http://example.com:7799",
+            "https://127.0.0.1",
+        ] {
+            assert_eq!(key_for(elsewhere), None, "{elsewhere}");
+        }
+        // A daemon on every address is reached on a loopback address.
+        fs::write(data.join("listen"), "0.0.0.0:7799\n").unwrap();
+        assert_eq!(
+            key_for("http://127.0.0.1:7799").as_deref(),
+            Some("admin-key")
+        );
+        assert_eq!(key_for("http://10.1.2.3:7799"), None);
+        fs::write(data.join("listen"), "[::]:80\n").unwrap();
+        assert_eq!(key_for("http://[::1]").as_deref(), Some("admin-key"));
+        // Not yet recorded (a daemon starting): none.
+        fs::remove_file(data.join("listen")).unwrap();
+        assert_eq!(key_for("http://127.0.0.1:7799"), None);
     }
 
     #[test]

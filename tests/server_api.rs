@@ -1739,6 +1739,68 @@ fn import_tiny_image(d: &Daemon, name: &str) {
 }
 
 #[test]
+fn root_the_cli_sends_the_admin_key_only_to_the_daemon_that_wrote_it() {
+    require_root!();
+    let d = daemon(&[]);
+    let cli = |url: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_brig"))
+            .env_remove("BRIG_API_KEY")
+            .env_remove("BRIG_CONFIG")
+            .env("HOME", d.data_dir())
+            .env("BRIG_DATA_DIR", d.data_dir())
+            .env("BRIG_URL", url)
+            .args(["session", "ls", "--json"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    // As root on the daemon's host, at its address: the admin key is found.
+    let out = cli(&d.url(""));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Anywhere else (here a listener standing in for a mistyped or hostile URL):
+    // no key is sent.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            request.extend_from_slice(&buf[..n]);
+        }
+        let body = br#"{"error":{"code":"unauthorized","message":"missing API key"}}"#;
+        let _ = write!(
+            stream,
+            "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = stream.write_all(body);
+        String::from_utf8_lossy(&request).to_lowercase()
+    });
+    let out = cli(&url);
+    assert!(!out.status.success());
+    // And the refusal tells a CLI user where a key goes.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("BRIG_API_KEY"), "{stderr}");
+    let request = seen.join().unwrap();
+    assert!(request.starts_with("get /v1/sessions"), "{request}");
+    assert!(!request.contains("authorization"), "{request}");
+    assert!(
+        !request.contains(&d.admin_key().to_lowercase()),
+        "{request}"
+    );
+}
+
+#[test]
 fn root_tenants_never_see_or_touch_each_other() {
     require_root!();
     let d = daemon(&[]);

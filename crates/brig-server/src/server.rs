@@ -335,6 +335,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let state = start(args).await?;
+    crate::state::record_listen_address(&state.data_dir, listener.local_addr()?)?;
     spawn_background(&state, crate::filestore::EXPIRY_INTERVAL);
     tracing::info!(
         addr = %listener.local_addr().unwrap_or(listen),

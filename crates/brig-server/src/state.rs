@@ -182,6 +182,16 @@ impl DataDirLock {
                 data_dir.display()
             );
         }
+        // A predecessor's address is no longer this daemon's: until this one has
+        // bound its own, the CLI must find none (see `running_daemon_address`).
+        match std::fs::remove_file(data_dir.join(LISTEN_FILE)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => anyhow::bail!(
+                "cannot remove {}: {e}",
+                data_dir.join(LISTEN_FILE).display()
+            ),
+        }
         // Best effort: the pid only makes the message above more helpful.
         let _ = file
             .set_len(0)
@@ -189,6 +199,54 @@ impl DataDirLock {
             .and_then(|()| writeln!(file, "{}", std::process::id()));
         Ok(DataDirLock { _file: file })
     }
+}
+
+/// The file in the data dir naming the address the daemon holding the data dir's
+/// lock serves on. The CLI, as root on the daemon's host, sends the admin key only
+/// to that address: to any other (a mistyped or copied `BRIG_URL`, or a port another
+/// user bound while the daemon was down) it would hand over the daemon.
+pub const LISTEN_FILE: &str = "listen";
+
+/// Records the address the daemon on `data_dir` serves on (after it holds the lock).
+pub fn record_listen_address(data_dir: &Path, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    let path = data_dir.join(LISTEN_FILE);
+    std::fs::write(&path, format!("{addr}\n"))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The address of the daemon running on `data_dir`: `None` when none is (nobody
+/// holds its lock, so whatever listens at an old address is not it) or it has not
+/// recorded one yet.
+pub fn running_daemon_address(data_dir: &Path) -> Option<std::net::SocketAddr> {
+    if !flock_is_held(&data_dir.join("daemon.lock"))? {
+        return None;
+    }
+    std::fs::read_to_string(data_dir.join(LISTEN_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whether some process holds a `flock` on the file at `path`, read from
+/// `/proc/locks` rather than by trying to take it: a daemon starting at that moment
+/// would find it taken and refuse to start.
+fn flock_is_held(path: &Path) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let id = format!(
+        "{:02x}:{:02x}:{}",
+        rustix::fs::major(meta.dev()),
+        rustix::fs::minor(meta.dev()),
+        meta.ino()
+    );
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    // `1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF`; a waiter's line has `->`
+    // after the number, and holds nothing.
+    Some(locks.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.get(1) == Some(&"FLOCK") && fields.get(5) == Some(&id.as_str())
+    }))
 }
 
 /// Creates `dir` and its missing parents with mode 0700 (created with the mode, so
