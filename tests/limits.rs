@@ -40,6 +40,42 @@ fn root_memory_limit_oom_kills_and_reports() {
 }
 
 #[test]
+fn root_socket_buffers_count_against_the_sandbox_not_the_host() {
+    require_root!();
+    // Datagrams on loopback sockets nobody reads, with raised buffers: cgroup v1
+    // charges them to no one unless brig turns its socket accounting on, and they
+    // took 2.2 GB of host memory (and the host-wide UDP and TCP pools) from a 64 MiB
+    // sandbox. /proc/net/udp is the sandbox's own network namespace.
+    let script = r#"
+import socket
+tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+data, sent, kept = b"x" * 60000, 0, []
+for _ in range(100):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 30)
+    s.bind(("127.0.0.1", 0))
+    kept.append(s)
+    for _ in range(200):
+        try:
+            sent += tx.sendto(data, s.getsockname())
+        except OSError:
+            break
+queued = sum(int(line.split()[4].split(":")[1], 16) for line in open("/proc/net/udp").readlines()[1:])
+print(sent >> 20, queued >> 20)
+"#;
+    let (v, _) = run_json(&["--memory", "64M"], &["python3", "-c", script]);
+    if v["oom_killed"] == true {
+        return; // charged to the sandbox's memory itself (cgroup v2)
+    }
+    let stdout = v["stdout"].as_str().unwrap();
+    let mut numbers = stdout.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+    let (sent_mib, queued_mib) = (numbers.next().unwrap(), numbers.next().unwrap());
+    assert!(sent_mib >= 500, "{v}");
+    // Twice the memory limit at most (the socket buffers' own limit), and slack.
+    assert!(queued_mib <= 160, "{queued_mib} MiB queued: {v}");
+}
+
+#[test]
 fn root_memory_peak_is_measured() {
     require_root!();
     let (v, _) = run_json(

@@ -428,11 +428,12 @@ fn cases() -> Vec<Case> {
             Ok,
         )
         .unconfined(Ok),
+        // Its queued messages are charged to no memory cgroup.
         case(
             "socket_netlink",
             SYS_socket,
             json!([AF_NETLINK, SOCK_RAW, 0]),
-            Ok,
+            Errno(EAFNOSUPPORT),
         )
         .unconfined(Ok),
         case(

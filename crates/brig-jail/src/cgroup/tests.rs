@@ -340,6 +340,7 @@ const MEMORY_FILES: &[(&str, &str)] = &[
     ("cgroup.procs", ""),
     ("memory.limit_in_bytes", ""),
     ("memory.memsw.limit_in_bytes", ""),
+    ("memory.kmem.tcp.limit_in_bytes", ""),
     ("memory.oom_control", ""),
     ("memory.max_usage_in_bytes", ""),
 ];
@@ -399,6 +400,10 @@ fn v1_comounted_cpu_cpuacct_under_the_callers_cgroups() {
     );
     assert_eq!(
         tree.read(&format!("{memory}/memory.memsw.limit_in_bytes")),
+        "67108864"
+    );
+    assert_eq!(
+        tree.read(&format!("{memory}/memory.kmem.tcp.limit_in_bytes")),
         "67108864"
     );
     assert_eq!(tree.read(&format!("{pids}/pids.max")), "16");
@@ -496,7 +501,7 @@ fn v1_without_memsw_notes_that_swap_is_not_limited() {
             .written
             .keys()
             .collect::<Vec<_>>(),
-        vec!["memory.limit_in_bytes"]
+        vec!["memory.kmem.tcp.limit_in_bytes", "memory.limit_in_bytes"]
     );
     cgroup.remove().unwrap();
 }
