@@ -6241,6 +6241,67 @@ fn store_contents(d: &Daemon) -> (BTreeSet<String>, BTreeSet<String>) {
     (names("images", ".json"), names("layers", ".erofs"))
 }
 
+#[test]
+fn root_a_deleted_snapshots_layer_goes_when_the_last_session_using_it_ends() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "leak");
+    import_tiny_image(&d, "tiny");
+    let store_before = store_contents(&d);
+    let origin = sid(&create(&d, &key, json!({"image": "tiny"})));
+    let noise = noise(7, 5_000_000);
+    let (status, _) = d.raw(
+        "PUT",
+        &files_url(&origin, "/workspace/noise"),
+        Some(&key),
+        None,
+        Some(noise.clone()),
+    );
+    assert_eq!(status, 201);
+    let (status, snap) = take_snapshot(&d, &key, &origin);
+    assert_eq!(status, 201, "{snap}");
+    let fork = sid(&create(&d, &key, json!({"snapshot": snap["snapshot_id"]})));
+    let restored = sid(&create(&d, &key, json!({"image": "tiny"})));
+    let (status, body) = d.request(
+        "POST",
+        &format!("/v1/sessions/{restored}/restore"),
+        Some(&key),
+        Some(json!({"snapshot_id": snap["snapshot_id"]})),
+    );
+    assert_eq!(status, 200, "{body}");
+    // Deleted while two sessions run from it: its layer stays while they use it...
+    delete_snapshot(&d, &key, &snap);
+    let (_, layers) = store_contents(&d);
+    let held: Vec<&String> = layers.difference(&store_before.1).collect();
+    assert_eq!(held.len(), 1, "{layers:?}");
+    let held_hex = held[0].trim_end_matches(".erofs").to_string();
+    let mounted = || std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(mounted().contains(&held_hex));
+    let (status, read) = d.raw(
+        "GET",
+        &files_url(&fork, "/workspace/noise"),
+        Some(&key),
+        None,
+        None,
+    );
+    assert_eq!((status, read == noise), (200, true));
+    delete_session(&d, &key, &fork);
+    assert_eq!(store_contents(&d).1.len(), store_before.1.len() + 1);
+    // ...and goes with the last one (here replaced by a restore to its image).
+    let (status, body) = d.request(
+        "POST",
+        &format!("/v1/sessions/{restored}/restore"),
+        Some(&key),
+        Some(json!({"snapshot_id": "snap_nope"})),
+    );
+    assert_eq!(status, 404, "{body}");
+    delete_session(&d, &key, &restored);
+    assert_eq!(store_contents(&d), store_before);
+    delete_session(&d, &key, &origin);
+    assert_eq!(store_contents(&d), store_before);
+    assert!(!mounted().contains(&held_hex));
+}
+
 /// `len` incompressible bytes (a layer of them is about as large).
 fn noise(seed: u64, len: u64) -> Vec<u8> {
     let mut out = Vec::new();

@@ -60,7 +60,7 @@ pub struct Launched {
     pub env: Vec<(String, String)>,
     /// The default working directory.
     pub cwd: String,
-    /// The image's layers' digests, when it has an image (for snapshots).
+    /// The image it was started from, if any (for snapshots).
     pub image: Option<String>,
     pub uid: u32,
     pub gid: u32,

@@ -763,6 +763,7 @@ impl Sessions {
                 if let Some(launched) = launched {
                     let handle = launched.handle.clone();
                     let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
+                    release_deleted_snapshot_layers(shared, &launched).await;
                 }
                 // Its directory goes in `sweep`, with any sandbox recorded only there.
                 let id2 = id.clone();
@@ -1609,17 +1610,47 @@ pub async fn persist(state: &Shared, session: &Session, db_state: &str) -> Resul
 
 /// Kills the sandbox and removes its cgroup and directory.
 async fn destroy_sandbox(state: &Shared, session: &Session) {
-    kill_sandbox(session, &session.sandbox()).await;
+    kill_sandbox(state, session, &session.sandbox()).await;
     let _ = tokio::fs::remove_dir_all(session.dir(state)).await;
 }
 
 /// Kills one sandbox of the session and removes its cgroup.
-async fn kill_sandbox(session: &Session, sandbox: &Launched) {
+async fn kill_sandbox(state: &Shared, session: &Session, sandbox: &Launched) {
     let handle = sandbox.handle.clone();
     match tokio::task::spawn_blocking(move || handle.destroy()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(session = %session.id, "cleanup: {e}"),
         Err(e) => tracing::warn!(session = %session.id, "cleanup task: {e}"),
+    }
+    release_deleted_snapshot_layers(state, sandbox).await;
+}
+
+/// After a sandbox started from a snapshot has ended: if the snapshot was deleted
+/// meanwhile, the layers it alone held were left in the store while the sandbox
+/// used them, counted for no tenant; they go now (a store gc: layers no image
+/// references and no sandbox uses).
+pub(crate) async fn release_deleted_snapshot_layers(state: &Shared, sandbox: &Launched) {
+    let Some(image) = sandbox.image.clone().filter(|i| i.starts_with("snap-")) else {
+        return;
+    };
+    let store_dir = state.args.store.clone();
+    let released = tokio::task::spawn_blocking(move || {
+        let store = brig_image::store::Store::open(&store_dir)?;
+        if store.has_image(&image) {
+            return Ok(None);
+        }
+        store.gc(false).map(Some)
+    })
+    .await;
+    match released {
+        Ok(Ok(Some(report))) if !report.removed_layers.is_empty() => tracing::info!(
+            layers = report.removed_layers.len(),
+            bytes = report.freed_bytes,
+            "removed the layers of deleted snapshots"
+        ),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!("removing the layers of deleted snapshots: {e}"),
+        Err(e) => tracing::warn!("removing the layers of deleted snapshots: {e}"),
     }
 }
 
@@ -1640,7 +1671,7 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
     // The sandbox ends before the gate is taken: execs running in it end with it
     // (409) instead of holding the delete, and the reaper, up to their timeouts.
     let sandbox = session.sandbox();
-    kill_sandbox(session, &sandbox).await;
+    kill_sandbox(state, session, &sandbox).await;
     // Waits for running operations that hold the gate (they see `deleted` next).
     let _gate = session.gate.write().await;
     if Arc::ptr_eq(&sandbox, &session.sandbox()) {

@@ -710,6 +710,7 @@ async fn restore_session(
         let old = session.replace_sandbox(launched);
         let handle = old.handle.clone();
         let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
+        super::release_deleted_snapshot_layers(&state, &old).await;
         if old.control_socket != session.sandbox().control_socket {
             let _ = tokio::fs::remove_file(&old.control_socket).await;
             let _ = tokio::fs::remove_file(super::launch::record_path(&old.control_socket)).await;
