@@ -6242,6 +6242,61 @@ fn store_contents(d: &Daemon) -> (BTreeSet<String>, BTreeSet<String>) {
 }
 
 #[test]
+fn root_one_tenants_slow_forks_do_not_hold_up_another_tenants_creates() {
+    require_root!();
+    let d = daemon(&[]);
+    let (a, _) = tenant_key(&d, "forker");
+    let (b, _) = tenant_key(&d, "bystander");
+    let origin = sid(&create(&d, &a, json!({})));
+    // A host snapshot's fork copies its files in as it starts: seconds for this one.
+    sh(
+        &d,
+        &a,
+        &origin,
+        "head -c 100000000 /dev/urandom > /workspace/noise",
+    );
+    let (status, snap) = take_snapshot(&d, &a, &origin);
+    assert_eq!(status, 201, "{snap}");
+    let started = Instant::now();
+    let (bystander, bystander_done, forks) = std::thread::scope(|scope| {
+        let forks: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                    let (status, fork) = d.request(
+                        "POST",
+                        "/v1/sessions",
+                        Some(&a),
+                        Some(json!({"snapshot": snap["snapshot_id"], "limits": {"memory": "1G"}})),
+                    );
+                    (status, fork, started.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let bystander = sid(&create(&d, &b, json!({})));
+        let done = started.elapsed();
+        let forks: Vec<_> = forks.into_iter().map(|f| f.join().unwrap()).collect();
+        (bystander, done, forks)
+    });
+    let ends: Vec<_> = forks
+        .into_iter()
+        .map(|(status, fork, ended)| {
+            assert_eq!(status, 201, "{fork}");
+            delete_session(&d, &a, &sid(&fork));
+            ended
+        })
+        .collect();
+    let first_fork = ends.iter().min().unwrap();
+    assert!(
+        bystander_done < *first_fork,
+        "the other tenant's create ended at {bystander_done:?}, the forks at {ends:?}"
+    );
+    delete_session(&d, &b, &bystander);
+    delete_session(&d, &a, &origin);
+    delete_snapshot(&d, &a, &snap);
+}
+
+#[test]
 fn root_a_deleted_snapshots_layer_goes_when_the_last_session_using_it_ends() {
     require_root!();
     let d = daemon(&[]);

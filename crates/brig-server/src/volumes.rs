@@ -326,8 +326,8 @@ async fn grow(state: &AppState, tenant: &str, name: &str, capacity: u64) -> Resu
     // The lock session creates check their quota under, held until the capacity is
     // recorded: no create or other growth can count the same room meanwhile. The
     // capacity is recorded only once the filesystem has it, so the lock is held
-    // across the growth (usually a fraction of a second; a create holds it across
-    // making a volume and starting its sandbox too).
+    // across the growth (usually a fraction of a second; a create that uses a volume
+    // holds it across making or mounting it and starting its sandbox too).
     let _admission = state.sessions().admit().await;
     // Meanwhile a delete answers 409, and a daemon stopping leaves the volume alone.
     let _claim = state.holds.claim(vec![held.clone()]).await;

@@ -591,7 +591,33 @@ struct Live {
     by_id: HashMap<String, Arc<Session>>,
     /// Sessions and their disk limits summed per tenant, changed with `by_id` under
     /// the same lock: quota checks read it instead of walking every session.
+    /// Creates admitted but not yet live count in it too (see [`Reservation`]).
     per_tenant: HashMap<String, TenantUsage>,
+    /// Creates admitted but not yet live, all tenants together.
+    reserved: usize,
+}
+
+/// A create admitted by the quota checks but not yet live: it counts as a session of
+/// its tenant, with its disk, until dropped (after the session is inserted, or when
+/// the create fails). So the admission lock is not held while its sandbox starts,
+/// which takes seconds for a fork of a large snapshot: one tenant's forks held up
+/// every other tenant's creates that long.
+pub(crate) struct Reservation<'a> {
+    sessions: &'a Sessions,
+    tenant: String,
+    disk_bytes: u64,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut live = self
+            .sessions
+            .live
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        live.reserved = live.reserved.saturating_sub(1);
+        live.release(&self.tenant, self.disk_bytes);
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -698,12 +724,35 @@ impl Sessions {
         list
     }
 
+    /// Live sessions.
     pub fn count(&self) -> usize {
         self.live
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .by_id
             .len()
+    }
+
+    /// Live sessions, and creates admitted but not yet live: what `--max-sessions`
+    /// counts.
+    fn count_admitted(&self) -> usize {
+        let live = self.live.read().unwrap_or_else(|e| e.into_inner());
+        live.by_id.len() + live.reserved
+    }
+
+    /// Counts an admitted create as a session of `tenant` until the reservation is
+    /// dropped; call under the admission lock, after the quota checks.
+    fn reserve(&self, tenant: &str, disk_bytes: u64) -> Reservation<'_> {
+        let mut live = self.live.write().unwrap_or_else(|e| e.into_inner());
+        live.reserved += 1;
+        let usage = live.per_tenant.entry(tenant.to_string()).or_default();
+        usage.sessions += 1;
+        usage.disk_bytes += disk_bytes;
+        Reservation {
+            sessions: self,
+            tenant: tenant.to_string(),
+            disk_bytes,
+        }
     }
 
     async fn reattach(&self, shared: &Arc<Shared>) -> anyhow::Result<()> {
@@ -864,11 +913,15 @@ impl Sessions {
 impl Live {
     /// Takes a session that left `by_id` out of its tenant's usage.
     fn forget(&mut self, session: &Session) {
-        if let Some(usage) = self.per_tenant.get_mut(&session.tenant) {
+        self.release(&session.tenant, session.disk_bytes);
+    }
+
+    fn release(&mut self, tenant: &str, disk_bytes: u64) {
+        if let Some(usage) = self.per_tenant.get_mut(tenant) {
             usage.sessions = usage.sessions.saturating_sub(1);
-            usage.disk_bytes = usage.disk_bytes.saturating_sub(session.disk_bytes);
+            usage.disk_bytes = usage.disk_bytes.saturating_sub(disk_bytes);
             if usage.sessions == 0 {
-                self.per_tenant.remove(&session.tenant);
+                self.per_tenant.remove(tenant);
             }
         }
     }
@@ -1321,7 +1374,7 @@ async fn create_with(
     // cannot both pass the last free slot.
     let admission = state.sessions().admission.lock().await;
     let sessions = state.sessions();
-    if sessions.count() >= shared.args.max_sessions {
+    if sessions.count_admitted() >= shared.args.max_sessions {
         return Err(ApiError::unavailable(format!(
             "the daemon is at its limit of {} sessions; try again later",
             shared.args.max_sessions
@@ -1361,6 +1414,12 @@ async fn create_with(
         )));
     }
 
+    // Counted from here until the session is live (or the create fails), so the
+    // admission lock can go before the sandbox starts. A create that uses a volume
+    // keeps it: making and mounting a volume is not safe against a second create of
+    // the same one.
+    let reservation = sessions.reserve(&caller.tenant, limits.disk_bytes + new_volume);
+    let admission = request.volume.is_some().then_some(admission);
     // From here until the session is live, its volume and bundles cannot be deleted.
     let claim = state.holds.claim(request.held(&caller.tenant)).await;
     // One of them may have been deleted before the claim.
@@ -1384,6 +1443,7 @@ async fn create_with(
         }
     };
     sessions.insert(session.clone());
+    drop(reservation);
     drop(claim);
     drop(admission);
     watch_exit(state, &session);
