@@ -6242,6 +6242,40 @@ fn store_contents(d: &Daemon) -> (BTreeSet<String>, BTreeSet<String>) {
 }
 
 #[test]
+fn root_filling_tmp_past_the_memory_limit_kills_the_command_not_the_session() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    // Default limits: memory and disk both 512M, and /tmp a tmpfs charged to the
+    // memory. The writer holds next to nothing itself, so the OOM killer took init
+    // (the largest process), and the session ended with it.
+    let id = sid(&create(&d, &key, json!({})));
+    let r = exec(
+        &d,
+        &key,
+        &id,
+        json!({"cmd": "head -c 600000000 /dev/zero > /tmp/z"}),
+    );
+    assert_eq!(r["oom_killed"], true, "{r}");
+    assert_eq!(r["signal"], 9, "{r}");
+    // The session lives on; with its memory full of /tmp, what frees it works.
+    let (status, body) = d.raw("DELETE", &files_url(&id, "/tmp/z"), Some(&key), None, None);
+    assert_eq!(status, 204, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(sh(&d, &key, &id, "echo alive"), "alive\n");
+    // Commands are the first the kernel kills, here or on the host; init is not.
+    assert_eq!(
+        sh(
+            &d,
+            &key,
+            &id,
+            "cat /proc/self/oom_score_adj /proc/1/oom_score_adj"
+        ),
+        "1000\n0\n"
+    );
+    delete_session(&d, &key, &id);
+}
+
+#[test]
 fn root_one_tenants_slow_forks_do_not_hold_up_another_tenants_creates() {
     require_root!();
     let d = daemon(&[]);

@@ -272,6 +272,8 @@ struct Connection {
 pub(crate) struct Agent {
     pub listener: OwnedFd,
     pub writes: crate::mounts::Writes,
+    /// Jobs start with the highest OOM score (see `oom`).
+    pub oom: Option<crate::oom::OomScore>,
 }
 
 /// Serves requests until told to shut down; never returns. Init is single-threaded
@@ -604,7 +606,11 @@ impl AgentState {
             stdio: [fds[0].as_raw_fd(), fds[1].as_raw_fd(), fds[2].as_raw_fd()],
             failure: SpawnFailure::default(),
         };
-        let (pid, failure) = match spawn_job(spawn) {
+        let spawned = match &mut self.agent.oom {
+            Some(oom) => oom.for_command(|| spawn_job(spawn)),
+            None => spawn_job(spawn),
+        };
+        let (pid, failure) = match spawned {
             Ok(result) => result,
             Err(e) => return bad(format!("fork: {e}")),
         };

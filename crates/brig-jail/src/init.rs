@@ -139,7 +139,7 @@ pub(crate) fn child_main(plan: ChildPlan<'_>) -> ! {
     };
     if plan.session.is_some() {
         applied.report();
-        detach_and_serve(writes)
+        detach_and_serve(writes, command.oom)
     }
     let code = supervise(command, applied);
     sys::exit_now(code)
@@ -175,7 +175,7 @@ impl Applied {
 
 /// Session mode: once the parent says it is done, stop dying with it (it exits
 /// now; the daemon re-parents init) and become the exec agent.
-fn detach_and_serve(writes: mounts::Writes) -> ! {
+fn detach_and_serve(writes: mounts::Writes, oom: Option<crate::oom::OomScore>) -> ! {
     match recv_fds() {
         Ok((Some(GO_DETACH), _)) => {}
         _ => sys::exit_now(125),
@@ -189,7 +189,11 @@ fn detach_and_serve(writes: mounts::Writes) -> ! {
     // else owns it.
     let listener =
         unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(LISTENER_FD) };
-    crate::agent::serve(crate::agent::Agent { listener, writes })
+    crate::agent::serve(crate::agent::Agent {
+        listener,
+        writes,
+        oom,
+    })
 }
 
 fn arrange_fds(plan: &ChildPlan<'_>) -> Result<(), JailError> {
@@ -260,6 +264,8 @@ struct Command {
     argv: Vec<CString>,
     envp: Vec<CString>,
     candidates: Vec<CString>,
+    /// Commands start with the highest OOM score (see `oom`).
+    oom: Option<crate::oom::OomScore>,
 }
 
 fn setup(plan: &ChildPlan<'_>) -> Result<(Command, mounts::Writes, Applied), JailError> {
@@ -379,6 +385,12 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, mounts::Writes, Applied), Jai
         brig_policy::IdMapping::Build => caps::keep_build_set()?,
     }
     sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1).context(|| "set no_new_privs".into())?;
+    // Before Landlock, which refuses writes to /proc; and while init is dumpable (the
+    // change of uid made it not), or its /proc files are root's. Nothing of the
+    // sandbox runs before init is made non-dumpable again below.
+    let oom = sys::prctl(libc::PR_SET_DUMPABLE, 1)
+        .ok()
+        .and_then(|_| crate::oom::OomScore::open());
     let landlock = landlock::restrict(plan.spec.landlock, &plan.plan.writable, &plan.plan.devices)?;
     mark("child_landlock");
     if let Some(program) = plan.seccomp {
@@ -397,6 +409,7 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, mounts::Writes, Applied), Jai
             argv: plan.argv.clone(),
             envp: plan.envp.clone(),
             candidates: plan.exec_candidates.clone(),
+            oom,
         },
         writes,
         Applied {
@@ -516,7 +529,7 @@ fn enter_cwd(cwd: &str) -> Result<(), JailError> {
 }
 
 /// Forks and execs the command, then acts as PID 1 until it ends. Returns init's exit code.
-fn supervise(command: Command, applied: Applied) -> i32 {
+fn supervise(mut command: Command, applied: Applied) -> i32 {
     let mut watched = SigSet::empty();
     watched.add(Signal::SIGCHLD);
     for sig in FORWARDED {
@@ -528,17 +541,24 @@ fn supervise(command: Command, applied: Applied) -> i32 {
     // Like vfork: the command shares init's memory until it execs, so none of it is
     // copied (init is a copy of brig, plan and all); init waits meanwhile.
     let mut stack = vec![0u8; 256 << 10];
+    let mut oom = command.oom.take();
     let start = Box::new(|| -> isize { exec_command(&command) });
-    // SAFETY: init is single-threaded and suspended until the child execs or exits;
-    // the child only adjusts its own signal state, execs, or reports and _exits, and
-    // its stack is `stack`, which outlives the call.
-    let spawned = unsafe {
-        nix::sched::clone(
-            start,
-            &mut stack,
-            nix::sched::CloneFlags::CLONE_VM | nix::sched::CloneFlags::CLONE_VFORK,
-            Some(libc::SIGCHLD),
-        )
+    let clone = || {
+        // SAFETY: init is single-threaded and suspended until the child execs or
+        // exits; the child only adjusts its own signal state, execs, or reports and
+        // _exits, and its stack is `stack`, which outlives the call.
+        unsafe {
+            nix::sched::clone(
+                start,
+                &mut stack,
+                nix::sched::CloneFlags::CLONE_VM | nix::sched::CloneFlags::CLONE_VFORK,
+                Some(libc::SIGCHLD),
+            )
+        }
+    };
+    let spawned = match &mut oom {
+        Some(oom) => oom.for_command(clone),
+        None => clone(),
     };
     let child = match spawned {
         Ok(child) => child,

@@ -30,6 +30,7 @@ pub mod landlock;
 pub mod loopdev;
 mod mounts;
 mod net;
+mod oom;
 mod proto;
 pub mod report;
 pub mod rlimits;
