@@ -384,12 +384,19 @@ fn main() -> ExitCode {
             .and_then(|matches| <RunArgs as clap::FromArgMatches>::from_arg_matches(&matches));
         return match parsed {
             Ok(args) => run(args),
-            Err(e) => usage_error(e),
+            Err(e) => {
+                // A caller that asked for JSON parses stdout, bad flags or not.
+                let json = std::env::args_os()
+                    .skip(2)
+                    .take_while(|a| a != "--")
+                    .any(|a| a == "--json");
+                usage_error(e, json)
+            }
         };
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return usage_error(e),
+        Err(e) => return usage_error(e, false),
     };
     match cli.command {
         Command::Run(args) => run(*args),
@@ -414,8 +421,9 @@ fn run_command() -> clap::Command {
     RunArgs::augment_args(clap::Command::new("run").bin_name(format!("{binary} run")))
 }
 
-/// Help and version go to stdout with success; anything else is one line on stderr.
-fn usage_error(e: clap::Error) -> ExitCode {
+/// Help and version go to stdout with success; anything else is one line on stderr
+/// (and, with `json`, the JSON error on stdout).
+fn usage_error(e: clap::Error, json: bool) -> ExitCode {
     use clap::error::ErrorKind;
     if matches!(
         e.kind(),
@@ -432,8 +440,11 @@ fn usage_error(e: clap::Error) -> ExitCode {
         .next()
         .unwrap_or("invalid arguments")
         .trim_start_matches("error: ");
-    eprintln!("brig: {first} (see brig --help)");
-    ExitCode::from(EXIT_BRIG_ERROR)
+    fail(
+        json,
+        "invalid_argument",
+        &format!("{first} (see brig --help)"),
+    )
 }
 
 /// Warnings and errors on stderr; `BRIG_LOG` (an env-filter directive) for more. The

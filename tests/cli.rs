@@ -73,6 +73,15 @@ fn bad_flags_exit_125_with_one_line() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.starts_with("brig: "), "{args:?}: {stderr}");
+        // Asked for JSON, the caller gets it on stdout, whatever was wrong.
+        let mut json_args = args.clone();
+        json_args.insert(1, "--json");
+        let out = brig().args(&json_args).output().unwrap();
+        assert_eq!(out.status.code(), Some(125), "{json_args:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{json_args:?}: {e}: {:?}", out.stdout));
+        assert!(v["error"]["code"].is_string(), "{json_args:?}: {v}");
+        assert!(v["error"]["message"].is_string(), "{json_args:?}: {v}");
     }
 }
 
