@@ -12,7 +12,9 @@
 //! and init has dropped), but any process may move between the lowest score it was
 //! given and 1000. So init raises its own score just before starting a command
 //! (which inherits it) and goes back right after, through a descriptor opened before
-//! Landlock, which refuses writes to /proc.
+//! Landlock, which refuses writes to /proc. Init holds the command's score only from
+//! the clone until the command has exec'd and init runs again: microseconds, in
+//! which an OOM kill could take init as before.
 
 use std::io::{Read, Write};
 
