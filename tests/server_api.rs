@@ -6092,6 +6092,158 @@ fn root_a_snapshot_deleted_while_sessions_start_from_it_fails_nothing_else() {
     }
 }
 
+/// Fills the audit log with `rows` events of `tenant`, written straight into the
+/// daemon's database, so that a search of them that matches none (see
+/// [`slow_audit_searches`]) scans them all.
+fn fill_audit(data_dir: &Path, tenant: &str, rows: i64) {
+    let conn = rusqlite::Connection::open(data_dir.join("brig.db")).unwrap();
+    conn.busy_timeout(Duration::from_secs(30)).unwrap();
+    conn.execute(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
+         INSERT INTO audit (time, tenant, action, detail, outcome)
+         SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), ?1, 'test.filler', '{}', 'ok' FROM n",
+        rusqlite::params![tenant, rows],
+    )
+    .unwrap();
+}
+
+/// `n` audit searches that match nothing, started at once: they hold every
+/// connection of the daemon's database pool while they scan, so a request that
+/// needs the pool waits behind them (one that writes through the daemon's own quick
+/// connection, as DELETE of a session does, does not).
+fn slow_audit_searches<'s>(
+    scope: &'s std::thread::Scope<'s, '_>,
+    d: &'s Daemon,
+    key: &'s str,
+    n: usize,
+) -> Vec<std::thread::ScopedJoinHandle<'s, u16>> {
+    (0..n)
+        .map(|_| {
+            scope.spawn(move || {
+                d.request(
+                    "GET",
+                    "/v1/audit?outcome=no_such_outcome&limit=10",
+                    Some(key),
+                    None,
+                )
+                .0
+            })
+        })
+        .collect()
+}
+
+/// A restore racing a DELETE of its session: the restore found the session, then
+/// waited (for the snapshot's row, behind a busy database pool; for the session's
+/// gate) while the delete ran. Whatever the order, a deleted session stays deleted:
+/// no sandbox is left for it, it counts for nothing in its tenant's usage, and a
+/// restarted daemon brings nothing back. Before the fix the restore started a
+/// sandbox after the delete had finished and wrote the deleted row back: the sandbox
+/// ran on, unlisted and unreaped, and the next start re-attached the session.
+#[test]
+fn root_a_restore_racing_a_delete_never_brings_the_session_back() {
+    require_root!();
+    let dir = tempfile::Builder::new()
+        .prefix("restore-delete-")
+        .tempdir()
+        .unwrap();
+    let (data, store) = (dir.path().join("data"), dir.path().join("store"));
+    let args = ["--default-image", "host"];
+    let mut d = Daemon::start_in(&data, &store, &args);
+    let (key, _) = tenant_key(&d, "racer");
+    let origin = sid(&create(&d, &key, json!({})));
+    sh(&d, &key, &origin, "echo restored > /workspace/f");
+    let (status, snap) = take_snapshot(&d, &key, &origin);
+    assert_eq!(status, 201, "{snap}");
+    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
+    delete_session(&d, &key, &origin);
+    fill_audit(&data, "racer", 400_000);
+    // How long the restore waits for the pool, roughly: the delays below spread
+    // the delete over that wait, the launch after it, and beyond.
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for search in slow_audit_searches(scope, &d, &key, 4) {
+            assert_eq!(search.join().unwrap(), 200);
+        }
+    });
+    let scan = started.elapsed();
+    let mut outcomes = BTreeSet::new();
+    let mut deleted = Vec::new();
+    for round in 0..16u32 {
+        let id = sid(&create(&d, &key, json!({})));
+        let (restored, removed) = std::thread::scope(|scope| {
+            let searches = slow_audit_searches(scope, &d, &key, 12);
+            std::thread::sleep(Duration::from_millis(30));
+            let restore = scope.spawn(|| {
+                d.request(
+                    "POST",
+                    &format!("/v1/sessions/{id}/restore"),
+                    Some(&key),
+                    Some(json!({"snapshot_id": snap_id})),
+                )
+            });
+            std::thread::sleep(Duration::from_millis(20) + scan * round / 4);
+            let removed = d.request("DELETE", &format!("/v1/sessions/{id}"), Some(&key), None);
+            for search in searches {
+                search.join().unwrap();
+            }
+            (restore.join().unwrap(), removed)
+        });
+        assert_eq!(removed.0, 204, "round {round}: {}", removed.1);
+        assert!(
+            restored.0 == 200 || restored.0 == 404,
+            "round {round}: restore answered {} {}",
+            restored.0,
+            restored.1
+        );
+        outcomes.insert(restored.0);
+        assert!(!session_ids(&d, &key, "").contains(&id), "round {round}");
+        deleted.push(id);
+    }
+    eprintln!("restores answered {outcomes:?} (audit scan {scan:?})");
+    // No sandbox of a deleted session is left (the daemon has no other session).
+    let end = Instant::now() + Duration::from_secs(10);
+    while !sandboxes(&d).is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        sandboxes(&d),
+        BTreeSet::new(),
+        "sandboxes of deleted sessions"
+    );
+    assert_eq!(tenant_usage(&d, "racer")["sessions"], 0);
+    let rows: i64 = rusqlite::Connection::open(data.join("brig.db"))
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM sessions", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(rows, 0, "rows of deleted sessions");
+    // A restarted daemon re-attaches nothing.
+    d.stop();
+    drop(d);
+    let d = Daemon::start_in(&data, &store, &args);
+    d.remember_key(&key);
+    assert_eq!(session_ids(&d, &key, ""), BTreeSet::new());
+    assert_eq!(sandboxes(&d), BTreeSet::new());
+    assert_eq!(tenant_usage(&d, "racer")["sessions"], 0);
+    let (status, body) = d.request(
+        "DELETE",
+        &format!("/v1/snapshots/{snap_id}"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 204, "{body}");
+    drop(d);
+    for id in &deleted {
+        assert!(!data.join("sessions").join(id).exists(), "{id}'s directory");
+    }
+    // The snapshot's layer was mounted in the store for the restores.
+    let gc = common::brig()
+        .args(["image", "gc", "--unmount", "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(gc.status.success(), "{gc:?}");
+}
+
 fn take_snapshot(d: &Daemon, key: &str, id: &str) -> (u16, Value) {
     d.request(
         "POST",

@@ -1590,13 +1590,12 @@ impl SessionRow {
         })
     }
 
-    /// Inserts the row, or updates the state, sandbox and activity of an existing one.
-    fn upsert(&self, conn: &rusqlite::Connection) -> rusqlite::Result<usize> {
+    /// Inserts a new session's row.
+    fn insert(&self, conn: &rusqlite::Connection) -> rusqlite::Result<usize> {
         conn.prepare_cached(
             "INSERT INTO sessions (id, tenant, state, image, snapshot, request, runtime,
                  created_at, expires_at, idle_timeout_s, last_active_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-             ON CONFLICT(id) DO UPDATE SET state = ?3, runtime = ?7, last_active_at = ?11",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         )?
         .execute(rusqlite::params![
             self.id,
@@ -1609,6 +1608,26 @@ impl SessionRow {
             self.created_at,
             self.expires_at,
             self.idle_timeout_s,
+            self.last_active_at
+        ])
+    }
+
+    /// Updates the state, sandbox and activity of the session's row, if it still has
+    /// one; returns how many rows changed (0: the session was deleted). A row being
+    /// deleted stays `deleting` (with the new sandbox, for a restarted daemon to
+    /// destroy): never written back as live, and never inserted again once gone,
+    /// which would resurrect the session at the next start.
+    fn update(&self, conn: &rusqlite::Connection) -> rusqlite::Result<usize> {
+        conn.prepare_cached(
+            "UPDATE sessions
+             SET state = CASE WHEN state = 'deleting' THEN state ELSE ?2 END,
+                 runtime = ?3, last_active_at = ?4
+             WHERE id = ?1",
+        )?
+        .execute(rusqlite::params![
+            self.id,
+            self.state,
+            self.runtime,
             self.last_active_at
         ])
     }
@@ -1652,7 +1671,7 @@ async fn record_new(
             if let Some(pool_row) = &pool_row {
                 delete_row(&tx, pool_row)?;
             }
-            row.upsert(&tx)?;
+            row.insert(&tx)?;
             if let Some((event, detail)) = &event {
                 crate::db::insert_audit_in(&tx, event, detail)?;
             }
@@ -1661,10 +1680,29 @@ async fn record_new(
         .await
 }
 
-/// Writes the session's row (insert or update).
+/// Writes a change of a live session to its row (never inserts one): 404 if the
+/// session has been deleted.
 pub async fn persist(state: &Shared, session: &Session, db_state: &str) -> Result<(), ApiError> {
     let row = SessionRow::of(session, db_state)?;
-    state.db.quick(move |conn| row.upsert(conn)).await?;
+    let updated = state.db.quick(move |conn| row.update(conn)).await?;
+    if updated == 0 {
+        return Err(gone(session));
+    }
+    Ok(())
+}
+
+/// The answer to a request that finds its session deleted once it may act on it.
+pub fn gone(session: &Session) -> ApiError {
+    ApiError::not_found(format!("no session {}", session.id))
+}
+
+/// For operations that replace or change a session's sandbox: once they hold the
+/// gate exclusively, 404 if a delete came first (it has killed the sandbox, or ended
+/// the session altogether), so nothing is started or changed for a deleted session.
+pub fn ensure_not_deleted(session: &Session) -> Result<(), ApiError> {
+    if session.deleted.load(Ordering::SeqCst) {
+        return Err(gone(session));
+    }
     Ok(())
 }
 
@@ -2091,6 +2129,7 @@ async fn set_paused(
     let result = async {
         let session = lookup(state, caller, id)?;
         let _gate = session.gate.write().await;
+        ensure_not_deleted(&session)?;
         freeze(&session, paused).await?;
         session.paused.store(paused, Ordering::SeqCst);
         persist(state, &session, if paused { "paused" } else { "running" }).await?;

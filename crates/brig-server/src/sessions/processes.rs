@@ -28,7 +28,7 @@ use utoipa_axum::routes;
 use super::agent::{Agent, ANSWER_TIMEOUT};
 use super::exec::{init_not_answering, pipe, sandbox_gone, Command, ExecRequest};
 use super::files::{root_of, rootfs_error, with_root};
-use super::{ensure_running, lookup, Session};
+use super::{ensure_not_deleted, ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery};
@@ -124,6 +124,7 @@ async fn start_process(
         let session = lookup(&state, &caller, &id)?;
         ensure_running(&session)?;
         let _gate = session.gate.read().await;
+        ensure_not_deleted(&session)?;
         start(&state, &session, &request).await
     }
     .await;

@@ -38,8 +38,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{
-    freeze, launch_sandbox, limits_of, lookup, persist, prepare_bundles, spec_for, BundleMount,
-    Held, Session,
+    ensure_not_deleted, freeze, launch_sandbox, limits_of, lookup, persist, prepare_bundles,
+    spec_for, BundleMount, Held, Session,
 };
 use crate::audit;
 use crate::auth::Caller;
@@ -253,6 +253,7 @@ pub async fn snapshot(
         )));
     }
     let _gate = session.gate.write().await;
+    ensure_not_deleted(session)?;
     let was_paused = session.paused.load(std::sync::atomic::Ordering::SeqCst);
     // Init is in the sandbox's cgroup: frozen, it cannot answer. So the descriptors
     // of what it writes are taken while it runs (a paused session is thawed for
@@ -699,6 +700,9 @@ async fn restore_session(
             .await?
             .start();
         let _gate = session.gate.write().await;
+        // A delete that finished while this waited (for the snapshot's row, for the
+        // gate) would otherwise see a sandbox started for a session that is gone.
+        ensure_not_deleted(&session)?;
         let limits = limits_of(&session.request)?;
         // The session keeps its own mounts and volume (held while it lives).
         let spec = spec_for(&state, &caller.tenant, &session.request, &limits)?;
