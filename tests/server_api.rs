@@ -6244,6 +6244,61 @@ fn root_a_restore_racing_a_delete_never_brings_the_session_back() {
     assert!(gc.status.success(), "{gc:?}");
 }
 
+/// A snapshot asked for while a restore of the session runs waits for it and is a
+/// snapshot of the restored session. Before the fix it took the sandbox the restore
+/// was replacing and answered 409 "the session's sandbox is not reachable".
+#[test]
+fn root_a_snapshot_during_a_restore_is_of_the_restored_session() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let limits = json!({"memory": "1G", "disk": "1G"});
+    let id = sid(&create(&d, &key, json!({ "limits": limits })));
+    // Large enough that a restore copying it in takes a while.
+    sh(
+        &d,
+        &key,
+        &id,
+        "yes brig | head -c 300M > /workspace/big && echo restored > /workspace/mark",
+    );
+    let (status, big) = take_snapshot(&d, &key, &id);
+    assert_eq!(status, 201, "{big}");
+    for round in 0..3u64 {
+        sh(
+            &d,
+            &key,
+            &id,
+            &format!("echo round{round} > /workspace/mark"),
+        );
+        let (restored, snapshot) = std::thread::scope(|scope| {
+            let restore = scope.spawn(|| {
+                d.request(
+                    "POST",
+                    &format!("/v1/sessions/{id}/restore"),
+                    Some(&key),
+                    Some(json!({"snapshot_id": big["snapshot_id"]})),
+                )
+            });
+            std::thread::sleep(Duration::from_millis(100 + 50 * round));
+            let snapshot = take_snapshot(&d, &key, &id);
+            (restore.join().unwrap(), snapshot)
+        });
+        assert_eq!(restored.0, 200, "round {round}: {}", restored.1);
+        assert_eq!(snapshot.0, 201, "round {round}: {}", snapshot.1);
+        let fork = sid(&create(
+            &d,
+            &key,
+            json!({"snapshot": snapshot.1["snapshot_id"], "limits": limits}),
+        ));
+        assert_eq!(sh(&d, &key, &fork, "cat /workspace/mark"), "restored\n");
+        delete_session(&d, &key, &fork);
+        delete_snapshot(&d, &key, &snapshot.1);
+    }
+    assert_eq!(sh(&d, &key, &id, "cat /workspace/mark"), "restored\n");
+    delete_session(&d, &key, &id);
+    delete_snapshot(&d, &key, &big);
+}
+
 fn take_snapshot(d: &Daemon, key: &str, id: &str) -> (u16, Value) {
     d.request(
         "POST",

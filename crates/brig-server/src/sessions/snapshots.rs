@@ -235,8 +235,6 @@ pub async fn snapshot(
     session: &Arc<Session>,
     name: Option<String>,
 ) -> Result<SnapshotInfo, ApiError> {
-    let sandbox = session.sandbox();
-    let base = sandbox.image.clone();
     // A snapshot only ever adds to what the tenant uses: at its quota already, it is
     // refused before the session is paused or anything is packed.
     let used = state
@@ -254,6 +252,10 @@ pub async fn snapshot(
     }
     let _gate = session.gate.write().await;
     ensure_not_deleted(session)?;
+    // Read under the gate: a restore that held it has replaced the sandbox (and its
+    // base image), and the one read before would be gone.
+    let sandbox = session.sandbox();
+    let base = sandbox.image.clone();
     let was_paused = session.paused.load(std::sync::atomic::Ordering::SeqCst);
     // Init is in the sandbox's cgroup: frozen, it cannot answer. So the descriptors
     // of what it writes are taken while it runs (a paused session is thawed for
