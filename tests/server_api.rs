@@ -6244,6 +6244,127 @@ fn root_a_restore_racing_a_delete_never_brings_the_session_back() {
     assert!(gc.status.success(), "{gc:?}");
 }
 
+/// A background process started before a restore ended with the sandbox the restore
+/// replaced, and says so (killed, signal 9): `wait` answers at once, a signal is a
+/// no-op (204) as for any ended process, and the restored sandbox's processes get
+/// ids of their own, so an old id never reports a new command. Before the fix the
+/// old process stayed `running` forever, a signal to it was 404, and the restored
+/// sandbox's first process took id 1 again, overwriting the old one's row.
+#[test]
+fn root_processes_end_with_the_sandbox_a_restore_replaces_and_ids_are_not_reused() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    let (status, snap) = take_snapshot(&d, &key, &id);
+    assert_eq!(status, 201, "{snap}");
+    let base = format!("/v1/sessions/{id}/processes");
+    let start = |cmd: &str| -> u64 {
+        let (status, p) = d.request("POST", &base, Some(&key), Some(json!({ "cmd": cmd })));
+        assert_eq!(status, 201, "{p}");
+        p["process_id"].as_u64().unwrap()
+    };
+    let wait = |pid: u64| -> Value {
+        let (status, p) = d.request(
+            "POST",
+            &format!("{base}/{pid}/wait?timeout_ms=10000"),
+            Some(&key),
+            None,
+        );
+        assert_eq!(status, 200, "{p}");
+        p
+    };
+    let restore = || {
+        let (status, body) = d.request(
+            "POST",
+            &format!("/v1/sessions/{id}/restore"),
+            Some(&key),
+            Some(json!({"snapshot_id": snap["snapshot_id"]})),
+        );
+        assert_eq!(status, 200, "{body}");
+    };
+    let done = start("echo done");
+    assert_eq!(wait(done)["exit_code"], 0);
+    let sleeper = start("sleep 1000");
+    restore();
+
+    let (status, old) = d.request("GET", &format!("{base}/{sleeper}"), Some(&key), None);
+    assert_eq!(status, 200, "{old}");
+    assert_eq!(
+        (&old["state"], &old["signal"], &old["exit_code"]),
+        (&json!("exited"), &json!(9), &Value::Null),
+        "{old}"
+    );
+    assert!(old["ended_at"].is_string(), "{old}");
+    let waited = Instant::now();
+    assert_eq!(wait(sleeper)["state"], "exited");
+    assert!(waited.elapsed() < Duration::from_secs(5));
+    let (status, body) = d.request(
+        "POST",
+        &format!("{base}/{sleeper}/signal"),
+        Some(&key),
+        Some(json!({"signal": "TERM"})),
+    );
+    assert_eq!(status, 204, "{body}");
+
+    let fresh = start("echo new; exit 3");
+    assert!(
+        fresh > sleeper && fresh > done,
+        "{fresh} after {done} and {sleeper}"
+    );
+    assert_eq!(wait(fresh)["exit_code"], 3);
+    let (_, old) = d.request("GET", &format!("{base}/{sleeper}"), Some(&key), None);
+    assert_eq!(
+        (&old["argv"][2], &old["signal"]),
+        (&json!("sleep 1000"), &json!(9)),
+        "{old}"
+    );
+    let (_, first) = d.request("GET", &format!("{base}/{done}"), Some(&key), None);
+    assert_eq!(
+        (&first["argv"][2], &first["exit_code"]),
+        (&json!("echo done"), &json!(0))
+    );
+    let (status, out) = d.raw(
+        "GET",
+        &format!("{base}/{fresh}/output"),
+        Some(&key),
+        None,
+        None,
+    );
+    assert_eq!((status, &out[..]), (200, &b"new\n"[..]));
+
+    // The next restore numbers on after every id used so far, and a process of the
+    // restored sandbox is signalled, not mistaken for an old one.
+    let running = start("sleep 1000");
+    restore();
+    let later = start("sleep 1000");
+    assert!(later > running, "{later} after {running}");
+    let (status, _) = d.request(
+        "POST",
+        &format!("{base}/{later}/signal"),
+        Some(&key),
+        Some(json!({"signal": "KILL"})),
+    );
+    assert_eq!(status, 204);
+    assert_eq!(wait(later)["signal"], 9);
+    let (_, list) = d.request("GET", &base, Some(&key), None);
+    let states: Vec<(u64, String)> = list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["process_id"].as_u64().unwrap(),
+                p["state"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(states.len(), 5, "{list}");
+    assert!(states.iter().all(|(_, state)| state == "exited"), "{list}");
+    delete_session(&d, &key, &id);
+    delete_snapshot(&d, &key, &snap);
+}
+
 /// A snapshot asked for while a restore of the session runs waits for it and is a
 /// snapshot of the restored session. Before the fix it took the sandbox the restore
 /// was replacing and answered 409 "the session's sandbox is not reachable".

@@ -68,6 +68,27 @@ pub struct Launched {
     /// left out of snapshots.
     pub placeholders: Vec<String>,
     pub timings_us: Vec<brig_jail::report::Timing>,
+    /// What the API adds to init's job ids to make process ids: 0 for a session's
+    /// first sandbox; a restore's sandbox, whose init counts from 1 again, starts
+    /// after the highest process id the session has used, so an id never names two
+    /// processes of one session.
+    #[serde(default)]
+    pub process_base: u64,
+}
+
+impl Launched {
+    /// The API's id of this sandbox's job `job`.
+    pub fn process_id(&self, job: u64) -> u64 {
+        self.process_base + job
+    }
+
+    /// This sandbox's job of process `process_id`; `None` for a process of a sandbox
+    /// a restore replaced.
+    pub fn job(&self, process_id: u64) -> Option<u64> {
+        process_id
+            .checked_sub(self.process_base)
+            .filter(|job| *job > 0)
+    }
 }
 
 /// `brig __session-start`: runs in a fresh single-threaded process.
@@ -227,6 +248,7 @@ fn start(request: LaunchRequest) -> Result<Launched, Failure> {
         gid,
         placeholders,
         timings_us: started.timings_us,
+        process_base: 0,
     };
     let written = serde_json::to_vec(&launched)
         .map_err(std::io::Error::other)

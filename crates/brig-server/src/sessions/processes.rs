@@ -69,6 +69,8 @@ pub struct StartProcess {
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ProcessInfo {
+    /// Unique within the session, also across restores: a restored sandbox's
+    /// processes are numbered on from the highest id the session has used.
     pub process_id: u64,
     pub argv: Vec<String>,
     /// "running" or "exited".
@@ -199,17 +201,18 @@ async fn start(
         let (message, code) = failed.unwrap_or_default();
         return Err(ApiError::invalid(format!("{message} (exit code {code})")));
     };
+    let process_id = sandbox.process_id(job);
     let stdin =
         tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w).map_err(ApiError::internal)?;
     session
         .stdin
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(job, stdin);
+        .insert(process_id, stdin);
     let started_at = crate::db::now_rfc3339();
     let row = (
         session.id.clone(),
-        job.to_string(),
+        process_id.to_string(),
         session.tenant.clone(),
         serde_json::to_string(&command.argv).unwrap_or_default(),
         started_at.clone(),
@@ -225,9 +228,9 @@ async fn start(
             )
         })
         .await?;
-    watch(state, session, job, Some(agent), permit);
+    watch(state, session, process_id, Some(agent), permit);
     Ok(ProcessInfo {
-        process_id: job,
+        process_id,
         argv: command.argv,
         state: "running".into(),
         exit_code: None,
@@ -246,7 +249,7 @@ async fn start(
 pub fn watch(
     state: &AppState,
     session: &std::sync::Arc<Session>,
-    job: u64,
+    process_id: u64,
     agent: Option<Agent>,
     permit: crate::auth::Permit,
 ) {
@@ -256,20 +259,84 @@ pub fn watch(
         let _permit = permit;
         let exit = match agent {
             Some(mut agent) => wait_on(&mut agent).await,
-            None => match Agent::connect(&session.sandbox().control_socket) {
-                Ok(mut agent) => {
-                    if agent.send(&AgentRequest::Wait { job }, &[]).await.is_err() {
-                        return;
+            None => {
+                let sandbox = session.sandbox();
+                let Some(job) = sandbox.job(process_id) else {
+                    record_exit(&state, &session, process_id, KILLED).await;
+                    return;
+                };
+                match Agent::connect(&sandbox.control_socket) {
+                    Ok(mut agent) => {
+                        if agent.send(&AgentRequest::Wait { job }, &[]).await.is_err() {
+                            return;
+                        }
+                        wait_on(&mut agent).await
                     }
-                    wait_on(&mut agent).await
+                    Err(_) => return,
                 }
-                Err(_) => return,
-            },
+            }
         };
         if let Some(exit) = exit {
-            record_exit(&state, &session, job, exit).await;
+            record_exit(&state, &session, process_id, exit).await;
         }
     });
+}
+
+/// How a process of a sandbox that a restore replaced ended: killed with it.
+const KILLED: JobExit = JobExit {
+    code: None,
+    signal: Some(libc::SIGKILL),
+};
+
+/// The process id a restore's new sandbox numbers its processes after: the highest
+/// the session has used (its rows stay while it lives), never below the current
+/// sandbox's own base.
+pub async fn next_base(state: &AppState, session: &Session) -> Result<u64, ApiError> {
+    let id = session.id.clone();
+    let highest = state
+        .db
+        .call(move |conn| {
+            conn.query_row(
+                "SELECT COALESCE(MAX(CAST(id AS INTEGER)), 0) FROM processes WHERE session_id = ?1",
+                rusqlite::params![id],
+                |row| row.get::<_, i64>(0),
+            )
+        })
+        .await?;
+    Ok(u64::try_from(highest)
+        .unwrap_or(0)
+        .max(session.sandbox().process_base))
+}
+
+/// Once a restore has replaced the sandbox: the processes of the old one were
+/// killed with it. Their watchers see only their connection close (no exit
+/// status), so their rows are ended here, and their stdin pipes dropped. A failure
+/// is only logged: the restore is done, and `wait` ends such a row by itself.
+pub async fn end_replaced(state: &AppState, session: &Session, base: u64) {
+    session
+        .stdin
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|process_id, _| *process_id > base);
+    let id = session.id.clone();
+    let ended = state
+        .db
+        .call(move |conn| {
+            conn.execute(
+                "UPDATE processes SET ended_at = ?3, exit_code = NULL, signal = ?4
+                 WHERE session_id = ?1 AND ended_at IS NULL AND CAST(id AS INTEGER) <= ?2",
+                rusqlite::params![
+                    id,
+                    crate::db::to_sql_int(base),
+                    crate::db::now_rfc3339(),
+                    KILLED.signal
+                ],
+            )
+        })
+        .await;
+    if let Err(e) = ended {
+        tracing::warn!(session = %session.id, "cannot end the processes of the replaced sandbox: {}", e.message);
+    }
 }
 
 async fn wait_on(agent: &mut Agent) -> Option<JobExit> {
@@ -797,9 +864,15 @@ async fn process_signal(
         let session = lookup(&state, &caller, &id)?;
         load_one(&state, &session, pid).await?;
         let signal = parse_signal(&request.signal)?;
+        let sandbox = session.sandbox();
+        // A process of a sandbox a restore replaced has ended (killed with it):
+        // like any ended process, a signal to it changes nothing.
+        let Some(job) = sandbox.job(pid) else {
+            return Ok(());
+        };
         let (reply, _) = super::agent::call(
-            &session.sandbox().control_socket,
-            &AgentRequest::Signal { job: pid, signal },
+            &sandbox.control_socket,
+            &AgentRequest::Signal { job, signal },
         )
         .await
         .map_err(sandbox_gone)?;
@@ -849,12 +922,16 @@ async fn process_wait(
         return Ok(ApiJson(info));
     }
     let timeout = Duration::from_millis(query.timeout_ms.unwrap_or(30_000).min(3_600_000));
+    let sandbox = session.sandbox();
+    let Some(job) = sandbox.job(pid) else {
+        // Of a sandbox a restore replaced (a daemon killed during that restore did
+        // not get to end its row).
+        record_exit(&state, &session, pid, KILLED).await;
+        return Ok(ApiJson(load_one(&state, &session, pid).await?.info));
+    };
     let waited = tokio::time::timeout(timeout, async {
-        let mut agent = Agent::connect(&session.sandbox().control_socket).ok()?;
-        agent
-            .send(&AgentRequest::Wait { job: pid }, &[])
-            .await
-            .ok()?;
+        let mut agent = Agent::connect(&sandbox.control_socket).ok()?;
+        agent.send(&AgentRequest::Wait { job }, &[]).await.ok()?;
         wait_on(&mut agent).await
     })
     .await;

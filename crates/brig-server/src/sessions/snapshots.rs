@@ -712,7 +712,9 @@ async fn restore_session(
         // The new sandbox gets its own socket beside the old one, then replaces it.
         // Nothing of the old sandbox changes until the new one is ready (a snapshot
         // larger than the session's disk fails here).
-        let launched = launch_sandbox(&state, &session.id, spec, image, seed, false).await?;
+        let process_base = super::processes::next_base(&state, &session).await?;
+        let mut launched = launch_sandbox(&state, &session.id, spec, image, seed, false).await?;
+        launched.process_base = process_base;
         let old = session.replace_sandbox(launched);
         let handle = old.handle.clone();
         let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
@@ -725,6 +727,7 @@ async fn restore_session(
             .paused
             .store(false, std::sync::atomic::Ordering::SeqCst);
         persist(&state, &session, "running").await?;
+        super::processes::end_replaced(&state, &session, process_base).await;
         super::watch_exit(&state, &session);
         Ok(session.info())
     }
