@@ -6420,6 +6420,178 @@ fn root_a_snapshot_during_a_restore_is_of_the_restored_session() {
     delete_snapshot(&d, &key, &big);
 }
 
+/// A request body sent in two parts: the first at once, the rest once `release`
+/// gets a message (or after a minute). `sent` is told when the first part is out.
+struct HeldBody {
+    first: std::io::Cursor<Vec<u8>>,
+    rest: std::io::Cursor<Vec<u8>>,
+    sent: Option<std::sync::mpsc::Sender<()>>,
+    release: std::sync::mpsc::Receiver<()>,
+}
+
+impl Read for HeldBody {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.first.read(buf)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        if let Some(sent) = self.sent.take() {
+            let _ = sent.send(());
+            let _ = self.release.recv_timeout(Duration::from_secs(60));
+        }
+        self.rest.read(buf)
+    }
+}
+
+/// Uploads `first` + `rest` to `path` (a PUT), holding the rest back until `between`
+/// has run; the upload's answer.
+fn upload_around(
+    d: &Daemon,
+    key: &str,
+    path: &str,
+    content_type: Option<&str>,
+    (first, rest): (Vec<u8>, Vec<u8>),
+    between: impl FnOnce(),
+) -> (u16, Value) {
+    let (sent_tx, sent_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    let body = HeldBody {
+        first: std::io::Cursor::new(first),
+        rest: std::io::Cursor::new(rest),
+        sent: Some(sent_tx),
+        release: release_rx,
+    };
+    std::thread::scope(|scope| {
+        let upload = scope.spawn(move || {
+            let response = d.send(
+                "PUT",
+                path,
+                Some(key),
+                content_type,
+                ureq::SendBody::from_owned_reader(body),
+            );
+            let status = response.status().as_u16();
+            let mut bytes = Vec::new();
+            response
+                .into_body()
+                .into_reader()
+                .read_to_end(&mut bytes)
+                .unwrap();
+            (
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            )
+        });
+        sent_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        // Time for the daemon to have begun writing the file.
+        std::thread::sleep(Duration::from_millis(300));
+        between();
+        release_tx.send(()).unwrap();
+        upload.join().unwrap()
+    })
+}
+
+/// An upload that spans a restore of its session, or its delete, is not answered
+/// 201 for a file the session does not have: 409 (restored meanwhile: the file went
+/// to the replaced sandbox) or 404 (deleted). Uploads hold no lock the restore or
+/// delete waits for: both finish while the upload is still being sent. Before the
+/// fix each answered 201 with the file nowhere.
+#[test]
+fn root_an_upload_spanning_a_restore_or_delete_is_not_answered_as_written() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    let (status, snap) = take_snapshot(&d, &key, &id);
+    assert_eq!(status, 201, "{snap}");
+    let restore = || {
+        let (status, body) = d.request(
+            "POST",
+            &format!("/v1/sessions/{id}/restore"),
+            Some(&key),
+            Some(json!({"snapshot_id": snap["snapshot_id"]})),
+        );
+        assert_eq!(status, 200, "{body}");
+    };
+    let parts = (vec![b'a'; 64 << 10], vec![b'b'; 64 << 10]);
+
+    let (status, body) = upload_around(
+        &d,
+        &key,
+        &files_url(&id, "/workspace/up"),
+        None,
+        parts.clone(),
+        restore,
+    );
+    assert_eq!((status, error_code(&body)), (409, "conflict"), "{body}");
+    let (status, _) = d.raw(
+        "GET",
+        &files_url(&id, "/workspace/up"),
+        Some(&key),
+        None,
+        None,
+    );
+    assert_eq!(status, 404);
+
+    let mut tar = Vec::new();
+    tar_entry(
+        &mut tar,
+        "x/inner",
+        tar::EntryType::Regular,
+        "",
+        &[b'c'; 300 << 10],
+    );
+    tar_end(&mut tar);
+    let rest = tar.split_off(2048);
+    let (status, body) = upload_around(
+        &d,
+        &key,
+        &format!("/v1/sessions/{id}/archive?path=/workspace/arch"),
+        Some("application/x-tar"),
+        (tar, rest),
+        restore,
+    );
+    assert_eq!((status, error_code(&body)), (409, "conflict"), "{body}");
+    let (status, _) = d.raw(
+        "GET",
+        &files_url(&id, "/workspace/arch/x/inner"),
+        Some(&key),
+        None,
+        None,
+    );
+    assert_eq!(status, 404);
+
+    // Not spanning anything, an upload is written as ever.
+    let (status, body) = upload_around(
+        &d,
+        &key,
+        &files_url(&id, "/workspace/up"),
+        None,
+        parts.clone(),
+        || {},
+    );
+    assert_eq!(status, 201, "{body}");
+    let (status, got) = d.raw(
+        "GET",
+        &files_url(&id, "/workspace/up"),
+        Some(&key),
+        None,
+        None,
+    );
+    assert_eq!((status, got.len()), (200, 128 << 10));
+
+    let (status, body) = upload_around(
+        &d,
+        &key,
+        &files_url(&id, "/workspace/late"),
+        None,
+        parts,
+        || delete_session(&d, &key, &id),
+    );
+    assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
+    delete_snapshot(&d, &key, &snap);
+}
+
 fn take_snapshot(d: &Daemon, key: &str, id: &str) -> (u16, Value) {
     d.request(
         "POST",

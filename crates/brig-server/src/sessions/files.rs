@@ -21,6 +21,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::launch::Launched;
 use super::{ensure_running, lookup, workspace_path, FileRef, Session};
 use crate::audit;
 use crate::auth::Caller;
@@ -48,7 +49,11 @@ pub fn rootfs_error(e: RootfsError) -> ApiError {
 
 /// The sandbox's root, for file operations as its user.
 pub fn root_of(session: &Session) -> Result<SandboxRoot, ApiError> {
-    let sandbox = session.sandbox();
+    root_in(session, &session.sandbox())
+}
+
+/// The root of `sandbox`, one of the session's (the current one when it was read).
+fn root_in(session: &Session, sandbox: &Launched) -> Result<SandboxRoot, ApiError> {
     let root = SandboxRoot::open(
         std::path::Path::new(&format!("/proc/{}/root", sandbox.handle.pid)),
         sandbox.handle.host_uid,
@@ -135,8 +140,17 @@ pub async fn with_root<T: Send + 'static>(
     session: &Session,
     f: impl FnOnce(SandboxRoot) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let root = root_of(session)?;
-    let handle = session.sandbox().handle.clone();
+    in_sandbox(session, &session.sandbox(), f).await
+}
+
+/// [`with_root`] in `sandbox`.
+async fn in_sandbox<T: Send + 'static>(
+    session: &Session,
+    sandbox: &Launched,
+    f: impl FnOnce(SandboxRoot) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let root = root_in(session, sandbox)?;
+    let handle = sandbox.handle.clone();
     tokio::task::spawn_blocking(move || {
         let _user = brig_jail::session::act_as(handle.host_uid, handle.host_gid)
             .map_err(|e| ApiError::internal(format!("act as the sandbox's user: {e}")))?;
@@ -156,7 +170,32 @@ async fn change_root<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     let session = lookup(state, caller, id)?;
     ensure_running(&session)?;
-    with_root(&session, f).await
+    change(&session, f).await
+}
+
+/// [`with_root`] for a change, answered truthfully: 404 if the session was deleted
+/// while it ran, 409 if a restore replaced the sandbox it wrote to (the change is
+/// not in the session). It takes no gate: an upload lasts as long as its client
+/// takes to send it, and would hold off a restore (and every exec queued behind
+/// that) as long. Checked once it is done instead: a restore or delete that comes
+/// after the check comes after the change too.
+async fn change<T: Send + 'static>(
+    session: &Session,
+    f: impl FnOnce(SandboxRoot) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let sandbox = session.sandbox();
+    let result = in_sandbox(session, &sandbox, f).await;
+    if session.deleted.load(Ordering::SeqCst) {
+        return Err(ApiError::not_found(format!("no session {}", session.id)));
+    }
+    if !std::sync::Arc::ptr_eq(&sandbox, &session.sandbox()) {
+        return Err(ApiError::conflict(format!(
+            "session {} was restored from a snapshot meanwhile: this went to the sandbox \
+             the restore replaced and is not in the session; do it again",
+            session.id
+        )));
+    }
+    result
 }
 
 /// A body reader that fails once more than `limit` bytes came.
@@ -400,7 +439,7 @@ async fn upload(
         async move {
             let (session, _transfer, reader) = start_upload(&state, &caller, &id, body)?;
             let path = query.path.clone();
-            let size = with_root(&session, move |root| write_file(&root, &path, reader)).await?;
+            let size = change(&session, move |root| write_file(&root, &path, reader)).await?;
             Ok(Written {
                 path: query.path.clone(),
                 size_bytes: size,
@@ -585,7 +624,7 @@ async fn upload_archive(
         async move {
             let (session, _transfer, reader) = start_upload(&state, &caller, &id, body)?;
             let path = query.path.clone();
-            let summary = with_root(&session, move |root| {
+            let summary = change(&session, move |root| {
                 root.extract_tar(
                     &path,
                     reader,
