@@ -6592,6 +6592,39 @@ fn root_an_upload_spanning_a_restore_or_delete_is_not_answered_as_written() {
     delete_snapshot(&d, &key, &snap);
 }
 
+/// Concurrent deletes of one snapshot: one is 204, the others 404, never a 500 (two
+/// deletes raced to remove its image), and the snapshot is gone with its image.
+#[test]
+fn root_concurrent_deletes_of_a_snapshot_are_one_204_and_404s() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    sh(&d, &key, &id, "echo hi > /workspace/a");
+    let images_before = store_contents(&d).0;
+    for round in 0..10 {
+        let (status, snap) = take_snapshot(&d, &key, &id);
+        assert_eq!(status, 201, "{snap}");
+        let path = format!("/v1/snapshots/{}", snap["snapshot_id"].as_str().unwrap());
+        let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+            let deletes: Vec<_> = (0..6)
+                .map(|_| scope.spawn(|| d.request("DELETE", &path, Some(&key), None)))
+                .collect();
+            deletes.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let mut statuses: Vec<u16> = answers.iter().map(|(status, _)| *status).collect();
+        statuses.sort();
+        assert_eq!(
+            statuses,
+            [204, 404, 404, 404, 404, 404],
+            "round {round}: {answers:?}"
+        );
+        assert!(snapshot_ids(&d, &key).is_empty());
+        assert_eq!(store_contents(&d).0, images_before, "round {round}");
+    }
+    delete_session(&d, &key, &id);
+}
+
 fn take_snapshot(d: &Daemon, key: &str, id: &str) -> (u16, Value) {
     d.request(
         "POST",

@@ -645,6 +645,13 @@ async fn delete_snapshot(
         // must stay until their sandbox holds its layers); later ones are 404.
         let _closing = state.holds.close(held(&tenant, &id)).await;
         state.holds.settled(&held(&tenant, &id)).await;
+        // The row goes first, and only the delete that removes it goes on to the
+        // image: concurrent deletes of one snapshot would otherwise race to remove
+        // the same image file (the loser was a 500). The others are 404, as if they
+        // came after.
+        if !state.db.delete_snapshot(&tenant, &id).await? {
+            return Err(ApiError::not_found(format!("no snapshot {id}")));
+        }
         let image = image_name(&id);
         let store_dir = state.args.store.clone();
         // Its layers go with it unless another image has them (a fork's snapshot)
@@ -660,7 +667,6 @@ async fn delete_snapshot(
         .await
         .map_err(ApiError::internal)?
         .map_err(|e| ApiError::internal(format!("remove snapshot image: {e}")))?;
-        state.db.delete_snapshot(&tenant, &id).await?;
         Ok(())
     })
     .await
