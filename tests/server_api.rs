@@ -6625,6 +6625,115 @@ fn root_concurrent_deletes_of_a_snapshot_are_one_204_and_404s() {
     delete_session(&d, &key, &id);
 }
 
+/// A daemon killed between packing a snapshot's image and recording its row (or
+/// between deleting a snapshot's row and its image) leaves an image that no snapshot
+/// names: in no tenant's quota, and kept by `brig image gc` (an image references
+/// its layer). The next start removes it with its layer, and nothing else: not a
+/// recorded snapshot's image, nor a `snap-` image this daemon never listed as its
+/// own (the store may be shared).
+#[test]
+fn root_snapshot_images_a_killed_daemon_left_unrecorded_are_removed_at_start() {
+    require_root!();
+    let dir = tempfile::Builder::new()
+        .prefix("orphan-snapshot-")
+        .tempdir()
+        .unwrap();
+    let (data, store) = (dir.path().join("data"), dir.path().join("store"));
+    let args = ["--default-image", "host"];
+    let mut d = Daemon::start_in(&data, &store, &args);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    sh(&d, &key, &id, "echo kept > /workspace/a");
+    let (status, kept) = take_snapshot(&d, &key, &id);
+    assert_eq!(status, 201, "{kept}");
+    sh(&d, &key, &id, "echo orphan > /workspace/a");
+    let (status, orphan) = take_snapshot(&d, &key, &id);
+    assert_eq!(status, 201, "{orphan}");
+    let image_of = |snapshot: &Value| {
+        let id = snapshot["snapshot_id"].as_str().unwrap();
+        format!("snap-{}", id.trim_start_matches("snap_"))
+    };
+    let record = |image: &str| -> Value {
+        let path = store.join("images").join(format!("{image}.json"));
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    };
+    let layer_file = |digest: &Value| {
+        let hex = digest.as_str().unwrap().trim_start_matches("sha256:");
+        store.join("layers").join(format!("{hex}.erofs"))
+    };
+    let (kept_image, orphan_image) = (image_of(&kept), image_of(&orphan));
+    let orphan_layer = layer_file(&record(&orphan_image)["layers"][0]);
+    assert!(orphan_layer.exists());
+    // Another's snapshot image in a shared store, unknown to this daemon.
+    let mut foreign = record(&kept_image);
+    let foreign_image = "snap-0123456789abcdef01234567";
+    foreign["name"] = json!(foreign_image);
+    std::fs::write(
+        store.join("images").join(format!("{foreign_image}.json")),
+        serde_json::to_vec(&foreign).unwrap(),
+    )
+    .unwrap();
+    d.stop();
+    // What a daemon killed right after packing `orphan` leaves (or right after
+    // deleting its row): the image, listed as being worked on, and no row. `kept` is
+    // listed too, as when the daemon died right after recording it.
+    {
+        let conn = rusqlite::Connection::open(data.join("brig.db")).unwrap();
+        let orphan_id = orphan["snapshot_id"].as_str().unwrap();
+        conn.execute("DELETE FROM snapshots WHERE id = ?1", [orphan_id])
+            .unwrap();
+        conn.execute(
+            "DELETE FROM snapshot_layers WHERE snapshot_id = ?1",
+            [orphan_id],
+        )
+        .unwrap();
+        for image in [&orphan_image, &kept_image] {
+            conn.execute(
+                "INSERT INTO snapshot_images (image, since) VALUES (?1, '2020-01-01T00:00:00.000Z')",
+                [image],
+            )
+            .unwrap();
+        }
+    }
+    drop(d);
+    let d = Daemon::start_in(&data, &store, &args);
+    d.remember_key(&key);
+    let images: BTreeSet<String> = std::fs::read_dir(store.join("images"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !images.contains(&format!("{orphan_image}.json")),
+        "{images:?}"
+    );
+    assert!(!orphan_layer.exists(), "the orphan's layer is left");
+    assert!(images.contains(&format!("{kept_image}.json")), "{images:?}");
+    assert!(
+        images.contains(&format!("{foreign_image}.json")),
+        "{images:?}"
+    );
+    let listed: i64 = rusqlite::Connection::open(data.join("brig.db"))
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM snapshot_images", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(listed, 0);
+    // The session and the recorded snapshot are untouched.
+    assert_eq!(sh(&d, &key, &id, "cat /workspace/a"), "orphan\n");
+    let fork = sid(&create(&d, &key, json!({"snapshot": kept["snapshot_id"]})));
+    assert_eq!(sh(&d, &key, &fork, "cat /workspace/a"), "kept\n");
+    delete_session(&d, &key, &fork);
+    delete_session(&d, &key, &id);
+    delete_snapshot(&d, &key, &kept);
+    drop(d);
+    std::fs::remove_file(store.join("images").join(format!("{foreign_image}.json"))).unwrap();
+    let gc = common::brig()
+        .args(["image", "gc", "--unmount", "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(gc.status.success(), "{gc:?}");
+}
+
 fn take_snapshot(d: &Daemon, key: &str, id: &str) -> (u16, Value) {
     d.request(
         "POST",

@@ -177,6 +177,16 @@ const MIGRATIONS: &[&str] = &[
     r#"
     CREATE INDEX audit_time ON audit(time);
     "#,
+    // 8: the snapshot images (`snap-<hex>` in the image store) this daemon is
+    // making or removing: one packed but not yet recorded, or whose row is deleted
+    // but not yet its image, when the daemon dies is removed at the next start. The
+    // store may be shared, so only images listed here are ever taken for orphans.
+    r#"
+    CREATE TABLE snapshot_images (
+        image TEXT PRIMARY KEY,
+        since TEXT
+    );
+    "#,
 ];
 
 /// Bytes a tenant keeps on disk outside its sessions (`?1` is the tenant): its
@@ -934,21 +944,87 @@ impl Db {
     }
 
     /// Deletes a tenant's snapshot row and its layers' (freeing them in its quota,
-    /// unless another of its snapshots holds them too); false if there is none.
-    pub async fn delete_snapshot(&self, tenant: &str, id: &str) -> Result<bool, ApiError> {
-        let (tenant, id) = (tenant.to_string(), id.to_string());
+    /// unless another of its snapshots holds them too), and lists its store image
+    /// `image` as one to remove (see [`Db::begin_snapshot_image`]); false if there is
+    /// no such snapshot.
+    pub async fn delete_snapshot(
+        &self,
+        tenant: &str,
+        id: &str,
+        image: &str,
+    ) -> Result<bool, ApiError> {
+        let (tenant, id, image) = (tenant.to_string(), id.to_string(), image.to_string());
         self.call(move |conn| {
             let tx = conn.transaction()?;
             let deleted = tx.execute(
                 "DELETE FROM snapshots WHERE id = ?1 AND tenant = ?2",
                 params![id, tenant],
             )?;
+            if deleted == 0 {
+                return Ok(false);
+            }
             tx.execute(
                 "DELETE FROM snapshot_layers WHERE snapshot_id = ?1 AND tenant = ?2",
                 params![id, tenant],
             )?;
+            tx.execute(
+                "INSERT OR IGNORE INTO snapshot_images (image, since) VALUES (?1, ?2)",
+                params![image, now_rfc3339()],
+            )?;
             tx.commit()?;
-            Ok(deleted == 1)
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Lists a snapshot image about to be made (or removed) in the store: until
+    /// [`Db::end_snapshot_image`], a daemon start removes it unless a snapshot row
+    /// names it by then.
+    pub async fn begin_snapshot_image(&self, image: &str) -> Result<(), ApiError> {
+        let image = image.to_string();
+        self.quick(move |conn| {
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO snapshot_images (image, since) VALUES (?1, ?2)",
+            )?
+            .execute(params![image, now_rfc3339()])
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// The image listed by [`Db::begin_snapshot_image`] is recorded or removed.
+    pub async fn end_snapshot_image(&self, image: &str) -> Result<(), ApiError> {
+        let image = image.to_string();
+        self.quick(move |conn| {
+            conn.prepare_cached("DELETE FROM snapshot_images WHERE image = ?1")?
+                .execute([&image])
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// The listed snapshot images, each with whether a snapshot (`id`, from the
+    /// image's name by `id_of`) records it.
+    pub async fn snapshot_images(
+        &self,
+        id_of: fn(&str) -> Option<String>,
+    ) -> Result<Vec<(String, bool)>, ApiError> {
+        self.call(move |conn| {
+            let images = conn
+                .prepare("SELECT image FROM snapshot_images")?
+                .query_map([], |row| row.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut found = conn.prepare("SELECT 1 FROM snapshots WHERE id = ?1")?;
+            images
+                .into_iter()
+                .map(|image| {
+                    let recorded = match id_of(&image) {
+                        Some(id) => found.exists([id])?,
+                        None => false,
+                    };
+                    Ok((image, recorded))
+                })
+                .collect()
         })
         .await
     }
@@ -1479,6 +1555,7 @@ mod tests {
                 "keys",
                 "processes",
                 "sessions",
+                "snapshot_images",
                 "snapshot_layers",
                 "snapshots",
                 "tenants",
@@ -1572,6 +1649,35 @@ mod tests {
         );
     }
 
+    /// A snapshot image is listed from before it is packed until it is recorded, and
+    /// from its row's delete until it is removed: a listed image without a row is an
+    /// orphan; a delete that finds no row lists nothing.
+    #[tokio::test]
+    async fn snapshot_images_are_listed_while_made_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("brig.db")).unwrap();
+        let id_of = |image: &str| image.strip_prefix("snap-").map(|hex| format!("snap_{hex}"));
+        db.begin_snapshot_image("snap-a").await.unwrap();
+        db.begin_snapshot_image("snap-b").await.unwrap();
+        db.call(|conn| {
+            conn.execute(
+                "INSERT INTO snapshots (id, tenant, image, size_bytes) VALUES ('snap_b', 't', '', 0)",
+                [],
+            )
+        })
+        .await
+        .unwrap();
+        let mut listed = db.snapshot_images(id_of).await.unwrap();
+        listed.sort();
+        assert_eq!(listed, [("snap-a".into(), false), ("snap-b".into(), true)]);
+        db.end_snapshot_image("snap-a").await.unwrap();
+        db.end_snapshot_image("snap-b").await.unwrap();
+        assert!(!db.delete_snapshot("t", "snap_x", "snap-x").await.unwrap());
+        assert!(db.delete_snapshot("t", "snap_b", "snap-b").await.unwrap());
+        let listed = db.snapshot_images(id_of).await.unwrap();
+        assert_eq!(listed, [("snap-b".to_string(), false)]);
+    }
+
     /// A database written by a daemon of schema `version`, holding `rows`, opened
     /// (and so migrated) by this one.
     fn migrated_from(version: usize, rows: &str) -> (tempfile::TempDir, Db) {
@@ -1599,7 +1705,7 @@ mod tests {
         );
         assert_eq!(db.snapshot_bytes("t").await.unwrap(), 700);
         assert_eq!(db.stored_bytes("u").await.unwrap(), 5);
-        assert!(db.delete_snapshot("t", "snap_a").await.unwrap());
+        assert!(db.delete_snapshot("t", "snap_a", "snap-a").await.unwrap());
         assert_eq!(db.snapshot_bytes("t").await.unwrap(), 0);
     }
 
@@ -1695,11 +1801,11 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code, "quota_exceeded");
         // Deleting the first frees only what no other snapshot holds.
-        assert!(db.delete_snapshot("t", "a").await.unwrap());
-        assert!(!db.delete_snapshot("t", "a").await.unwrap());
-        assert!(!db.delete_snapshot("other", "b").await.unwrap());
+        assert!(db.delete_snapshot("t", "a", "snap-a").await.unwrap());
+        assert!(!db.delete_snapshot("t", "a", "snap-a").await.unwrap());
+        assert!(!db.delete_snapshot("other", "b", "snap-b").await.unwrap());
         assert_eq!(db.snapshot_bytes("t").await.unwrap(), 70 * K);
-        assert!(db.delete_snapshot("t", "b").await.unwrap());
+        assert!(db.delete_snapshot("t", "b", "snap-b").await.unwrap());
         assert_eq!(db.snapshot_bytes("t").await.unwrap(), 0);
         db.insert_file_within(file, 10 * K, 100 * K).await.unwrap();
         db.insert_snapshot_within(snapshot("c", &[("sha256:3", 21 * K)]), 10 * K, 100 * K)

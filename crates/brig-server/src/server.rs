@@ -301,6 +301,7 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<AppState> {
     state.auth.bootstrap_admin(&state.data_dir).await?;
     crate::filestore::sweep_orphans(&state).await?;
     crate::volumes::sweep(&state).await;
+    crate::sessions::snapshots::remove_orphans(&state).await?;
     let sessions = crate::sessions::Sessions::start(&state)
         .await
         .context("cannot start sessions")?;

@@ -255,6 +255,42 @@ pub async fn snapshot(
     // Read under the gate: a restore that held it has replaced the sandbox (and its
     // base image), and the one read before would be gone.
     let sandbox = session.sandbox();
+    let snapshot_id = format!("snap_{}", crate::auth::random_hex(12));
+    let image = image_name(&snapshot_id);
+    // Listed before anything is packed: a daemon that dies before the snapshot is
+    // recorded (or its image removed again) leaves an image the next start removes.
+    state.db.begin_snapshot_image(&image).await?;
+    let taken = take(
+        state,
+        session,
+        &sandbox,
+        name,
+        (used, max),
+        snapshot_id,
+        &image,
+    )
+    .await;
+    let left = taken.is_err() && image_exists(state, &image).await;
+    if !left {
+        if let Err(e) = state.db.end_snapshot_image(&image).await {
+            tracing::warn!("snapshot image {image}: {}", e.message);
+        }
+    }
+    taken
+}
+
+/// [`snapshot`], under the session's gate: takes the writes of `sandbox`, packs
+/// them into `image` and records snapshot `snapshot_id` (removing the image again
+/// if that fails). `used` and `max` are the tenant's disk use and quota.
+async fn take(
+    state: &AppState,
+    session: &Arc<Session>,
+    sandbox: &super::launch::Launched,
+    name: Option<String>,
+    (used, max): (u64, u64),
+    snapshot_id: String,
+    image: &str,
+) -> Result<SnapshotInfo, ApiError> {
     let base = sandbox.image.clone();
     let was_paused = session.paused.load(std::sync::atomic::Ordering::SeqCst);
     // Init is in the sandbox's cgroup: frozen, it cannot answer. So the descriptors
@@ -285,17 +321,15 @@ pub async fn snapshot(
     }
     .await;
     let writes = match writes {
-        Ok(writes) => renew(state, session, &sandbox, writes).await,
+        Ok(writes) => renew(state, session, sandbox, writes).await,
         Err(e) => Err(e),
     };
     // Frozen, so the layer is one consistent moment of the session's files.
     freeze(session, true).await?;
-    let snapshot_id = format!("snap_{}", crate::auth::random_hex(12));
-    let image = image_name(&snapshot_id);
     // What packing reads is bounded before it starts: the room left in the quota,
     // or the session's own disk limit (all it can hold without holes).
     let claimable = max.saturating_sub(used).max(session.disk_bytes);
-    let packed = pack(state, session, &sandbox, writes, &image, claimable).await;
+    let packed = pack(state, session, sandbox, writes, image, claimable).await;
     // Only the packing needs the session frozen: it is thawed before the quota is
     // checked, so that check never keeps it waiting, and a refused snapshot leaves
     // it as it was.
@@ -307,7 +341,7 @@ pub async fn snapshot(
     let packed = match (packed, thawed) {
         (Ok(packed), Ok(())) => packed,
         (Ok(_), Err(e)) => {
-            discard(state, &image).await;
+            discard(state, image).await;
             return Err(e);
         }
         (Err(e), _) => return Err(e),
@@ -348,7 +382,7 @@ pub async fn snapshot(
         state.db.insert_snapshot_within(row, reserved, max).await
     };
     if let Err(e) = recorded {
-        discard(state, &image).await;
+        discard(state, image).await;
         return Err(e);
     }
     Ok(info)
@@ -516,6 +550,56 @@ async fn discard(state: &AppState, image: &str) {
     }
 }
 
+/// Whether the store has image `image` (a failure to look counts as yes: it is
+/// then left for a daemon start to remove).
+async fn image_exists(state: &AppState, image: &str) -> bool {
+    let (store_dir, name) = (state.args.store.clone(), image.to_string());
+    tokio::task::spawn_blocking(move || {
+        brig_image::store::Store::open(&store_dir).map_or(true, |store| store.has_image(&name))
+    })
+    .await
+    .unwrap_or(true)
+}
+
+/// At a daemon's start, before any session is started: removes the snapshot images
+/// that a daemon killed while it made or removed them left in the store without a
+/// snapshot row (see `Db::begin_snapshot_image`). Only the images listed there are
+/// touched: the store may hold other daemons' snapshots. Layers a sandbox still uses
+/// stay, as with every discard (`brig image gc` takes them later).
+pub async fn remove_orphans(state: &crate::state::Shared) -> anyhow::Result<()> {
+    let listed = state
+        .db
+        .snapshot_images(|image| {
+            is_snapshot_image(image).then(|| format!("snap_{}", image.trim_start_matches("snap-")))
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot list snapshot images: {}", e.message))?;
+    for (image, recorded) in listed {
+        if !recorded && is_snapshot_image(&image) {
+            let (store_dir, name) = (state.args.store.clone(), image.clone());
+            let removed = tokio::task::spawn_blocking(move || {
+                let store = brig_image::store::Store::open(&store_dir)?;
+                if store.has_image(&name) {
+                    store.discard_image(&name)?;
+                }
+                Ok::<_, brig_image::ImageError>(())
+            })
+            .await?;
+            if let Err(e) = removed {
+                tracing::warn!("cannot remove the orphaned snapshot image {image}: {e}");
+                continue;
+            }
+            tracing::info!("removed snapshot image {image}, left without a snapshot");
+        }
+        state
+            .db
+            .end_snapshot_image(&image)
+            .await
+            .map_err(|e| anyhow::anyhow!("snapshot image {image}: {}", e.message))?;
+    }
+    Ok(())
+}
+
 /// What a session hands over for its snapshot (see brig-jail's `mounts::Writes`).
 enum Writes {
     /// Its image root's upper layer (one descriptor).
@@ -648,25 +732,28 @@ async fn delete_snapshot(
         // The row goes first, and only the delete that removes it goes on to the
         // image: concurrent deletes of one snapshot would otherwise race to remove
         // the same image file (the loser was a 500). The others are 404, as if they
-        // came after.
-        if !state.db.delete_snapshot(&tenant, &id).await? {
+        // came after. A daemon that dies before the image is gone leaves an image
+        // without a row, which the next start removes (`remove_orphans`).
+        let image = image_name(&id);
+        if !state.db.delete_snapshot(&tenant, &id, &image).await? {
             return Err(ApiError::not_found(format!("no snapshot {id}")));
         }
-        let image = image_name(&id);
         let store_dir = state.args.store.clone();
         // Its layers go with it unless another image has them (a fork's snapshot)
         // or a session running from it holds them: those go at the next
         // `brig image gc`.
+        let name = image.clone();
         tokio::task::spawn_blocking(move || {
             let store = brig_image::store::Store::open(&store_dir)?;
-            if store.has_image(&image) {
-                store.discard_image(&image)?;
+            if store.has_image(&name) {
+                store.discard_image(&name)?;
             }
             Ok::<_, brig_image::ImageError>(())
         })
         .await
         .map_err(ApiError::internal)?
         .map_err(|e| ApiError::internal(format!("remove snapshot image: {e}")))?;
+        state.db.end_snapshot_image(&image).await?;
         Ok(())
     })
     .await
