@@ -740,8 +740,8 @@ async fn delete_snapshot(
         }
         let store_dir = state.args.store.clone();
         // Its layers go with it unless another image has them (a fork's snapshot)
-        // or a session running from it holds them: those go at the next
-        // `brig image gc`.
+        // or a session running from it holds them: those go when the last such
+        // session ends (`release_deleted_snapshot_layers`).
         let name = image.clone();
         tokio::task::spawn_blocking(move || {
             let store = brig_image::store::Store::open(&store_dir)?;
