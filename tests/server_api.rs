@@ -5020,6 +5020,65 @@ fn root_onyx_execute_files_in_and_out() {
     assert_eq!(status, 404);
 }
 
+/// Every Server-Sent Events answer names its charset: clients that follow RFC 2616
+/// (Python's `requests`, onyx's client) decode a `text/*` body without one as
+/// ISO-8859-1, garbling every non-ASCII character of the output.
+#[test]
+fn root_every_event_stream_says_it_is_utf8() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    let (status, process) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/processes"),
+        Some(&key),
+        Some(json!({"cmd": "echo héllo"})),
+    );
+    assert_eq!(status, 201, "{process}");
+    let pid = &process["process_id"];
+    let streams = [
+        (
+            "POST",
+            "/v1/execute/stream".to_string(),
+            Some(json!({"code": "print('héllo')"})),
+        ),
+        (
+            "POST",
+            format!("/v1/sessions/{id}/exec/stream"),
+            Some(json!({"cmd": "echo héllo"})),
+        ),
+        (
+            "GET",
+            format!("/v1/sessions/{id}/processes/{pid}/stream"),
+            None,
+        ),
+    ];
+    for (method, path, body) in streams {
+        let response = match body {
+            Some(body) => d.send(
+                method,
+                &path,
+                Some(&key),
+                Some("application/json"),
+                serde_json::to_vec(&body).unwrap(),
+            ),
+            None => d.send(method, &path, Some(&key), None, ()),
+        };
+        assert_eq!(response.status(), 200, "{method} {path}");
+        let content_type = response.headers()["content-type"].to_str().unwrap();
+        assert_eq!(
+            content_type, "text/event-stream; charset=utf-8",
+            "{method} {path}"
+        );
+        let data: String = Sse::new(response)
+            .filter_map(|(_, v)| v["data"].as_str().map(String::from))
+            .collect();
+        assert!(data.contains("héllo"), "{method} {path}: {data:?}");
+    }
+    delete_session(&d, &key, &id);
+}
+
 #[test]
 fn root_onyx_sessions_and_bash() {
     require_root!();

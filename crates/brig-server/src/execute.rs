@@ -12,7 +12,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -421,5 +421,5 @@ async fn execute_stream(
             let _ = events_tx.send(Ok(event)).await;
         }
     });
-    Ok(Sse::new(held.on(events_rx)).keep_alive(KeepAlive::default()))
+    Ok(exec::sse_response(held.on(events_rx)))
 }

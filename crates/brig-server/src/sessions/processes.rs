@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use brig_jail::agent::{AgentReply, AgentRequest, JobExit};
 use serde::{Deserialize, Serialize};
@@ -675,7 +675,9 @@ async fn process_stream(
             }
         }
     });
-    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()))
+    Ok(super::exec::sse_response(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    ))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
