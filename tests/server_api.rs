@@ -4935,6 +4935,14 @@ fn root_onyx_execute_files_in_and_out() {
         Some(json!({"code": "1", "files": [{"path": "x", "file_id": "nope"}]})),
     );
     assert_eq!(status, 404, "{body}");
+    // The stream refuses it the same way, before it answers 200.
+    let (status, body) = d.request(
+        "POST",
+        "/v1/execute/stream",
+        Some(&key),
+        Some(json!({"code": "1", "files": [{"path": "x", "file_id": "nope"}]})),
+    );
+    assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
     for path in ["/etc/passwd", "../x", "a/../../x", ""] {
         let (status, body) = d.request(
             "POST",
@@ -5077,6 +5085,36 @@ fn root_every_event_stream_says_it_is_utf8() {
         assert!(data.contains("héllo"), "{method} {path}: {data:?}");
     }
     delete_session(&d, &key, &id);
+}
+
+/// A default image that is not built is the operator's to fix: 503 with how, from
+/// both routes (the stream before it says 200), a warning at start, and `/health`
+/// still ok (onyx checks it).
+#[test]
+fn root_execute_without_its_default_image_is_unavailable_and_says_how_to_fix_it() {
+    require_root!();
+    let d = Daemon::start(&["--default-image", "python"]);
+    let key = d.admin_key().to_string();
+    assert!(
+        d.log_text().contains("--default-image"),
+        "no warning at start: {}",
+        d.log_text()
+    );
+    let (status, health) = d.request("GET", "/health", None, None);
+    assert_eq!((status, &health["status"]), (200, &json!("ok")), "{health}");
+    for path in ["/v1/execute", "/v1/execute/stream"] {
+        let (status, body) = d.request("POST", path, Some(&key), Some(json!({"code": "1"})));
+        assert_eq!(status, 503, "{path}: {body}");
+        assert_eq!(error_code(&body), "unavailable", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("brig image build python -f images/python.toml")
+                && message.contains("--default-image host")
+                && !message.contains('\n'),
+            "{message}"
+        );
+    }
+    assert_eq!(session_count(&d, &key), 0);
 }
 
 #[test]

@@ -229,6 +229,13 @@ impl Store {
         Ok(store)
     }
 
+    /// The store at `root` as it is, for lookups: unlike [`Store::open`] nothing is
+    /// created or cleared, so it is cheap enough to call per request (a store not
+    /// made yet has no images).
+    pub fn at(root: impl Into<PathBuf>) -> Store {
+        Store { root: root.into() }
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -102,6 +102,59 @@ fn validate(state: &AppState, request: &ExecuteRequest) -> Result<u64, ApiError>
     Ok(timeout_ms)
 }
 
+/// Why the daemon's `--default-image` cannot run code, if it cannot: an image that
+/// is not in the store, or not a root filesystem. Blocking (it reads the store).
+pub fn default_image_problem(store: &std::path::Path, name: &str) -> Option<String> {
+    if name == "host" {
+        return None;
+    }
+    let build = if name == "python" {
+        "build it with `brig image build python -f images/python.toml`".to_string()
+    } else {
+        format!("build or import it (`brig image build {name} -f RECIPE`)")
+    };
+    let record = match brig_image::store::Store::at(store).image(name) {
+        Ok(record) => record,
+        Err(brig_image::ImageError::NoSuchImage(_)) => {
+            return Some(format!(
+                "the daemon's default image '{name}' (--default-image) is not in its image \
+                 store: {build}, or start the daemon with `--default-image host` (the host's \
+                 python3)"
+            ))
+        }
+        // Anything else (a damaged record) is the launch's to report, as for any image.
+        Err(_) => return None,
+    };
+    record
+        .check_root()
+        .err()
+        .map(|e| format!("the daemon's default image (--default-image) cannot run code: {e}"))
+}
+
+/// Everything about a request that can be refused before it is answered, so that
+/// the stream refuses with a status, as the plain route does, and never answers
+/// 200 with only an `error` event: bad values (422), the default image missing
+/// (503: the operator's to fix, not an unknown id of the client's), unknown files
+/// (404).
+async fn precheck(
+    state: &AppState,
+    caller: &Caller,
+    request: &ExecuteRequest,
+) -> Result<u64, ApiError> {
+    let timeout_ms = validate(state, request)?;
+    let (store, name) = (state.args.store.clone(), state.args.default_image.clone());
+    let problem = tokio::task::spawn_blocking(move || default_image_problem(&store, &name))
+        .await
+        .map_err(ApiError::internal)?;
+    if let Some(problem) = problem {
+        return Err(ApiError::unavailable(problem));
+    }
+    for file in request.files.iter().flatten() {
+        crate::filestore::open(state, &caller.tenant, &file.file_id).await?;
+    }
+    Ok(timeout_ms)
+}
+
 /// What the working directory held: path -> (is dir, size, mtime).
 type Listing = BTreeMap<String, (bool, u64, i64)>;
 
@@ -149,7 +202,7 @@ async fn run(
     request: &ExecuteRequest,
     chunks: Option<exec::Chunks>,
 ) -> Result<(ExecuteResponse, Permit), ApiError> {
-    let timeout_ms = validate(state, request)?;
+    let timeout_ms = precheck(state, caller, request).await?;
     let session = sessions::create(
         state,
         caller,
@@ -318,7 +371,7 @@ async fn store_output(
 #[utoipa::path(post, path = "/v1/execute", tag = "execute",
     request_body = ExecuteRequest,
     responses((status = 200, body = ExecuteResponse), (status = 404, body = crate::error::ErrorBody),
-              (status = 422, body = crate::error::ErrorBody)),
+              (status = 422, body = crate::error::ErrorBody), (status = 503, body = crate::error::ErrorBody)),
     security(("bearer" = [])))]
 async fn execute(
     State(state): State<AppState>,
@@ -361,14 +414,15 @@ async fn audit_execute(
 #[utoipa::path(post, path = "/v1/execute/stream", tag = "execute",
     request_body = ExecuteRequest,
     responses((status = 200, description = "Server-Sent Events: `output` {stream, data}, then `result` (ExecuteResult) or `error` {message}", content_type = "text/event-stream"),
-              (status = 422, body = crate::error::ErrorBody)),
+              (status = 404, body = crate::error::ErrorBody), (status = 422, body = crate::error::ErrorBody),
+              (status = 503, body = crate::error::ErrorBody)),
     security(("bearer" = [])))]
 async fn execute_stream(
     State(state): State<AppState>,
     caller: Caller,
     ApiJson(request): ApiJson<ExecuteRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
-    validate(&state, &request)?;
+    precheck(&state, &caller, &request).await?;
     let (events_tx, events_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let (chunks_tx, mut chunks_rx) = mpsc::channel::<(Stream, Vec<u8>)>(64);
     let task_state = state.clone();

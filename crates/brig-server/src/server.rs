@@ -308,6 +308,14 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<AppState> {
     if state.sessions.set(sessions).is_err() {
         anyhow::bail!("sessions were started twice");
     }
+    // Said now rather than only to the first client of /v1/execute, which gets 503.
+    let (store, image) = (state.args.store.clone(), state.args.default_image.clone());
+    let problem =
+        tokio::task::spawn_blocking(move || crate::execute::default_image_problem(&store, &image))
+            .await?;
+    if let Some(problem) = problem {
+        tracing::warn!("/v1/execute will answer 503 until this is fixed: {problem}");
+    }
     Ok(state)
 }
 
