@@ -5117,6 +5117,133 @@ fn root_execute_without_its_default_image_is_unavailable_and_says_how_to_fix_it(
     assert_eq!(session_count(&d, &key), 0);
 }
 
+/// `/v1/execute/stream` as one answer: the output events joined per stream, and
+/// the last event (`result` or `error`).
+fn execute_streamed(d: &Daemon, key: &str, body: Value) -> (String, String, (String, Value)) {
+    let events: Vec<_> = sse_post(d, key, "/v1/execute/stream", body).collect();
+    let joined = |name: &str| -> String {
+        events
+            .iter()
+            .filter(|(e, v)| e == "output" && v["stream"] == name)
+            .map(|(_, v)| v["data"].as_str().unwrap())
+            .collect()
+    };
+    let last = events.last().cloned().expect("no event");
+    (joined("stdout"), joined("stderr"), last)
+}
+
+/// An output file the tenant's disk quota has no room for is listed without a
+/// `file_id`, as one over `--max-file-size` is, and the rest of the result is
+/// kept: the code ran, and a client retrying after a 429 would run it again.
+#[test]
+fn root_execute_keeps_its_result_when_an_output_file_is_over_the_disk_quota() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "erin");
+    // Room for the run's session (its 512M disk) and 18M more.
+    set_disk_quota(&d, "erin", 530 << 20);
+    let code = "open('out.bin', 'wb').write(b'x' * (30 << 20))\nopen('small.txt', 'w').write('s')\nprint('important result: 42')";
+    let r = execute(&d, &key, json!({ "code": code }));
+    assert_eq!(r["stdout"], "important result: 42\n", "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let file = |r: &Value, path: &str| -> Value {
+        r["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == path)
+            .unwrap_or_else(|| panic!("no {path} in {r}"))
+            .clone()
+    };
+    assert_eq!(file(&r, "out.bin")["file_id"], Value::Null, "{r}");
+    // What fits is still stored.
+    let small = file(&r, "small.txt")["file_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stderr = r["stderr"].as_str().unwrap();
+    assert!(
+        stderr
+            .starts_with("brig: output file out.bin was not stored (over the tenant's disk quota"),
+        "{r}"
+    );
+    assert!(stderr.ends_with("file_id is null\n"), "{r}");
+    let (_, files) = d.request("GET", "/v1/files", Some(&key), None);
+    let ids: Vec<_> = files["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| &f["file_id"])
+        .collect();
+    assert_eq!(ids, [&json!(small)], "{files}");
+
+    // The first run's session is deleted after its answer; until then it holds
+    // its disk in the quota.
+    assert!(common::eventually(10_000, || session_count(&d, &key) == 0));
+    let (out, err, (last, result)) = execute_streamed(&d, &key, json!({ "code": code }));
+    assert_eq!(out, "important result: 42\n", "{result}");
+    assert_eq!(err, stderr);
+    assert_eq!(last, "result", "{result}");
+    assert_eq!(file(&result, "out.bin")["file_id"], Value::Null, "{result}");
+    // Nothing is left of the blobs that were not recorded.
+    let dir = d.data_dir().join("files/erin");
+    let left = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect::<BTreeSet<_>>()
+    };
+    assert!(
+        common::eventually(5_000, || left().len() == 2),
+        "{:?}",
+        left()
+    );
+}
+
+/// Collecting thousands of output files takes a moment (one transaction for them
+/// all, not one each), and a working directory of more entries than are compared
+/// says so on stderr rather than looking complete.
+#[test]
+fn root_execute_collects_many_output_files_quickly_and_says_where_it_stopped() {
+    require_root!();
+    let d = daemon(&["--max-execute-timeout", "30s"]);
+    let key = d.admin_key().to_string();
+    let code = "import os\nos.mkdir('o')\nfor i in range(12000):\n    open(f'o/f{i}', 'w').write(str(i))\nprint('done')";
+    let started = Instant::now();
+    let r = execute(&d, &key, json!({"code": code, "timeout_ms": 20000}));
+    let took = started.elapsed();
+    let stderr = r["stderr"].as_str().unwrap();
+    let files = r["files"].as_array().unwrap();
+    let stored = files.iter().filter(|f| f["file_id"].is_string()).count();
+    eprintln!(
+        "12000 files: answered in {took:?} (run {} ms), {} listed, {stored} stored",
+        r["duration_ms"],
+        files.len()
+    );
+    assert_eq!(r["stdout"], "done\n", "{r}");
+    // The directory `o` and the first 9,999 of its files.
+    assert_eq!(files.len(), 10_000, "{stderr}");
+    assert!(
+        stderr.ends_with(
+            "brig: output files: only the first 10000 entries of the working directory \
+             were compared; more may have changed\n"
+        ),
+        "{stderr}"
+    );
+    // Storing them is bounded in time too, and says so where it stopped (the host's
+    // filesystem may take a few milliseconds to create a file).
+    if stored < 9_999 {
+        let note = format!("brig: {} output files (", 9_999 - stored);
+        assert!(
+            stderr.starts_with(&note) && stderr.contains("not stored within 5 s"),
+            "{stored} stored: {stderr}"
+        );
+    }
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let (_, list) = d.request("GET", "/v1/files", Some(&key), None);
+    assert_eq!(list["files"].as_array().unwrap().len(), stored);
+}
+
 #[test]
 fn root_onyx_sessions_and_bash() {
     require_root!();

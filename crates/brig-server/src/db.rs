@@ -772,6 +772,57 @@ impl Db {
         .await
     }
 
+    /// Records the files that fit in the tenant's disk quota, in order, as
+    /// [`Db::insert_file_within`] would one by one, in one transaction: the quota
+    /// is read once, and a batch of thousands commits (and syncs) once, not once
+    /// per file. Returns which were recorded.
+    pub async fn insert_files_within(
+        &self,
+        files: Vec<FileRow>,
+        reserved: u64,
+        max_disk_bytes: u64,
+    ) -> Result<Vec<bool>, ApiError> {
+        let Some(tenant) = files.first().map(|f| f.tenant.clone()) else {
+            return Ok(Vec::new());
+        };
+        if files.iter().any(|f| f.tenant != tenant) {
+            return Err(ApiError::internal("a batch of files of several tenants"));
+        }
+        self.try_call(move |conn| {
+            let tx = conn.transaction()?;
+            let used: i64 = tx.query_row(STORED_BYTES, [&tenant], |row| row.get(0))?;
+            let mut total = from_sql_int(used).saturating_add(reserved);
+            let mut recorded = Vec::with_capacity(files.len());
+            {
+                let mut insert = tx.prepare(
+                    "INSERT INTO files (id, tenant, filename, size_bytes, sha256, created_at, \
+                     expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?;
+                for file in files {
+                    let after = total.saturating_add(charged_file_bytes(file.size_bytes));
+                    if after > max_disk_bytes {
+                        recorded.push(false);
+                        continue;
+                    }
+                    insert.execute(params![
+                        file.id,
+                        file.tenant,
+                        file.filename,
+                        to_sql_int(file.size_bytes),
+                        file.sha256,
+                        file.created_at,
+                        file.expires_at
+                    ])?;
+                    total = after;
+                    recorded.push(true);
+                }
+            }
+            tx.commit()?;
+            Ok(recorded)
+        })
+        .await
+    }
+
     /// A tenant's file that has not expired.
     pub async fn file(&self, tenant: &str, id: &str) -> Result<Option<FileRow>, ApiError> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
@@ -1813,6 +1864,45 @@ mod tests {
             .unwrap();
         assert_eq!(db.stored_bytes("t").await.unwrap(), 46 * K);
         assert_eq!(db.snapshot_bytes("other").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_files_records_those_that_fit_in_one_go() {
+        let (_dir, db) = temp_db();
+        let file = |id: &str, size| FileRow {
+            id: id.into(),
+            tenant: "t".into(),
+            filename: "f".into(),
+            size_bytes: size,
+            sha256: String::new(),
+            created_at: now_rfc3339(),
+            expires_at: rfc3339_after(Duration::from_secs(60)),
+        };
+        const K: u64 = 4096;
+        db.insert_file_within(file("old", 50 * K), 0, 100 * K)
+            .await
+            .unwrap();
+        // 10 blocks reserved: 40 left, taken in order by what fits (an empty file
+        // takes a block too, a byte past 3 blocks takes 4).
+        let batch = vec![
+            file("a", 30 * K),
+            file("b", 20 * K),
+            file("c", 6 * K),
+            file("d", 0),
+            file("e", 3 * K + 1),
+        ];
+        let recorded = db
+            .insert_files_within(batch, 10 * K, 100 * K)
+            .await
+            .unwrap();
+        assert_eq!(recorded, [true, false, true, true, false]);
+        assert_eq!(db.stored_bytes("t").await.unwrap(), 87 * K);
+        assert!(db.file("t", "a").await.unwrap().is_some());
+        assert!(db.file("t", "b").await.unwrap().is_none());
+        assert_eq!(
+            db.insert_files_within(Vec::new(), 0, 0).await.unwrap(),
+            Vec::<bool>::new()
+        );
     }
 
     #[tokio::test]

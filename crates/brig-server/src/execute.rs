@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::response::sse::Event;
@@ -23,9 +24,9 @@ use utoipa_axum::routes;
 use crate::audit;
 use crate::auth::{Caller, Permit};
 use crate::error::{ApiError, ApiJson};
-use crate::rootfs::{EntryKind, SandboxRoot};
-use crate::sessions::exec::{self, Command, ExecResult, Stream};
-use crate::sessions::files::{root_of, rootfs_error, with_root, write_file};
+use crate::rootfs::{EntryKind, RootfsError, SandboxRoot};
+use crate::sessions::exec::{self, Command, Stream};
+use crate::sessions::files::{root_of, with_root, write_file};
 use crate::sessions::{self, CreateSession, FileRef, Session};
 use crate::state::AppState;
 
@@ -35,8 +36,13 @@ const DRIVER_PATH: &str = "/tmp/.brig/execute/driver.py";
 const CODE_PATH: &str = "/tmp/.brig/execute/code.py";
 /// onyx's default.
 const DEFAULT_TIMEOUT_MS: u64 = 2000;
-/// Entries of the working directory compared before and after the run.
+/// Most entries of the working directory compared before and after the run, and so
+/// listed as its outputs.
 const MAX_SCANNED: usize = 10_000;
+/// How long listing and storing a run's outputs may take: its client waits for
+/// them after the code has ended (onyx's gives up `timeout_ms / 1000 + 10` s after
+/// sending the request, the run itself counted).
+const COLLECT_TIME: Duration = Duration::from_secs(5);
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -64,7 +70,8 @@ pub struct OutputFile {
     /// "file" or "directory".
     pub kind: String,
     /// For files: download with GET /v1/files/{file_id}. Directories have none, nor
-    /// files over the daemon's --max-file-size (not kept).
+    /// files that were not stored (over the daemon's --max-file-size or the tenant's
+    /// disk quota, ...): a `brig: ...` line at the end of stderr says why.
     pub file_id: Option<String>,
 }
 
@@ -158,21 +165,36 @@ async fn precheck(
 /// What the working directory held: path -> (is dir, size, mtime).
 type Listing = BTreeMap<String, (bool, u64, i64)>;
 
-fn scan(root: &SandboxRoot, cwd: &str) -> Listing {
+/// Why a listing of the working directory stopped before its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// [`MAX_SCANNED`] entries, or a directory of more than a listing takes.
+    Entries,
+    /// [`COLLECT_TIME`] spent.
+    Time,
+}
+
+fn scan(root: &SandboxRoot, cwd: &str, deadline: Instant) -> (Listing, Option<Cut>) {
     let mut listing = Listing::new();
     let mut pending = vec![String::new()];
     while let Some(relative) = pending.pop() {
+        if Instant::now() >= deadline {
+            return (listing, Some(Cut::Time));
+        }
         let dir = if relative.is_empty() {
             cwd.to_string()
         } else {
             format!("{cwd}/{relative}")
         };
-        let Ok(entries) = root.list_dir(&dir) else {
-            continue;
+        let entries = match root.list_dir(&dir) {
+            Ok(entries) => entries,
+            Err(RootfsError::TooLarge(_)) => return (listing, Some(Cut::Entries)),
+            // Gone, or not the sandbox user's to read: not an output it can have made.
+            Err(_) => continue,
         };
         for entry in entries {
             if listing.len() >= MAX_SCANNED {
-                return listing;
+                return (listing, Some(Cut::Entries));
             }
             let path = if relative.is_empty() {
                 entry.name.clone()
@@ -191,7 +213,7 @@ fn scan(root: &SandboxRoot, cwd: &str) -> Listing {
             }
         }
     }
-    listing
+    (listing, None)
 }
 
 /// Runs the code in a session of its own, deleted after; the answer comes with the
@@ -237,7 +259,7 @@ async fn run_in(
     let before = with_root(session, move |root| {
         write_file(&root, DRIVER_PATH, DRIVER.as_bytes())?;
         write_file(&root, CODE_PATH, code.as_bytes())?;
-        Ok(scan(&root, &scan_cwd))
+        Ok(scan(&root, &scan_cwd, Instant::now() + COLLECT_TIME).0)
     })
     .await?;
 
@@ -261,24 +283,67 @@ async fn run_in(
         stdin: request.stdin.clone().map(String::into_bytes),
         timeout: std::time::Duration::from_millis(timeout_ms),
     };
-    let (
-        ExecResult {
-            exit_code,
-            timed_out,
-            stdout,
-            stderr,
-            duration_ms,
-            ..
-        },
-        slot,
-    ) = exec::run_holding(state, session, command, chunks).await?;
+    // The notes at the end go the way the output went.
+    let notes_to = chunks.clone();
+    let (result, slot) = exec::run_holding(state, session, command, chunks).await?;
+    let (files, notes) = collect_outputs(state, session, &cwd, &before).await?;
+    let stderr_tail = tail(&result.stderr, &notes);
+    if let (Some(chunks), false) = (&notes_to, stderr_tail.is_empty()) {
+        let _ = chunks
+            .send((Stream::Stderr, stderr_tail.clone().into_bytes()))
+            .await;
+    }
+    let response = ExecuteResponse {
+        stdout: result.stdout,
+        stderr: result.stderr + &stderr_tail,
+        exit_code: result.exit_code,
+        timed_out: result.timed_out,
+        duration_ms: result.duration_ms,
+        files,
+    };
+    Ok((response, slot))
+}
 
-    // Files the code created or changed.
-    let after_cwd = cwd.clone();
-    let after = with_root(session, move |root| Ok(scan(&root, &after_cwd))).await?;
-    let root = root_of(session)?;
+/// What is appended to a run's stderr: a line `brig: NOTE` per note, which says
+/// what the result alone would not (as `brig run` does): why output files were not
+/// stored, or not all listed.
+fn tail(stderr: &str, notes: &[String]) -> String {
+    let mut tail = String::new();
+    if !notes.is_empty() && !stderr.is_empty() && !stderr.ends_with('\n') {
+        tail.push('\n');
+    }
+    for note in notes {
+        tail.push_str(&format!("brig: {note}\n"));
+    }
+    tail
+}
+
+/// Why an output file has no `file_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum NotStored {
+    TooLarge,
+    NoRoom,
+    Unreadable,
+    NoTime,
+}
+
+/// Lists the files and directories the code created or changed in `cwd`, storing
+/// the files (in one batch, so thousands of them cost one transaction, not one
+/// each), and notes on what was not stored or listed. Bounded in entries and time
+/// ([`MAX_SCANNED`], [`COLLECT_TIME`]). A file that cannot be stored is listed
+/// without a `file_id`: the code has run, and its output, exit code and other files
+/// must not be lost to one file (a client retrying would run it again).
+async fn collect_outputs(
+    state: &AppState,
+    session: &Arc<Session>,
+    cwd: &str,
+    before: &Listing,
+) -> Result<(Vec<OutputFile>, Vec<String>), ApiError> {
+    let deadline = Instant::now() + COLLECT_TIME;
+    let scan_cwd = cwd.to_string();
+    let (after, cut) = with_root(session, move |root| Ok(scan(&root, &scan_cwd, deadline))).await?;
     let mut files = Vec::new();
-    let root = Arc::new(root);
+    let mut wanted = Vec::new();
     for (path, (is_dir, size, mtime)) in after {
         if before.get(&path) == Some(&(is_dir, size, mtime)) {
             continue;
@@ -293,79 +358,121 @@ async fn run_in(
             }
             continue;
         }
-        let file_id = match store_output(
-            state,
-            &session.tenant,
-            &root,
-            &format!("{cwd}/{path}"),
-            &path,
-        )
-        .await
-        {
-            Ok(id) => Some(id),
-            // The code ran; a file over --max-file-size is listed but not kept,
-            // rather than losing the whole result to it.
-            Err(e) if e.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE => None,
-            Err(e) => {
-                // The run fails: the outputs stored so far would only be orphans.
-                for id in files.iter().filter_map(|f| f.file_id.as_deref()) {
-                    crate::filestore::discard(state, &session.tenant, id).await;
-                }
-                return Err(e);
-            }
-        };
+        wanted.push(files.len());
         files.push(OutputFile {
             path,
             kind: "file".into(),
-            file_id,
+            file_id: None,
         });
     }
-    let response = ExecuteResponse {
-        stdout,
-        stderr,
-        exit_code,
-        timed_out,
-        duration_ms,
-        files,
-    };
-    Ok((response, slot))
-}
 
-/// Copies a file out of the sandbox into the file store.
-async fn store_output(
-    state: &AppState,
-    tenant: &str,
-    root: &Arc<SandboxRoot>,
-    sandbox_path: &str,
-    relative: &str,
-) -> Result<String, ApiError> {
-    let staging = state
-        .files_dir()
-        .join(format!(".out-{}", crate::auth::random_hex(8)));
-    let (root, source, target) = (root.clone(), sandbox_path.to_string(), staging.clone());
-    let max = state.args.max_file_size_bytes;
-    tokio::task::spawn_blocking(move || {
-        let (file, meta) = root.open_read(&source).map_err(rootfs_error)?;
-        if meta.size_bytes > max {
-            return Err(ApiError::too_large(format!(
-                "output file {source} is over the daemon's --max-file-size"
-            )));
+    // Read as the daemon: the blobs go to its own store. `rootfs` checks what the
+    // sandbox's user may read itself.
+    let root = Arc::new(root_of(session)?);
+    let paths: Vec<String> = wanted.iter().map(|&i| files[i].path.clone()).collect();
+    let (task_state, tenant, cwd) = (state.clone(), session.tenant.clone(), cwd.to_string());
+    let taken = tokio::task::spawn_blocking(move || {
+        let mut taken = Vec::with_capacity(paths.len());
+        for path in paths {
+            if Instant::now() >= deadline {
+                taken.push(Err(NotStored::NoTime));
+                continue;
+            }
+            let (mut file, meta) = match root.open_read(&format!("{cwd}/{path}")) {
+                Ok(opened) => opened,
+                Err(_) => {
+                    taken.push(Err(NotStored::Unreadable));
+                    continue;
+                }
+            };
+            if meta.size_bytes > task_state.args.max_file_size_bytes {
+                taken.push(Err(NotStored::TooLarge));
+                continue;
+            }
+            let name = path.rsplit('/').next().unwrap_or(&path);
+            match crate::filestore::take_blob(&task_state, &tenant, name, &mut file) {
+                Ok(blob) => taken.push(Ok(blob)),
+                Err(e) if e.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
+                    taken.push(Err(NotStored::TooLarge))
+                }
+                Err(e) => return Err(e),
+            }
         }
-        if let Some(dir) = target.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| ApiError::internal(format!("create {}: {e}", dir.display())))?;
-        }
-        let mut out = std::fs::File::create(&target)
-            .map_err(|e| ApiError::internal(format!("create {}: {e}", target.display())))?;
-        std::io::copy(&mut std::io::Read::take(file, max), &mut out).map_err(ApiError::internal)?;
-        Ok(())
+        Ok(taken)
     })
     .await
     .map_err(ApiError::internal)??;
-    let filename = relative.rsplit('/').next().unwrap_or(relative).to_string();
-    let stored = crate::filestore::store_file(state, tenant, &filename, &staging).await;
-    let _ = tokio::fs::remove_file(&staging).await;
-    Ok(stored?.file_id)
+
+    let mut outcomes: Vec<Result<(), NotStored>> = Vec::with_capacity(taken.len());
+    let mut blobs = Vec::new();
+    for blob in taken {
+        match blob {
+            Ok(blob) => {
+                outcomes.push(Ok(()));
+                blobs.push(blob);
+            }
+            Err(why) => outcomes.push(Err(why)),
+        }
+    }
+    let mut recorded = crate::filestore::record_blobs(state, &session.tenant, blobs)
+        .await?
+        .into_iter();
+    let mut not_stored: BTreeMap<NotStored, (usize, String)> = BTreeMap::new();
+    for (&index, outcome) in wanted.iter().zip(outcomes) {
+        let outcome = match outcome {
+            Ok(()) => match recorded.next().flatten() {
+                Some(meta) => {
+                    files[index].file_id = Some(meta.file_id);
+                    continue;
+                }
+                None => NotStored::NoRoom,
+            },
+            Err(why) => why,
+        };
+        let entry = not_stored
+            .entry(outcome)
+            .or_insert_with(|| (0, files[index].path.clone()));
+        entry.0 += 1;
+    }
+
+    let mut notes = Vec::new();
+    for (why, (count, first)) in not_stored {
+        let which = if count == 1 {
+            format!("output file {first} was")
+        } else {
+            format!("{count} output files ({first}, ...) were")
+        };
+        let reason = match why {
+            NotStored::TooLarge => format!(
+                "over the daemon's --max-file-size ({} bytes)",
+                state.args.max_file_size_bytes
+            ),
+            NotStored::NoRoom => format!(
+                "over the tenant's disk quota (max_disk_bytes; GET /v1/tenants/{} shows \
+                 what counts)",
+                session.tenant
+            ),
+            NotStored::Unreadable => "gone, or not readable by the sandbox's user".to_string(),
+            NotStored::NoTime => format!(
+                "not stored within {} s, the time outputs are given",
+                COLLECT_TIME.as_secs()
+            ),
+        };
+        notes.push(format!("{which} not stored ({reason}); file_id is null"));
+    }
+    match cut {
+        Some(Cut::Entries) => notes.push(format!(
+            "output files: only the first {MAX_SCANNED} entries of the working directory \
+             were compared; more may have changed"
+        )),
+        Some(Cut::Time) => notes.push(format!(
+            "output files: the working directory was not all compared within {} s; \
+             more may have changed",
+            COLLECT_TIME.as_secs()
+        )),
+        None => {}
+    }
+    Ok((files, notes))
 }
 
 #[utoipa::path(post, path = "/v1/execute", tag = "execute",

@@ -339,6 +339,134 @@ pub async fn store_file(
     Ok(row.into())
 }
 
+/// A file taken into a tenant's store whose row is not written yet: removed when
+/// dropped unless [`record_blobs`] recorded it (and a crash before either is
+/// cleaned up by [`sweep_orphans`]: a blob without a row).
+pub struct Blob {
+    row: FileRow,
+    path: TempFile,
+}
+
+impl Blob {
+    pub fn size_bytes(&self) -> u64 {
+        self.row.size_bytes
+    }
+}
+
+/// Copies `source` into `tenant`'s store as a [`Blob`], hashing it on the way;
+/// blocking. Over `--max-file-size`: 413, nothing left.
+pub fn take_blob(
+    state: &Shared,
+    tenant: &str,
+    filename: &str,
+    source: &mut dyn Read,
+) -> Result<Blob, ApiError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let max_size = state.args.max_file_size_bytes;
+    let dir = tenant_dir(state, tenant);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| ApiError::internal(format_args!("create {}: {e}", dir.display())))?;
+    let id = new_file_id();
+    let tmp = dir.join(format!("{TMP_PREFIX}{id}"));
+    let mut guard = TempFile {
+        path: Some(tmp.clone()),
+    };
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| ApiError::internal(format_args!("create {}: {e}", tmp.display())))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut size = 0u64;
+    // One byte past the limit is enough to know it is over.
+    let mut source = source.take(max_size.saturating_add(1));
+    loop {
+        let n = match source.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(ApiError::internal(format_args!("read {filename}: {e}"))),
+        };
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        if size > max_size {
+            return Err(ApiError::too_large(format!(
+                "{filename} is over the limit of {max_size} bytes (--max-file-size)"
+            )));
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n])
+            .map_err(|e| ApiError::internal(format_args!("write {}: {e}", tmp.display())))?;
+    }
+    drop(out);
+    let path = dir.join(&id);
+    std::fs::rename(&tmp, &path)
+        .map_err(|e| ApiError::internal(format_args!("rename {}: {e}", tmp.display())))?;
+    guard.disarm();
+    Ok(Blob {
+        row: FileRow {
+            id,
+            tenant: tenant.to_string(),
+            filename: sanitize_filename(Some(filename)),
+            size_bytes: size,
+            sha256: hex::encode(hasher.finalize()),
+            created_at: now_rfc3339(),
+            expires_at: rfc3339_after(Duration::from_millis(state.args.file_ttl_ms)),
+        },
+        path: TempFile { path: Some(path) },
+    })
+}
+
+/// Records `tenant`'s blobs, as many as its disk quota has room for, in order, in
+/// one transaction (see [`crate::db::Db::insert_files_within`]): the file of each,
+/// or `None` for one there was no room for (its blob is removed).
+pub async fn record_blobs(
+    state: &Shared,
+    tenant: &str,
+    blobs: Vec<Blob>,
+) -> Result<Vec<Option<FileMeta>>, ApiError> {
+    if blobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let max_disk = state.auth.quotas(tenant).await?.max_disk_bytes;
+    let rows: Vec<FileRow> = blobs.iter().map(|b| b.row.clone()).collect();
+    // Under the lock session creates check the quota under, as for one file (see
+    // record_within_quota).
+    let recorded = {
+        let _admission = match state.sessions.get() {
+            Some(sessions) => Some(sessions.admit().await),
+            None => None,
+        };
+        let reserved = reserved_disk(state, tenant);
+        state
+            .db
+            .insert_files_within(rows, reserved, max_disk)
+            .await?
+    };
+    let mut files = Vec::with_capacity(blobs.len());
+    let mut unrecorded = Vec::new();
+    for (mut blob, recorded) in blobs.into_iter().zip(recorded) {
+        if recorded {
+            blob.path.disarm();
+            files.push(Some(blob.row.into()));
+        } else {
+            files.push(None);
+            unrecorded.push(blob);
+        }
+    }
+    if !unrecorded.is_empty() {
+        // Possibly thousands of unlinks: not on the runtime's threads.
+        tokio::task::spawn_blocking(move || drop(unrecorded));
+    }
+    Ok(files)
+}
+
 /// Moves (or copies) `src` to `tmp` and hashes it; blocking.
 fn take_in(src: &Path, tmp: &Path, max_size: u64) -> Result<(u64, String), ApiError> {
     use std::os::unix::fs::OpenOptionsExt;

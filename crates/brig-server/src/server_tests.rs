@@ -1194,6 +1194,61 @@ async fn no_auth_serves_tenant_default() {
     assert_eq!(list.status, StatusCode::OK);
 }
 
+/// Output files are taken in as blobs and kept only once recorded, as many as the
+/// disk quota has room for: nothing is left of one over the size limit, nor of
+/// one the quota refused.
+#[tokio::test]
+async fn output_blobs_are_kept_only_when_recorded_within_the_quota() {
+    let h = harness(&["--max-file-size", "1M"]).await;
+    h.tenant_key("acme").await;
+    let set = h
+        .call(
+            Method::PUT,
+            "/v1/tenants/acme/quotas",
+            Some(&h.admin),
+            Some(json!({"max_disk_bytes": 8192})),
+        )
+        .await;
+    assert_eq!(set.status, StatusCode::OK);
+    let take = |data: Vec<u8>| {
+        crate::filestore::take_blob(&h.state, "acme", "dir/out.txt", &mut data.as_slice())
+    };
+    let err = take(pattern((1 << 20) + 1)).err().unwrap();
+    assert_eq!(err.code, "payload_too_large");
+    assert_eq!(h.tenant_files("acme"), Vec::<String>::new());
+    drop(take(b"dropped".to_vec()).unwrap());
+    assert_eq!(h.tenant_files("acme"), Vec::<String>::new());
+
+    // Two 4 KiB blocks of room: the third is not recorded.
+    let blobs: Vec<_> = (0..3).map(|_| take(b"abc".to_vec()).unwrap()).collect();
+    assert_eq!(h.tenant_files("acme").len(), 3);
+    let recorded = crate::filestore::record_blobs(&h.state, "acme", blobs)
+        .await
+        .unwrap();
+    let ids: Vec<String> = recorded
+        .iter()
+        .flatten()
+        .map(|f| f.file_id.clone())
+        .collect();
+    assert_eq!(recorded.len(), 3);
+    assert!(recorded[2].is_none());
+    assert_eq!(recorded[0].as_ref().unwrap().filename, "out.txt");
+    let (_, path) = crate::filestore::open(&h.state, "acme", &ids[0])
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), b"abc");
+    let mut ids = ids;
+    ids.sort();
+    // The refused blob is removed in the background.
+    for _ in 0..100 {
+        if h.tenant_files("acme") == ids {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(h.tenant_files("acme"), ids);
+}
+
 #[tokio::test]
 async fn store_file_and_bundles() {
     let h = harness(&["--max-file-size", "1M"]).await;
