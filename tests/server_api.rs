@@ -5132,6 +5132,39 @@ fn execute_streamed(d: &Daemon, key: &str, body: Value) -> (String, String, (Str
     (joined("stdout"), joined("stderr"), last)
 }
 
+/// Output cut at `--output-limit` ends in onyx's marker, and a run killed for its
+/// memory says so on stderr, as `brig run` does: neither shows in the result's
+/// fields alone (`exit_code` null, `timed_out` false).
+#[test]
+fn root_execute_says_when_output_was_cut_or_the_code_ran_out_of_memory() {
+    require_root!();
+    let d = daemon(&["--output-limit", "64K"]);
+    let key = d.admin_key().to_string();
+    let flood = json!({"code": "print('x' * 200000)\nprint('END')"});
+    let r = execute(&d, &key, flood.clone());
+    let stdout = r["stdout"].as_str().unwrap();
+    assert_eq!(stdout.len(), 65536 + "\n...[truncated]".len(), "{r}");
+    assert!(stdout.ends_with("x\n...[truncated]"), "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let note = "brig: stdout was cut at 65536 bytes (--output-limit)\n";
+    assert_eq!(r["stderr"], note, "{r}");
+    let (out, err, (last, result)) = execute_streamed(&d, &key, flood);
+    assert_eq!(out, stdout);
+    assert_eq!(err, note);
+    assert_eq!((last.as_str(), &result["exit_code"]), ("result", &json!(0)));
+
+    let hog = json!({"code": "import sys\nprint('before', file=sys.stderr, end='')\nb = b'x' * (900 << 20)", "timeout_ms": 20000});
+    let r = execute(&d, &key, hog.clone());
+    assert_eq!(r["exit_code"], Value::Null, "{r}");
+    assert_eq!(r["timed_out"], false, "{r}");
+    let note = "before\nbrig: killed: out of memory (limit 512 MiB)\n";
+    assert_eq!(r["stderr"], note, "{r}");
+    let (_, err, (last, result)) = execute_streamed(&d, &key, hog);
+    assert_eq!(err, note);
+    assert_eq!(last, "result");
+    assert_eq!(result["exit_code"], Value::Null, "{result}");
+}
+
 /// An output file the tenant's disk quota has no room for is listed without a
 /// `file_id`, as one over `--max-file-size` is, and the rest of the result is
 /// kept: the code ran, and a client retrying after a 429 would run it again.

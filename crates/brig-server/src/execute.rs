@@ -25,7 +25,7 @@ use crate::audit;
 use crate::auth::{Caller, Permit};
 use crate::error::{ApiError, ApiJson};
 use crate::rootfs::{EntryKind, RootfsError, SandboxRoot};
-use crate::sessions::exec::{self, Command, Stream};
+use crate::sessions::exec::{self, Command, ExecResult, Stream};
 use crate::sessions::files::{root_of, with_root, write_file};
 use crate::sessions::{self, CreateSession, FileRef, Session};
 use crate::state::AppState;
@@ -43,6 +43,8 @@ const MAX_SCANNED: usize = 10_000;
 /// them after the code has ended (onyx's gives up `timeout_ms / 1000 + 10` s after
 /// sending the request, the run itself counted).
 const COLLECT_TIME: Duration = Duration::from_secs(5);
+/// Appended to an output stream cut at `--output-limit`, as onyx marks it.
+const TRUNCATED: &str = "\n...[truncated]";
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -286,15 +288,40 @@ async fn run_in(
     // The notes at the end go the way the output went.
     let notes_to = chunks.clone();
     let (result, slot) = exec::run_holding(state, session, command, chunks).await?;
-    let (files, notes) = collect_outputs(state, session, &cwd, &before).await?;
-    let stderr_tail = tail(&result.stderr, &notes);
-    if let (Some(chunks), false) = (&notes_to, stderr_tail.is_empty()) {
-        let _ = chunks
-            .send((Stream::Stderr, stderr_tail.clone().into_bytes()))
-            .await;
+    let (files, mut notes) = collect_outputs(state, session, &cwd, &before).await?;
+    if result.oom_killed {
+        let limit = session
+            .limits
+            .memory_bytes
+            .map(|bytes| format!(" (limit {} MiB)", bytes >> 20))
+            .unwrap_or_default();
+        notes.insert(0, format!("killed: out of memory{limit}"));
+    }
+    let limit = state.args.output_limit_bytes;
+    for (cut, name) in [
+        (result.stderr_truncated, "stderr"),
+        (result.stdout_truncated, "stdout"),
+    ] {
+        if cut {
+            notes.insert(
+                0,
+                format!("{name} was cut at {limit} bytes (--output-limit)"),
+            );
+        }
+    }
+    let (stdout_tail, stderr_tail) = tails(&result, &notes);
+    if let Some(chunks) = &notes_to {
+        for (stream, tail) in [
+            (Stream::Stdout, &stdout_tail),
+            (Stream::Stderr, &stderr_tail),
+        ] {
+            if !tail.is_empty() {
+                let _ = chunks.send((stream, tail.clone().into_bytes())).await;
+            }
+        }
     }
     let response = ExecuteResponse {
-        stdout: result.stdout,
+        stdout: result.stdout + &stdout_tail,
         stderr: result.stderr + &stderr_tail,
         exit_code: result.exit_code,
         timed_out: result.timed_out,
@@ -304,18 +331,33 @@ async fn run_in(
     Ok((response, slot))
 }
 
-/// What is appended to a run's stderr: a line `brig: NOTE` per note, which says
-/// what the result alone would not (as `brig run` does): why output files were not
-/// stored, or not all listed.
-fn tail(stderr: &str, notes: &[String]) -> String {
-    let mut tail = String::new();
-    if !notes.is_empty() && !stderr.is_empty() && !stderr.ends_with('\n') {
-        tail.push('\n');
+/// What is appended to a run's stdout and stderr: [`TRUNCATED`] after a stream
+/// that was cut, and on stderr a line `brig: NOTE` per note, which says what the
+/// result alone would not (as `brig run` does): why the code was killed, why
+/// output files were not stored, or not all listed.
+fn tails(result: &ExecResult, notes: &[String]) -> (String, String) {
+    let mut stdout = String::new();
+    if result.stdout_truncated {
+        stdout.push_str(TRUNCATED);
     }
-    for note in notes {
-        tail.push_str(&format!("brig: {note}\n"));
+    let mut stderr = String::new();
+    if result.stderr_truncated {
+        stderr.push_str(TRUNCATED);
     }
-    tail
+    if !notes.is_empty() {
+        let ends_a_line = if stderr.is_empty() {
+            result.stderr.is_empty() || result.stderr.ends_with('\n')
+        } else {
+            false
+        };
+        if !ends_a_line {
+            stderr.push('\n');
+        }
+        for note in notes {
+            stderr.push_str(&format!("brig: {note}\n"));
+        }
+    }
+    (stdout, stderr)
 }
 
 /// Why an output file has no `file_id`.
