@@ -12,9 +12,13 @@ normally /workspace):
                          is shown as the Python REPL shows it (sys.displayhook:
                          repr, nothing for None); "0": the code just runs.
 
-  -u (unbuffered) keeps stdout and stderr in the order they were written, which
-  matters when the daemon streams them. -I is deliberately not used: it would
-  drop PYTHONPATH and user site-packages that an image may rely on.
+  -u (unbuffered): output reaches the daemon as it is written, not when a
+  buffer fills or the code ends, which matters when the daemon streams it.
+  stdout and stderr are two pipes, so each keeps its own order but not the order
+  between them: a line printed to stdout before one printed to stderr may arrive
+  after it (code that needs one order writes both to one stream). -I is
+  deliberately not used: it would drop PYTHONPATH and user site-packages that an
+  image may rely on.
 
 stdin, stdout and stderr are the user code's own. The exit status is what
 `python3 script.py` gives: 0, the `sys.exit()` code, 1 for an uncaught
