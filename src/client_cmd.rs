@@ -125,7 +125,8 @@ struct CreateArgs {
     /// Delete the session this long after it was created (e.g. 30m, 2h).
     #[arg(long, value_name = "DURATION")]
     ttl: Option<String>,
-    /// Delete the session after this long without requests.
+    /// Delete the session after this long without requests [default: the daemon's,
+    /// or none with --ttl].
     #[arg(long, value_name = "DURATION")]
     idle_timeout: Option<String>,
     /// A label of your own, returned with the session and matched by

@@ -5117,6 +5117,31 @@ fn root_execute_without_its_default_image_is_unavailable_and_says_how_to_fix_it(
     assert_eq!(session_count(&d, &key), 0);
 }
 
+/// A session given a TTL but no idle timeout lives for its TTL, as an onyx
+/// python-sandbox session does; one given neither gets the daemon's idle timeout.
+#[test]
+fn root_a_session_given_a_ttl_alone_has_no_idle_timeout() {
+    require_root!();
+    let d = daemon(&["--session-idle-timeout", "1s"]);
+    let key = d.admin_key().to_string();
+    let with_ttl = create(&d, &key, json!({"ttl_seconds": 3600}));
+    assert_eq!(with_ttl["idle_timeout_seconds"], Value::Null, "{with_ttl}");
+    let default = create(&d, &key, json!({}));
+    assert_eq!(default["idle_timeout_seconds"], 1, "{default}");
+    let both = create(
+        &d,
+        &key,
+        json!({"ttl_seconds": 3600, "idle_timeout_seconds": 1}),
+    );
+    assert_eq!(both["idle_timeout_seconds"], 1, "{both}");
+    // Untouched meanwhile: a request is activity.
+    std::thread::sleep(Duration::from_secs(5));
+    let ids = session_ids(&d, &key, "");
+    assert_eq!(ids, BTreeSet::from([sid(&with_ttl)]), "{with_ttl}");
+    assert_eq!(sh(&d, &key, &sid(&with_ttl), "echo alive"), "alive\n");
+    delete_session(&d, &key, &sid(&with_ttl));
+}
+
 /// `/v1/execute/stream` as one answer: the output events joined per stream, and
 /// the last event (`result` or `error`).
 fn execute_streamed(d: &Daemon, key: &str, body: Value) -> (String, String, (String, Value)) {

@@ -1489,10 +1489,17 @@ async fn start_session(
     let ttl = request
         .ttl_seconds
         .unwrap_or(shared.args.session_ttl_ms / 1000);
-    let idle = request
-        .idle_timeout_seconds
-        .or(Some(shared.args.session_idle_timeout_ms / 1000))
-        .filter(|s| *s > 0);
+    // A request that sets the session's lifetime but no idle timeout gets none: it
+    // lives for its TTL, as an onyx python-sandbox session does (onyx has no idle
+    // timeout, and its clients, which keep a session between a user's messages,
+    // would find it gone). The TTL still bounds it, as `idle_timeout_seconds: 0`
+    // with a TTL always could.
+    let idle = match (request.idle_timeout_seconds, request.ttl_seconds) {
+        (Some(idle), _) => Some(idle),
+        (None, Some(_)) => None,
+        (None, None) => Some(shared.args.session_idle_timeout_ms / 1000),
+    }
+    .filter(|s| *s > 0);
     let pooled = if pool::fits(request, &limits) {
         sessions.pool.take(image.as_deref())
     } else {
