@@ -88,11 +88,6 @@ impl ApiError {
         ApiError::new(StatusCode::CONFLICT, "conflict", message)
     }
 
-    /// 410: session expired.
-    pub fn gone(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::GONE, "gone", message)
-    }
-
     /// 413: body or upload over its limit.
     pub fn too_large(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
