@@ -58,6 +58,7 @@ pub struct ExecuteRequest {
     pub code: String,
     pub stdin: Option<String>,
     /// Default 2000; above the daemon's --max-execute-timeout: 422.
+    #[schema(minimum = 1)]
     pub timeout_ms: Option<u64>,
     /// Print the value of a final expression, as in a notebook (default true).
     pub last_line_interactive: Option<bool>,

@@ -247,6 +247,31 @@ async fn health_and_openapi_need_no_key() {
     );
 }
 
+/// Values the daemon refuses with 422 are outside what the schema allows: a
+/// timeout or a TTL of 0 is refused, so the minimum is 1.
+#[tokio::test]
+async fn openapi_minimums_are_those_the_daemon_accepts() {
+    let h = harness(&[]).await;
+    let doc = h
+        .call(Method::GET, "/v1/openapi.json", None, None)
+        .await
+        .json();
+    let schemas = &doc["components"]["schemas"];
+    for (schema, field) in [
+        ("ExecuteRequest", "timeout_ms"),
+        ("ExecRequest", "timeout_ms"),
+        ("BashRequest", "timeout_ms"),
+        ("CreateSession", "ttl_seconds"),
+        ("UpdateSession", "ttl_seconds"),
+    ] {
+        let property = &schemas[schema]["properties"][field];
+        assert_eq!(property["minimum"], 1, "{schema}.{field}: {property}");
+    }
+    // 0 means none here, and is accepted.
+    let idle = &schemas["UpdateSession"]["properties"]["idle_timeout_seconds"];
+    assert_eq!(idle["minimum"], 0, "{idle}");
+}
+
 /// What OpenAPI requires and client generators rely on: every `$ref` names a schema
 /// the document has, every response has a description, operation ids are unique.
 #[tokio::test]

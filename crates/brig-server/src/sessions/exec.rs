@@ -56,6 +56,7 @@ pub struct ExecRequest {
     pub stdin: Option<String>,
     /// Kill the command's process group after this long (default and maximum:
     /// the daemon's --max-execute-timeout).
+    #[schema(minimum = 1)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -844,6 +845,7 @@ impl HeldSlot {
 #[serde(deny_unknown_fields)]
 pub struct BashRequest {
     pub cmd: String,
+    #[schema(minimum = 1)]
     pub timeout_ms: Option<u64>,
 }
 

@@ -147,6 +147,7 @@ pub struct CreateSession {
     /// once made: another value for an existing volume is 409), e.g. "10G".
     pub volume_size: Option<Size>,
     pub files: Option<Vec<FileRef>>,
+    #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
     pub idle_timeout_seconds: Option<u64>,
     /// The caller's own labels (e.g. `{"user": "u42", "chat": "c7"}`), returned with
@@ -202,6 +203,7 @@ fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), ApiError> {
 pub struct UpdateSession {
     /// The session now ends this many seconds from now: a keep-alive for a session
     /// still in use near its end, or an earlier end.
+    #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
     /// A new idle timeout; 0 for none.
     pub idle_timeout_seconds: Option<u64>,
