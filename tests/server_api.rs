@@ -727,6 +727,86 @@ fn root_exec_output_is_cut_at_the_output_limit_without_buffering() {
     delete_session(&d, &key, &id);
 }
 
+/// The daemon's CPU time so far (user + system, all its threads), in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name, which may hold spaces: utime and stime are
+    // the 14th and 15th fields of the line, the 12th and 13th after it.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // USER_HZ, which Linux fixes at 100 for what it reports to user space.
+    ticks as f64 / 100.0
+}
+
+/// Output past the limit is dropped at a bounded cost to the daemon, whose CPU no
+/// session is charged for: reading floods only to drop them, the daemon spent
+/// about as much CPU as the flooding commands could write (4 floods in 2 sessions,
+/// 4 s: ~3 CPU-s; 15 floods slowed another tenant's `exec true` tenfold). A command
+/// that prints past the limit and exits still ends at once (nothing blocks it on a
+/// full pipe), and what is kept is the first `--output-limit` bytes, flagged
+/// truncated.
+#[test]
+fn root_exec_output_past_the_limit_costs_the_daemon_little_cpu() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let ids = [
+        sid(&create(&d, &key, json!({}))),
+        sid(&create(&d, &key, json!({}))),
+    ];
+    let started = Instant::now();
+    let r = exec(
+        &d,
+        &key,
+        &ids[0],
+        json!({"cmd": "head -c 48M /dev/zero; echo done >&2"}),
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"].as_str().unwrap(), "\0".repeat(1 << 20));
+    assert_eq!(r["stdout_truncated"], true);
+    assert_eq!(r["stderr"], "done\n");
+    assert_eq!(r["stderr_truncated"], false);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let before = cpu_seconds(d.pid());
+    std::thread::scope(|scope| {
+        let floods: Vec<_> = [&ids[0], &ids[0], &ids[1], &ids[1]]
+            .into_iter()
+            .map(|id| {
+                let (d, key) = (&d, &key);
+                scope.spawn(move || {
+                    exec(
+                        d,
+                        key,
+                        id,
+                        json!({"cmd": "cat /dev/zero", "timeout_ms": 4000}),
+                    )
+                })
+            })
+            .collect();
+        for flood in floods {
+            let r = flood.join().unwrap();
+            assert_eq!(r["timed_out"], true, "{r}");
+            assert_eq!(r["stdout"].as_str().unwrap().len(), 1 << 20);
+            assert_eq!(r["stdout_truncated"], true);
+        }
+    });
+    let cpu = cpu_seconds(d.pid()) - before;
+    eprintln!("daemon CPU for 4 floods of 4 s: {cpu:.2} s");
+    assert!(
+        cpu < 1.5,
+        "the daemon spent {cpu:.2} CPU-s dropping 4 floods of 4 s"
+    );
+    for id in &ids {
+        delete_session(&d, &key, id);
+    }
+}
+
 #[test]
 fn root_exec_reports_oom_killed() {
     require_root!();
