@@ -5729,6 +5729,84 @@ fn tool_bundle() -> Vec<u8> {
     bundle
 }
 
+/// A bundle's extracted copy is disk the tenant takes for as long as it keeps the
+/// file, so its quota counts it: a tar of empty directories (512 bytes each in the
+/// tar, a 4 KiB block each on disk) used to unpack to 8 times what the quota
+/// counted. Past the room the quota leaves, the create is 429 and leaves nothing;
+/// with room, `file_bytes` grows by what the copy takes, and the copy takes no
+/// more than that.
+#[test]
+fn root_a_bundles_extracted_copy_counts_in_the_disk_quota() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "amp");
+    let dirs = 2000;
+    let mut tar = Vec::new();
+    for i in 0..dirs {
+        tar_entry(
+            &mut tar,
+            &format!("d{i:05}/"),
+            tar::EntryType::Directory,
+            "",
+            b"",
+        );
+    }
+    tar_end(&mut tar);
+    let charged = |n: u64| n.div_ceil(4096).max(1) * 4096;
+    let (tar_bytes, blocks) = (charged(tar.len() as u64), (dirs + 1) * 4096);
+    let disk = 16u64 << 20;
+    // Room for the tar and the session's disk, and 4 MB more: not for the 8 MB copy.
+    set_disk_quota(&d, "amp", disk + tar_bytes + (4 << 20));
+    let file = upload_file(&d, &key, "dirs.tar", &tar);
+    let body = json!({"limits": {"disk": disk}, "mounts": [{"file_id": file, "path": "/opt/b"}]});
+    let (status, r) = d.request("POST", "/v1/sessions", Some(&key), Some(body.clone()));
+    assert_eq!(status, 429, "{r}");
+    assert_eq!(r["error"]["code"], "quota_exceeded", "{r}");
+    let files = d.data_dir().join("files/amp");
+    let left: Vec<_> = std::fs::read_dir(&files)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, std::slice::from_ref(&file), "only the tar is left");
+    let usage =
+        |d: &Daemon| d.request("GET", "/v1/tenants/amp", Some(&key), None).1["usage"].clone();
+    assert_eq!(usage(&d)["file_bytes"], tar_bytes);
+    assert_eq!(usage(&d)["sessions"], 0);
+
+    set_disk_quota(&d, "amp", disk + tar_bytes + (16 << 20));
+    let id = sid(&create(&d, &key, body));
+    assert_eq!(sh(&d, &key, &id, "ls /opt/b | wc -l"), format!("{dirs}\n"));
+    // Each entry counts at least a block, and its name in its directory.
+    let counted = usage(&d)["file_bytes"].as_u64().unwrap() - tar_bytes;
+    assert!(
+        (blocks..blocks + dirs * 64).contains(&counted),
+        "{counted} counted for {blocks} bytes of blocks"
+    );
+    let taken = disk_taken(&files.join(format!("{file}.bundle")));
+    assert!(
+        taken <= counted,
+        "the copy takes {taken} bytes, {counted} counted"
+    );
+    delete_session(&d, &key, &id);
+    // Deleting the file frees both.
+    let (status, _) = d.request("DELETE", &format!("/v1/files/{file}"), Some(&key), None);
+    assert_eq!(status, 204);
+    assert_eq!(usage(&d)["file_bytes"], 0);
+}
+
+/// The disk a tree takes: its entries' allocated blocks.
+fn disk_taken(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).unwrap();
+    let mut total = meta.blocks() * 512;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            total += disk_taken(&entry.unwrap().path());
+        }
+    }
+    total
+}
+
 /// The line of `/proc/self/mountinfo` inside the session for the mount at `path`.
 fn mountinfo_line(d: &Daemon, key: &str, id: &str, path: &str) -> String {
     let info = sh(d, key, id, "cat /proc/self/mountinfo");

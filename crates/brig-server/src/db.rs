@@ -187,13 +187,20 @@ const MIGRATIONS: &[&str] = &[
         since TEXT
     );
     "#,
+    // 9: the disk a bundle's extracted copy takes (`<id>.bundle`, made on its first
+    // mount and kept as long as the file), which the tenant's quota counts with the
+    // file: 0 until then.
+    r#"
+    ALTER TABLE files ADD COLUMN bundle_bytes INTEGER NOT NULL DEFAULT 0;
+    "#,
 ];
 
 /// Bytes a tenant keeps on disk outside its sessions (`?1` is the tenant): its
-/// stored files, its volumes' capacity and the layers its snapshots hold, each
-/// layer once (one a fork's snapshot builds on is held by both snapshots).
+/// stored files (with their bundles' extracted copies), its volumes' capacity and
+/// the layers its snapshots hold, each layer once (one a fork's snapshot builds on
+/// is held by both snapshots).
 const STORED_BYTES: &str = "
-    SELECT (SELECT COALESCE(SUM(MAX(1, (size_bytes + 4095) / 4096) * 4096), 0)
+    SELECT (SELECT COALESCE(SUM(MAX(1, (size_bytes + 4095) / 4096) * 4096 + bundle_bytes), 0)
             FROM files WHERE tenant = ?1)
          + (SELECT COALESCE(SUM(capacity_bytes), 0) FROM volumes WHERE tenant = ?1)
          + (SELECT COALESCE(SUM(size_bytes), 0) FROM (
@@ -823,6 +830,52 @@ impl Db {
         .await
     }
 
+    /// Records that the extracted copy of a tenant's bundle takes `bytes`, if what
+    /// the tenant stores with it (see [`Db::stored_bytes`], the copy's earlier
+    /// charge replaced) plus `reserved` other bytes (its sessions' disks) stays
+    /// within `max_disk_bytes`: 429 otherwise, 404 for a file no longer there.
+    pub async fn charge_bundle_within(
+        &self,
+        tenant: &str,
+        id: &str,
+        bytes: u64,
+        reserved: u64,
+        max_disk_bytes: u64,
+    ) -> Result<(), ApiError> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.try_call(move |conn| {
+            let tx = conn.transaction()?;
+            let before: Option<i64> = tx
+                .query_row(
+                    "SELECT bundle_bytes FROM files WHERE tenant = ?1 AND id = ?2",
+                    params![tenant, id],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            let Some(before) = before.map(from_sql_int) else {
+                return Err(ApiError::not_found(format!("no file {id}")));
+            };
+            let used: i64 = tx.query_row(STORED_BYTES, [&tenant], |row| row.get(0))?;
+            let total = from_sql_int(used)
+                .saturating_sub(before)
+                .saturating_add(reserved)
+                .saturating_add(bytes);
+            if bytes > before && total > max_disk_bytes {
+                return Err(ApiError::quota(format!(
+                    "tenant {tenant} would use {total} of its {max_disk_bytes} bytes of disk \
+                     with this bundle extracted (GET /v1/tenants/{tenant} shows what counts)"
+                )));
+            }
+            tx.execute(
+                "UPDATE files SET bundle_bytes = ?3 WHERE tenant = ?1 AND id = ?2",
+                params![tenant, id, to_sql_int(bytes)],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
     /// A tenant's file that has not expired.
     pub async fn file(&self, tenant: &str, id: &str) -> Result<Option<FileRow>, ApiError> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
@@ -904,11 +957,11 @@ impl Db {
         .await
     }
 
-    /// Disk the tenant's stored files take, as [`charged_file_bytes`] counts it
-    /// (expired ones until they are swept).
+    /// Disk the tenant's stored files take, as [`charged_file_bytes`] counts it,
+    /// with their bundles' extracted copies (expired ones until they are swept).
     pub async fn file_bytes(&self, tenant: &str) -> Result<u64, ApiError> {
         self.tenant_sum(
-            "SELECT COALESCE(SUM(MAX(1, (size_bytes + 4095) / 4096) * 4096), 0) \
+            "SELECT COALESCE(SUM(MAX(1, (size_bytes + 4095) / 4096) * 4096 + bundle_bytes), 0) \
              FROM files WHERE tenant = ?1",
             tenant,
         )

@@ -582,57 +582,156 @@ pub fn bundle_path(shared: &Shared, tenant: &str, file_id: &str) -> Result<PathB
 
 /// The directory holding the extracted contents of an uploaded tar file (for
 /// read-only session mounts), extracting it on first use into
-/// `<data-dir>/files/<tenant>/<file_id>.bundle`. Blocking (call from a blocking
-/// context for large bundles); 404 for an unknown or other tenant's id (the blob is
-/// looked up under the tenant's own directory), 422 if the file is not a usable tar.
+/// `<data-dir>/files/<tenant>/<file_id>.bundle`. 404 for an unknown or other
+/// tenant's id (the blob is looked up under the tenant's own directory), 422 if
+/// the file is not a usable tar.
+///
+/// The extracted copy is disk the tenant takes as long as the file is kept, so its
+/// quota counts it with the file: measured as [`extract_bundle`] counts it (the
+/// blocks it takes, each entry at least one) and recorded under the lock quotas are
+/// checked under, before the copy is put in place. An extraction may write no more
+/// than the room the quota leaves, nor more than `--max-file-size`: a tar of empty
+/// entries (512 bytes each) would otherwise take 8 times its size, uncounted.
+/// `also`: disk the caller is about to take besides (the disk of the session being
+/// created), which must fit too. `admitted`: the caller holds that lock already.
 ///
 /// Extraction is contained: entries may not leave the directory (`..`, absolute
 /// paths, paths through symlinks are refused by `tar::Entry::unpack_in`), only
 /// files, directories and symlinks are created, set-id bits are dropped and
-/// everything is made readable (sandbox users do not own these files), and the total
-/// size is capped at `--max-file-size`.
-pub fn bundle_dir(shared: &Shared, tenant: &str, file_id: &str) -> Result<PathBuf, ApiError> {
-    let not_found = || ApiError::not_found(format!("no file {file_id}"));
+/// everything is made readable (sandbox users do not own these files).
+pub async fn bundle_dir(
+    shared: &Shared,
+    tenant: &str,
+    file_id: &str,
+    also: u64,
+    admitted: bool,
+) -> Result<PathBuf, ApiError> {
     let target = bundle_path(shared, tenant, file_id)?;
-    let dir = tenant_dir(shared, tenant);
-    let blob = dir.join(file_id);
-    if target.is_dir() {
+    if tokio::fs::metadata(&target).await.is_ok_and(|m| m.is_dir()) {
         return Ok(target);
     }
-    let file = match std::fs::File::open(&blob) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),
-        Err(e) => {
-            return Err(ApiError::internal(format_args!(
-                "open {}: {e}",
-                blob.display()
-            )))
+    let max_disk = shared.auth.quotas(tenant).await?.max_disk_bytes;
+    let used = shared
+        .db
+        .stored_bytes(tenant)
+        .await?
+        .saturating_add(reserved_disk(shared, tenant))
+        .saturating_add(also);
+    let room = max_disk.saturating_sub(used);
+    let max_file = shared.args.max_file_size_bytes;
+    let name = tenant.to_string();
+    let over = move |needed: u64| {
+        if room < max_file {
+            ApiError::quota(format!(
+                "the bundle unpacks to more than the {room} bytes left in tenant {name}'s \
+                 disk quota (its extracted copy counts there with the file; GET \
+                 /v1/tenants/{name} shows what counts)"
+            ))
+        } else {
+            ApiError::too_large(format!(
+                "the archive unpacks to more than {max_file} bytes of disk \
+                 (--max-file-size; {needed} counted so far, each entry at least one 4 KiB block)"
+            ))
         }
     };
+    let dir = tenant_dir(shared, tenant);
+    let blob = dir.join(file_id);
     let tmp = dir.join(format!("{TMP_PREFIX}{}{BUNDLE_SUFFIX}", new_file_id()));
-    let result = extract_bundle(file, &tmp, shared.args.max_file_size_bytes).and_then(|()| {
-        match std::fs::rename(&tmp, &target) {
-            Ok(()) => Ok(()),
-            // Another request extracted it first: theirs is as good as ours.
-            Err(_) if target.is_dir() => {
-                let _ = std::fs::remove_dir_all(&tmp);
-                Ok(())
+    let remove_tmp = |tmp: PathBuf| async move {
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(tmp)).await;
+    };
+    let (tmp2, id) = (tmp.clone(), file_id.to_string());
+    let extracted = tokio::task::spawn_blocking(move || {
+        let file = match std::fs::File::open(&blob) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ApiError::not_found(format!("no file {id}")))
             }
-            Err(e) => Err(ApiError::internal(format_args!(
+            Err(e) => {
+                return Err(ApiError::internal(format_args!(
+                    "open {}: {e}",
+                    blob.display()
+                )))
+            }
+        };
+        extract_bundle(file, &tmp2, room.min(max_file), &over)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format_args!("bundle extraction failed: {e}")));
+    let bytes = match extracted {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) | Err(e) => {
+            remove_tmp(tmp).await;
+            return Err(e);
+        }
+    };
+    let charged = {
+        let _admission = match (admitted, shared.sessions.get()) {
+            (false, Some(sessions)) => Some(sessions.admit().await),
+            _ => None,
+        };
+        let reserved = reserved_disk(shared, tenant).saturating_add(also);
+        shared
+            .db
+            .charge_bundle_within(tenant, file_id, bytes, reserved, max_disk)
+            .await
+    };
+    if let Err(e) = charged {
+        remove_tmp(tmp).await;
+        return Err(e);
+    }
+    match tokio::fs::rename(&tmp, &target).await {
+        Ok(()) => Ok(target),
+        // Another request extracted it first: theirs is as good as ours (and
+        // counted the same).
+        Err(_) if tokio::fs::metadata(&target).await.is_ok_and(|m| m.is_dir()) => {
+            remove_tmp(tmp).await;
+            Ok(target)
+        }
+        Err(e) => {
+            remove_tmp(tmp).await;
+            Err(ApiError::internal(format_args!(
                 "rename {}: {e}",
                 target.display()
-            ))),
+            )))
         }
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
     }
-    result.map(|()| target)
 }
 
-fn extract_bundle(file: std::fs::File, dest: &Path, max_bytes: u64) -> Result<(), ApiError> {
+/// The disk an extracted entry of `size` bytes is counted to take: its 4 KiB
+/// blocks, and one at least (a directory's block, an inode and a directory entry
+/// for an empty file or a link), as the quota counts stored files.
+fn entry_disk(size: u64) -> u64 {
+    crate::db::charged_file_bytes(size)
+}
+
+/// The disk an entry's name takes in its directory: ext4's 8-byte record header and
+/// the name padded to 4 bytes, twice, since the leaves of a large directory's index
+/// are only half full after a split (2,000 short names grew a directory by 12
+/// blocks, which one block per entry left uncounted).
+fn name_disk(relative: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let name = relative
+        .file_name()
+        .map_or(0, |n| n.as_bytes().len() as u64);
+    2 * (8 + name.next_multiple_of(4))
+}
+
+/// Extracts `file` into `dest` (made here) and returns the disk it takes, counted
+/// by [`entry_disk`] and [`name_disk`]; `over(counted)` is the error once that
+/// passes `cap`, checked before each entry is written.
+fn extract_bundle(
+    file: std::fs::File,
+    dest: &Path,
+    cap: u64,
+    over: &dyn Fn(u64) -> ApiError,
+) -> Result<u64, ApiError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     use tar::EntryType;
+    let mut total = entry_disk(0);
+    if total > cap {
+        return Err(over(total));
+    }
     std::fs::DirBuilder::new()
         .mode(0o755)
         .create(dest)
@@ -644,7 +743,7 @@ fn extract_bundle(file: std::fs::File, dest: &Path, max_bytes: u64) -> Result<()
     archive.set_preserve_ownerships(false);
     archive.set_unpack_xattrs(false);
     archive.set_mask(0o022);
-    let (mut total, mut count) = (0u64, 0u64);
+    let mut count = 0u64;
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
         count += 1;
@@ -660,17 +759,18 @@ fn extract_bundle(file: std::fs::File, dest: &Path, max_bytes: u64) -> Result<()
         ) {
             continue;
         }
-        total = total.saturating_add(entry.size());
-        if total > max_bytes {
-            return Err(ApiError::too_large(format!(
-                "the archive unpacks to more than {max_bytes} bytes (--max-file-size)"
-            )));
-        }
         // Where unpack_in puts the entry: joining the raw name would put an
         // absolute one ("/etc/shadow") back on the host, for the chmod below.
-        let Some(relative) = bundle_relative(&entry.path().map_err(bad)?) else {
+        let name = entry.path().map_err(bad)?.into_owned();
+        let Some(relative) = bundle_relative(&name) else {
             continue; // a name that climbs out: unpack_in skips it too
         };
+        total = total
+            .saturating_add(entry_disk(entry.size()))
+            .saturating_add(name_disk(&relative));
+        if total > cap {
+            return Err(over(total));
+        }
         if !entry.unpack_in(dest).map_err(bad)? {
             continue;
         }
@@ -691,7 +791,7 @@ fn extract_bundle(file: std::fs::File, dest: &Path, max_bytes: u64) -> Result<()
                 .map_err(|e| ApiError::internal(format_args!("chmod {}: {e}", path.display())))?;
         }
     }
-    Ok(())
+    Ok(total)
 }
 
 /// An archive entry's name as a path under the bundle's directory, the way
@@ -1137,7 +1237,13 @@ mod tests {
         std::fs::write(&archive, builder.into_inner().unwrap()).unwrap();
 
         let dest = dir.path().join("bundle");
-        extract_bundle(std::fs::File::open(&archive).unwrap(), &dest, 1 << 20).unwrap();
+        extract_bundle(
+            std::fs::File::open(&archive).unwrap(),
+            &dest,
+            1 << 20,
+            &|n| ApiError::too_large(n.to_string()),
+        )
+        .unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode(&victim), 0o600);
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "secret");
@@ -1150,6 +1256,45 @@ mod tests {
             mode(&dest.join(victim_dir.strip_prefix("/").unwrap())),
             0o755
         );
+    }
+
+    /// What an extraction may write is counted in the blocks it takes, not in
+    /// its entries' sizes: empty entries are not free.
+    #[test]
+    fn bundle_extraction_counts_blocks_not_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut builder = tar::Builder::new(Vec::new());
+        for i in 0..300 {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_mode(0o755);
+            header.set_size(0);
+            builder
+                .append_data(&mut header, format!("d{i}"), std::io::empty())
+                .unwrap();
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_size(4097);
+        header.set_mode(0o644);
+        builder
+            .append_data(&mut header, "f", &[b'x'; 4097][..])
+            .unwrap();
+        let archive = dir.path().join("dirs.tar");
+        std::fs::write(&archive, builder.into_inner().unwrap()).unwrap();
+        let extract = |cap: u64, dest: &str| {
+            extract_bundle(
+                std::fs::File::open(&archive).unwrap(),
+                &dir.path().join(dest),
+                cap,
+                &|n| ApiError::too_large(n.to_string()),
+            )
+        };
+        // The bundle's directory, 300 directories and a file of two blocks, and
+        // their names ("d0".."d299", "f": 24 bytes counted for each).
+        let needed = 301 * 4096 + 2 * 4096 + 301 * 24;
+        let err = extract(needed - 1, "small").unwrap_err();
+        assert_eq!(err.code, "payload_too_large");
+        assert_eq!(extract(needed, "enough").unwrap(), needed);
     }
 
     #[test]

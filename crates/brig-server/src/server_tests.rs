@@ -1351,13 +1351,9 @@ async fn store_file_and_bundles() {
         .as_str()
         .unwrap()
         .to_string();
-    let state = h.state.clone();
-    let id2 = id.clone();
-    let dir =
-        tokio::task::spawn_blocking(move || crate::filestore::bundle_dir(&state, "acme", &id2))
-            .await
-            .unwrap()
-            .unwrap();
+    let dir = crate::filestore::bundle_dir(&h.state, "acme", &id, 0, false)
+        .await
+        .unwrap();
     assert_eq!(std::fs::read(dir.join("pkg/data.txt")).unwrap(), b"hello");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(dir.join("pkg/data.txt"))
@@ -1370,16 +1366,20 @@ async fn store_file_and_bundles() {
         .file_type()
         .is_symlink());
     let state = h.state.clone();
-    let again = crate::filestore::bundle_dir(&state, "acme", &id).unwrap();
+    let again = crate::filestore::bundle_dir(&state, "acme", &id, 0, false)
+        .await
+        .unwrap();
     assert_eq!(again, dir);
     assert_eq!(
-        crate::filestore::bundle_dir(&state, "other", &id)
+        crate::filestore::bundle_dir(&state, "other", &id, 0, false)
+            .await
             .unwrap_err()
             .code,
         "not_found"
     );
     assert_eq!(
-        crate::filestore::bundle_dir(&state, "acme", &meta.file_id)
+        crate::filestore::bundle_dir(&state, "acme", &meta.file_id, 0, false)
+            .await
             .unwrap_err()
             .code,
         "invalid_request",

@@ -1206,18 +1206,19 @@ pub fn spec_for(
 }
 
 /// Extracts the request's bundles (once per file; later calls find them done).
+/// An extraction counts in the tenant's disk quota, which must have room for it and
+/// `also` (the disk of a session being created: a copy made for a create the quota
+/// then refuses would stay, counted). `admitted`: the caller holds the admission
+/// lock, under which an extraction records the disk it takes.
 pub async fn prepare_bundles(
     state: &AppState,
     tenant: &str,
     request: &CreateSession,
+    also: u64,
+    admitted: bool,
 ) -> Result<(), ApiError> {
     for mount in request.mounts.iter().flatten() {
-        let (state, tenant, file_id) = (state.clone(), tenant.to_string(), mount.file_id.clone());
-        tokio::task::spawn_blocking(move || {
-            crate::filestore::bundle_dir(&state, &tenant, &file_id)
-        })
-        .await
-        .map_err(ApiError::internal)??;
+        crate::filestore::bundle_dir(state, tenant, &mount.file_id, also, admitted).await?;
     }
     Ok(())
 }
@@ -1370,7 +1371,7 @@ async fn create_with(
     let spec = spec_for(shared, &caller.tenant, &request, &limits)?;
     check_bundles(state, &caller.tenant, &request).await?;
     // Extracted before the admission lock: a large bundle takes a while.
-    prepare_bundles(state, &caller.tenant, &request).await?;
+    prepare_bundles(state, &caller.tenant, &request, limits.disk_bytes, false).await?;
 
     // Quotas: checked and the session inserted under one lock, so concurrent creates
     // cannot both pass the last free slot.
@@ -1429,7 +1430,7 @@ async fn create_with(
         snapshots::still_there(state, &caller.tenant, id).await?;
     }
     check_bundles(state, &caller.tenant, &request).await?;
-    prepare_bundles(state, &caller.tenant, &request).await?;
+    prepare_bundles(state, &caller.tenant, &request, limits.disk_bytes, true).await?;
     let made_volume = match &request.volume {
         Some(name) => crate::volumes::ensure(state, &caller.tenant, name, volume_size).await?,
         None => false,

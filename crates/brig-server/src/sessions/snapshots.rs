@@ -801,7 +801,8 @@ async fn restore_session(
         let limits = limits_of(&session.request)?;
         // The session keeps its own mounts and volume (held while it lives).
         let spec = spec_for(&state, &caller.tenant, &session.request, &limits)?;
-        prepare_bundles(&state, &caller.tenant, &session.request).await?;
+        // The session's disk is reserved already: it is live.
+        prepare_bundles(&state, &caller.tenant, &session.request, 0, false).await?;
         // The new sandbox gets its own socket beside the old one, then replaces it.
         // Nothing of the old sandbox changes until the new one is ready (a snapshot
         // larger than the session's disk fails here).
