@@ -5807,6 +5807,77 @@ fn disk_taken(path: &Path) -> u64 {
     total
 }
 
+/// Each entry type of a bundle comes out as docs/API.md says: a hard link to a
+/// regular file earlier in the archive is a link to it (it used to be left out:
+/// the file was simply missing), symlinks are kept as symlinks, fifos are left
+/// out; a hard link to anything else refuses the bundle (422), leaving nothing.
+#[test]
+fn root_bundle_entries_come_out_as_documented() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let mut tar = Vec::new();
+    tar_entry(&mut tar, "a/f", tar::EntryType::Regular, "", b"hello\n");
+    tar_entry(&mut tar, "b/g", tar::EntryType::Link, "a/f", b"");
+    tar_entry(&mut tar, "a/s", tar::EntryType::Symlink, "f", b"");
+    tar_entry(&mut tar, "a/p", tar::EntryType::Fifo, "", b"");
+    tar_end(&mut tar);
+    let file = upload_file(&d, &key, "links.tar", &tar);
+    let id = sid(&create(
+        &d,
+        &key,
+        json!({"mounts": [{"file_id": file, "path": "/opt/b"}]}),
+    ));
+    assert_eq!(
+        sh(
+            &d,
+            &key,
+            &id,
+            "cat /opt/b/b/g; stat -c %h /opt/b/a/f; readlink /opt/b/a/s; cat /opt/b/a/s; \
+             test -e /opt/b/a/p || echo no fifo"
+        ),
+        "hello\n2\nf\nhello\nno fifo\n"
+    );
+    delete_session(&d, &key, &id);
+
+    for (what, target) in [
+        ("a missing file", "nowhere"),
+        ("a later file", "c/late"),
+        ("a directory", "a"),
+        ("a symlink", "a/s"),
+        ("outside", "../../etc/passwd"),
+    ] {
+        let mut tar = Vec::new();
+        tar_entry(&mut tar, "a/", tar::EntryType::Directory, "", b"");
+        tar_entry(&mut tar, "a/s", tar::EntryType::Symlink, "/etc/passwd", b"");
+        tar_entry(&mut tar, "c/link", tar::EntryType::Link, target, b"");
+        tar_entry(&mut tar, "c/late", tar::EntryType::Regular, "", b"late\n");
+        tar_end(&mut tar);
+        let file = upload_file(&d, &key, "bad.tar", &tar);
+        let (status, r) = d.request(
+            "POST",
+            "/v1/sessions",
+            Some(&key),
+            Some(json!({"mounts": [{"file_id": file, "path": "/opt/b"}]})),
+        );
+        assert_eq!(status, 422, "{what}: {r}");
+        assert_eq!(r["error"]["code"], "invalid_request", "{what}: {r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("c/link: a hard link to"),
+            "{what}: {message}"
+        );
+        assert!(
+            !d.data_dir()
+                .join(format!("files/admin/{file}.bundle"))
+                .exists(),
+            "{what}"
+        );
+    }
+    let (_, sessions) = d.request("GET", "/v1/sessions", Some(&key), None);
+    assert_eq!(sessions["sessions"], json!([]));
+}
+
 /// The line of `/proc/self/mountinfo` inside the session for the mount at `path`.
 fn mountinfo_line(d: &Daemon, key: &str, id: &str, path: &str) -> String {
     let info = sh(d, key, id, "cat /proc/self/mountinfo");

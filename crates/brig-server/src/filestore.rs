@@ -596,8 +596,9 @@ pub fn bundle_path(shared: &Shared, tenant: &str, file_id: &str) -> Result<PathB
 /// created), which must fit too. `admitted`: the caller holds that lock already.
 ///
 /// Extraction is contained: entries may not leave the directory (`..`, absolute
-/// paths, paths through symlinks are refused by `tar::Entry::unpack_in`), only
-/// files, directories and symlinks are created, set-id bits are dropped and
+/// paths, paths through symlinks are refused by `tar::Entry::unpack_in`, and by
+/// `hard_link_in` for hard links), only files, directories, symlinks and hard
+/// links to files extracted before are created, set-id bits are dropped and
 /// everything is made readable (sandbox users do not own these files).
 pub async fn bundle_dir(
     shared: &Shared,
@@ -744,6 +745,8 @@ fn extract_bundle(
     archive.set_unpack_xattrs(false);
     archive.set_mask(0o022);
     let mut count = 0u64;
+    // The regular files extracted so far: what a hard link may name.
+    let mut files = std::collections::HashSet::new();
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
         count += 1;
@@ -755,7 +758,11 @@ fn extract_bundle(
         let kind = entry.header().entry_type();
         if !matches!(
             kind,
-            EntryType::Regular | EntryType::Continuous | EntryType::Directory | EntryType::Symlink
+            EntryType::Regular
+                | EntryType::Continuous
+                | EntryType::Directory
+                | EntryType::Symlink
+                | EntryType::Link
         ) {
             continue;
         }
@@ -765,16 +772,34 @@ fn extract_bundle(
         let Some(relative) = bundle_relative(&name) else {
             continue; // a name that climbs out: unpack_in skips it too
         };
+        // A hard link's size is its target's, which takes no more disk.
+        let size = if kind == EntryType::Link {
+            0
+        } else {
+            entry.size()
+        };
         total = total
-            .saturating_add(entry_disk(entry.size()))
+            .saturating_add(entry_disk(size))
             .saturating_add(name_disk(&relative));
         if total > cap {
             return Err(over(total));
+        }
+        if kind == EntryType::Link {
+            let target = entry.link_name().map_err(bad)?.unwrap_or_default();
+            hard_link_in(dest, &relative, &target, &files).map_err(|why| {
+                ApiError::invalid(format!(
+                    "archive entry {}: a hard link to {}, {why}",
+                    name.display(),
+                    target.display()
+                ))
+            })?;
+            continue;
         }
         if !entry.unpack_in(dest).map_err(bad)? {
             continue;
         }
         if kind == EntryType::Symlink {
+            files.remove(&relative);
             continue; // chmod would follow it
         }
         // unpack_in checked every parent; the entry itself was just created as a
@@ -790,8 +815,63 @@ fn extract_bundle(
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
                 .map_err(|e| ApiError::internal(format_args!("chmod {}: {e}", path.display())))?;
         }
+        if meta.is_file() {
+            files.insert(relative);
+        }
     }
     Ok(total)
+}
+
+/// Makes the hard link entry `relative` of a bundle being extracted in `dest`: a
+/// link to `target`, which must be a regular file extracted earlier from the same
+/// archive (`files`). The bundle is read-only, so a link is as good as a copy and
+/// takes no disk. Missing parent directories are made, as for other entries; one
+/// that is not a directory (a symlink the archive made) is refused, so the link
+/// cannot land outside `dest`. Why it cannot be made, otherwise.
+fn hard_link_in(
+    dest: &Path,
+    relative: &Path,
+    target: &Path,
+    files: &std::collections::HashSet<PathBuf>,
+) -> Result<(), &'static str> {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(target) = bundle_relative(target).filter(|t| files.contains(t)) else {
+        return Err("which is not a regular file earlier in the archive");
+    };
+    let Some(parent) = relative.parent() else {
+        return Err("named as the bundle's own directory");
+    };
+    // Every directory on the way, both sides, must be a real one in `dest`.
+    let real_dirs = |path: &Path, make: bool| -> Result<(), &'static str> {
+        let mut at = dest.to_path_buf();
+        for part in path.components() {
+            at.push(part);
+            match std::fs::symlink_metadata(&at) {
+                Ok(meta) if meta.is_dir() => {}
+                Err(e) if make && e.kind() == std::io::ErrorKind::NotFound => {
+                    std::fs::DirBuilder::new()
+                        .mode(0o755)
+                        .create(&at)
+                        .map_err(|_| "whose directory cannot be made")?;
+                }
+                _ => return Err("through something that is not a directory"),
+            }
+        }
+        Ok(())
+    };
+    real_dirs(target.parent().unwrap_or(Path::new("")), false)?;
+    real_dirs(parent, true)?;
+    let (from, to) = (dest.join(&target), dest.join(relative));
+    if !std::fs::symlink_metadata(&from).is_ok_and(|m| m.is_file()) {
+        return Err("which is no longer a regular file");
+    }
+    // A later entry replaces an earlier one of the same name, as unpack_in does.
+    match std::fs::symlink_metadata(&to) {
+        Ok(meta) if meta.is_dir() => return Err("over a directory"),
+        Ok(_) => std::fs::remove_file(&to).map_err(|_| "over an entry that cannot be removed")?,
+        Err(_) => {}
+    }
+    std::fs::hard_link(&from, &to).map_err(|_| "which cannot be made")
 }
 
 /// An archive entry's name as a path under the bundle's directory, the way
