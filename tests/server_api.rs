@@ -5878,6 +5878,51 @@ fn root_bundle_entries_come_out_as_documented() {
     assert_eq!(sessions["sessions"], json!([]));
 }
 
+/// Snapshots are EROFS layers, and erofs-utils 1.5 cannot pack a file name of 255
+/// bytes (Linux's most): such a name used to fail the snapshot with 500 after
+/// freezing the session. It is now refused before packing, as the caller's to fix
+/// (422 naming the path), and the session goes on as it was.
+#[test]
+fn root_snapshot_refuses_a_name_a_layer_cannot_hold() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    sh(
+        &d,
+        &key,
+        &id,
+        "mkdir -p /workspace/deep/er && touch /workspace/deep/er/$(head -c 255 /dev/zero | tr '\\0' x)",
+    );
+    let snapshot = format!("/v1/sessions/{id}/snapshots");
+    let (status, r) = d.request("POST", &snapshot, Some(&key), Some(json!({})));
+    assert_eq!(status, 422, "{r}");
+    assert_eq!(r["error"]["code"], "invalid_request", "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("/workspace/deep/er/xxxx") && message.contains("255 bytes"),
+        "{message}"
+    );
+    assert!(message.len() < 300, "the path is cut: {message}");
+    let (_, session) = d.request("GET", &format!("/v1/sessions/{id}"), Some(&key), None);
+    assert_eq!(session["state"], "running", "{session}");
+    let (_, list) = d.request("GET", "/v1/snapshots", Some(&key), None);
+    assert_eq!(list["snapshots"], json!([]));
+    // 254 bytes fit.
+    sh(
+        &d,
+        &key,
+        &id,
+        "rm /workspace/deep/er/* && touch /workspace/deep/er/$(head -c 254 /dev/zero | tr '\\0' x)",
+    );
+    let (status, r) = d.request("POST", &snapshot, Some(&key), Some(json!({})));
+    assert_eq!(status, 201, "{r}");
+    delete_session(&d, &key, &id);
+    let snap = r["snapshot_id"].as_str().unwrap();
+    let (status, _) = d.request("DELETE", &format!("/v1/snapshots/{snap}"), Some(&key), None);
+    assert_eq!(status, 204);
+}
+
 /// The line of `/proc/self/mountinfo` inside the session for the mount at `path`.
 fn mountinfo_line(d: &Daemon, key: &str, id: &str, path: &str) -> String {
     let info = sh(d, key, id, "cat /proc/self/mountinfo");

@@ -13,6 +13,12 @@ use crate::progress::Progress;
 
 pub const MKFS: &str = "mkfs.erofs";
 
+/// The longest file name a layer holds. Linux allows 255 bytes, but erofs-utils
+/// 1.5's mkfs.erofs fails on a name of 255 ("Could not format the device: [Error
+/// 2]"), so trees are checked before packing ([`crate::tree::digest_excluding`]):
+/// the error then names the path instead of the tool's failure.
+pub const MAX_NAME_BYTES: usize = 254;
+
 #[derive(Debug, Clone, Default)]
 pub struct PackOptions {
     /// Store every file as owned by this uid:gid (a snapshot of a sandbox whose one

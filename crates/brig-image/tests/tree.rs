@@ -515,6 +515,32 @@ fn digest_reports_progress_and_stops_when_cancelled() {
     assert!(matches!(err, ImageError::Interrupted), "{err}");
 }
 
+/// A tree is digested before it is packed: a name a layer cannot hold (erofs-utils
+/// 1.5 fails on 255 bytes, with "Could not format the device: [Error 2]") is
+/// refused there, naming where it is, unless it is left out.
+#[test]
+fn digest_refuses_a_name_a_layer_cannot_hold() {
+    let tmp = TempDir::new().unwrap();
+    let tree = Tree::new(tmp.path(), "n");
+    let long = "x".repeat(255);
+    tree.dir("d", 0o755).file(format!("d/{long}"), b"", 0o644);
+    let err = tree::digest(&tree.root, &Silent).unwrap_err();
+    assert!(matches!(err, ImageError::Unsupported(_)), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.starts_with("/d/xxx") && message.contains("a name of 255 bytes"),
+        "{message}"
+    );
+    assert!(!message.contains(&long), "the path is cut: {message}");
+    assert!(tree::digest_excluding(&tree.root, &["d".into()], &Silent).is_ok());
+    std::fs::rename(
+        tree.root.join("d").join(&long),
+        tree.root.join("d").join(&long[1..]),
+    )
+    .unwrap();
+    assert!(tree::digest(&tree.root, &Silent).is_ok());
+}
+
 #[test]
 fn digest_does_not_follow_symlinks() {
     let tmp = TempDir::new().unwrap();

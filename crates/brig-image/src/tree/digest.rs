@@ -25,7 +25,8 @@ pub fn digest(root: &Path, progress: &dyn Progress) -> Result<String> {
 
 /// [`digest`] of the tree without the entries at `exclude` (paths relative to
 /// `root`) and everything below them: the digest of what a layer packed with the
-/// same exclusions holds.
+/// same exclusions holds. A tree with a name longer than a layer can hold
+/// ([`crate::pack::MAX_NAME_BYTES`]) is refused, naming its path.
 pub fn digest_excluding(
     root: &Path,
     exclude: &[PathBuf],
@@ -91,6 +92,7 @@ pub(super) fn serialize(
         if exclude.iter().any(|x| x == rel) {
             return Ok(false);
         }
+        check_name(rel)?;
         let meta = Metadata::read(full, st)?;
         enc.bytes(rel.as_os_str().as_bytes());
         enc.raw(&[meta.kind.letter()]);
@@ -122,6 +124,27 @@ pub(super) fn serialize(
         }
         Ok(true)
     })
+}
+
+/// Refuses a name a layer cannot hold, showing at most the start of its path.
+fn check_name(rel: &Path) -> Result<()> {
+    let Some(name) = rel.file_name() else {
+        return Ok(());
+    };
+    let len = name.as_bytes().len();
+    if len <= crate::pack::MAX_NAME_BYTES {
+        return Ok(());
+    }
+    const SHOWN: usize = 80;
+    let path = rel.to_string_lossy();
+    let shown = match path.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &path[..cut]),
+        None => path.into_owned(),
+    };
+    Err(ImageError::Unsupported(format!(
+        "/{shown}: a name of {len} bytes, longer than an image layer holds (at most {} bytes)",
+        crate::pack::MAX_NAME_BYTES
+    )))
 }
 
 /// The SHA-256 of the contents of the regular file `path`, whose `lstat` is `st`.

@@ -995,13 +995,23 @@ fn remove_child(
 /// sandbox can make a terabyte file that takes no disk). Counting stops once past
 /// `limit`, so the result is exact up to it. The trees must hold still (a frozen
 /// session's); mounts inside them are not entered.
-pub fn claimed_bytes(dirs: &[BorrowedFd<'_>], limit: u64) -> Result<u64, RootfsError> {
+///
+/// Each tree comes with the sandbox path it is shown as in errors (`""` for the
+/// root). A name longer than a layer holds ([`brig_image::pack::MAX_NAME_BYTES`])
+/// is [`RootfsError::InvalidPath`]: packing would fail on it.
+pub fn claimed_bytes(dirs: &[(&str, BorrowedFd<'_>)], limit: u64) -> Result<u64, RootfsError> {
     let mut total = 0u64;
-    for dir in dirs {
+    for (shown, dir) in dirs {
         // Opened again for reading: the descriptors handed over may be O_PATH.
         let dir = fsops::openat2(*dir, ".", READ_DIR, BENEATH)
             .map_err(|e| errno(e, "opening", "the session's writes"))?;
-        claimed_below(dir.as_fd(), &mut b"".to_vec(), 0, limit, &mut total)?;
+        claimed_below(
+            dir.as_fd(),
+            &mut shown.as_bytes().to_vec(),
+            0,
+            limit,
+            &mut total,
+        )?;
         if total > limit {
             break;
         }
@@ -1034,6 +1044,21 @@ fn claimed_below(
         let len = shown.len();
         shown.push(b'/');
         shown.extend_from_slice(&name);
+        if name.len() > brig_image::pack::MAX_NAME_BYTES {
+            // The path's start is enough to find it; the name alone is 255 bytes.
+            const SHOWN: usize = 80;
+            let mut path = show(shown);
+            if let Some((cut, _)) = path.char_indices().nth(SHOWN) {
+                path.truncate(cut);
+                path.push('…');
+            }
+            return Err(RootfsError::InvalidPath(format!(
+                "{path}: a name of {} bytes, longer than a snapshot holds (at most {} bytes); \
+                 rename it",
+                name.len(),
+                brig_image::pack::MAX_NAME_BYTES
+            )));
+        }
         let info = match fsops::stat_at(dir, &name) {
             Ok(info) => info,
             Err(Errno::NOENT) => continue,

@@ -731,7 +731,7 @@ fn claimed_bytes_count_holes() {
     symlink(&outside, f.host("/workspace/w/out")).unwrap();
     fs::hard_link(f.host("/workspace/w/a"), f.host("/workspace/w/a2")).unwrap();
     let dir = fs::File::open(f.host("/workspace/w")).unwrap();
-    let claimed = |limit| claimed_bytes(&[dir.as_fd()], limit).unwrap();
+    let claimed = |limit| claimed_bytes(&[("/workspace/w", dir.as_fd())], limit).unwrap();
     assert_eq!(claimed(u64::MAX), 2024 + (1 << 40));
     // Counting stops past the limit.
     assert!(claimed(10_000) > 10_000);

@@ -407,9 +407,16 @@ async fn pack(
     // Sparse files take no disk but are read whole: a terabyte of holes would
     // keep the daemon packing for half an hour, the session frozen meanwhile.
     let (writes, claimed) = tokio::task::spawn_blocking(move || {
-        let dirs: Vec<std::os::fd::BorrowedFd<'_>> = match &writes {
-            Writes::Upper(fds) => fds.iter().map(|fd| fd.as_fd()).collect(),
-            Writes::Scratch(dirs) => dirs.iter().map(|(_, fd)| fd.as_fd()).collect(),
+        let shown: Vec<String>;
+        let dirs: Vec<(&str, std::os::fd::BorrowedFd<'_>)> = match &writes {
+            Writes::Upper(fds) => fds.iter().map(|fd| ("", fd.as_fd())).collect(),
+            Writes::Scratch(dirs) => {
+                shown = dirs.iter().map(|(name, _)| format!("/{name}")).collect();
+                dirs.iter()
+                    .zip(&shown)
+                    .map(|((_, fd), shown)| (shown.as_str(), fd.as_fd()))
+                    .collect()
+            }
         };
         let claimed = crate::rootfs::claimed_bytes(&dirs, claimable);
         drop(dirs);
@@ -417,7 +424,11 @@ async fn pack(
     })
     .await
     .map_err(ApiError::internal)?;
-    let claimed = claimed.map_err(super::files::rootfs_error)?;
+    // A name packing would fail on is the caller's to fix, like a bad path.
+    let claimed = claimed.map_err(|e| match e {
+        crate::rootfs::RootfsError::InvalidPath(message) => ApiError::invalid(message),
+        e => super::files::rootfs_error(e),
+    })?;
     if claimed > claimable {
         return Err(ApiError::quota(format!(
             "the session's files claim more than {claimable} bytes (sparse files count at \
