@@ -6096,12 +6096,7 @@ fn root_bundles_follow_snapshots_forks_and_restore() {
     assert_eq!(read(&bare, "/opt/bundle/lib/tool.py").0, 404);
     assert_eq!(read(&bare, "/etc/mine"), (200, "mine".to_string()));
     // Restore keeps the session's own mounts.
-    let (status, restored) = d.request(
-        "POST",
-        &format!("/v1/sessions/{origin}/restore"),
-        Some(&key),
-        Some(json!({"snapshot_id": snap_id})),
-    );
+    let (status, restored) = restore(&d, &key, &origin, &json!(snap_id));
     assert_eq!(status, 200, "{restored}");
     assert_eq!(restored["mounts"], mounts);
     assert_eq!(read(&origin, "/opt/bundle/lib/tool.py"), tool);
@@ -6273,12 +6268,7 @@ fn root_host_sessions_snapshot_fork_and_restore_their_tmp_and_workspace() {
         &origin,
         "echo later > /workspace/later && rm -r /workspace/proj/sub && echo changed > /tmp/t/f",
     );
-    let (status, restored) = d.request(
-        "POST",
-        &format!("/v1/sessions/{origin}/restore"),
-        Some(&a),
-        Some(json!({"snapshot_id": snap_id})),
-    );
+    let (status, restored) = restore(&d, &a, &origin, &json!(snap_id));
     assert_eq!(status, 200, "{restored}");
     assert_eq!(sid(&restored), origin);
     assert_eq!(sh(&d, &a, &origin, HOST_STATE), expected);
@@ -6317,12 +6307,7 @@ fn root_host_sessions_snapshot_fork_and_restore_their_tmp_and_workspace() {
     // ... and so is a restore, which leaves the session as it was.
     let small = sid(&create(&d, &a, json!({"limits": {"disk": "2M"}})));
     sh(&d, &a, &small, "echo mine > /workspace/mine");
-    let (status, body) = d.request(
-        "POST",
-        &format!("/v1/sessions/{small}/restore"),
-        Some(&a),
-        Some(json!({"snapshot_id": snap_id})),
-    );
+    let (status, body) = restore(&d, &a, &small, &json!(snap_id));
     assert_eq!(
         (status, error_code(&body)),
         (422, "invalid_request"),
@@ -6416,12 +6401,7 @@ fn root_host_snapshot_larger_than_a_forks_memory_is_refused_whole() {
     refused(status, &body);
     assert_eq!(session_count(&d, &key), sessions);
     // A restore is refused the same way and leaves the session as it was.
-    let (status, body) = d.request(
-        "POST",
-        &format!("/v1/sessions/{small}/restore"),
-        Some(&key),
-        Some(json!({"snapshot_id": snap_id})),
-    );
+    let (status, body) = restore(&d, &key, &small, &json!(snap_id));
     refused(status, &body);
     assert_eq!(sh(&d, &key, &small, "cat /workspace/mine"), "mine\n");
     assert_eq!(
@@ -6532,12 +6512,7 @@ fn root_a_session_is_snapshotted_again_and_again() {
             delete_session(&d, &key, &fork);
         }
         // Restored to the first, then snapshotted again.
-        let (status, body) = d.request(
-            "POST",
-            &format!("/v1/sessions/{origin}/restore"),
-            Some(&key),
-            Some(json!({"snapshot_id": snapshots[0]["snapshot_id"]})),
-        );
+        let (status, body) = restore(&d, &key, &origin, &json!(snapshots[0]["snapshot_id"]));
         assert_eq!(status, 200, "{body}");
         assert_eq!(read(&origin, path), "1");
         write(&origin, path, "4");
@@ -6598,14 +6573,7 @@ fn root_a_snapshot_deleted_while_sessions_start_from_it_fails_nothing_else() {
                         })
                     })
                     .collect();
-                let restore = scope.spawn(|| {
-                    d.request(
-                        "POST",
-                        &format!("/v1/sessions/{target}/restore"),
-                        Some(&key),
-                        Some(json!({"snapshot_id": snap_id})),
-                    )
-                });
+                let restore = scope.spawn(|| restore(&d, &key, &target, &json!(snap_id)));
                 // Staggered over the rounds: before, during and after the starts.
                 std::thread::sleep(Duration::from_micros(round * 500));
                 let deleted = d.request(
@@ -6729,14 +6697,7 @@ fn root_a_restore_racing_a_delete_never_brings_the_session_back() {
         let (restored, removed) = std::thread::scope(|scope| {
             let searches = slow_audit_searches(scope, &d, &key, 12);
             std::thread::sleep(Duration::from_millis(30));
-            let restore = scope.spawn(|| {
-                d.request(
-                    "POST",
-                    &format!("/v1/sessions/{id}/restore"),
-                    Some(&key),
-                    Some(json!({"snapshot_id": snap_id})),
-                )
-            });
+            let restore = scope.spawn(|| restore(&d, &key, &id, &json!(snap_id)));
             std::thread::sleep(Duration::from_millis(20) + scan * round / 4);
             let removed = d.request("DELETE", &format!("/v1/sessions/{id}"), Some(&key), None);
             for search in searches {
@@ -6831,12 +6792,7 @@ fn root_processes_end_with_the_sandbox_a_restore_replaces_and_ids_are_not_reused
         p
     };
     let restore = || {
-        let (status, body) = d.request(
-            "POST",
-            &format!("/v1/sessions/{id}/restore"),
-            Some(&key),
-            Some(json!({"snapshot_id": snap["snapshot_id"]})),
-        );
+        let (status, body) = restore(&d, &key, &id, &json!(snap["snapshot_id"]));
         assert_eq!(status, 200, "{body}");
     };
     let done = start("echo done");
@@ -6948,14 +6904,7 @@ fn root_a_snapshot_during_a_restore_is_of_the_restored_session() {
             &format!("echo round{round} > /workspace/mark"),
         );
         let (restored, snapshot) = std::thread::scope(|scope| {
-            let restore = scope.spawn(|| {
-                d.request(
-                    "POST",
-                    &format!("/v1/sessions/{id}/restore"),
-                    Some(&key),
-                    Some(json!({"snapshot_id": big["snapshot_id"]})),
-                )
-            });
+            let restore = scope.spawn(|| restore(&d, &key, &id, &json!(big["snapshot_id"])));
             std::thread::sleep(Duration::from_millis(100 + 50 * round));
             let snapshot = take_snapshot(&d, &key, &id);
             (restore.join().unwrap(), snapshot)
@@ -7061,12 +7010,7 @@ fn root_an_upload_spanning_a_restore_or_delete_is_not_answered_as_written() {
     let (status, snap) = take_snapshot(&d, &key, &id);
     assert_eq!(status, 201, "{snap}");
     let restore = || {
-        let (status, body) = d.request(
-            "POST",
-            &format!("/v1/sessions/{id}/restore"),
-            Some(&key),
-            Some(json!({"snapshot_id": snap["snapshot_id"]})),
-        );
+        let (status, body) = restore(&d, &key, &id, &json!(snap["snapshot_id"]));
         assert_eq!(status, 200, "{body}");
     };
     let parts = (vec![b'a'; 64 << 10], vec![b'b'; 64 << 10]);
@@ -7299,6 +7243,16 @@ fn take_snapshot(d: &Daemon, key: &str, id: &str) -> (u16, Value) {
     )
 }
 
+/// `POST /v1/sessions/{id}/restore` to the snapshot `snapshot_id`.
+fn restore(d: &Daemon, key: &str, id: &str, snapshot_id: &Value) -> (u16, Value) {
+    d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/restore"),
+        Some(key),
+        Some(json!({ "snapshot_id": snapshot_id })),
+    )
+}
+
 fn delete_snapshot(d: &Daemon, key: &str, snapshot: &Value) {
     let id = snapshot["snapshot_id"].as_str().unwrap();
     let (status, body) = d.request("DELETE", &format!("/v1/snapshots/{id}"), Some(key), None);
@@ -7394,12 +7348,7 @@ fn root_a_fork_keeps_the_holes_of_a_snapshots_sparse_files() {
     assert!(seen.contains('x'), "{seen}");
     assert!(seen.trim_end().ends_with(" 0"), "{seen}");
     // A restore fills the session the same way.
-    let (status, restored) = d.request(
-        "POST",
-        &format!("/v1/sessions/{id}/restore"),
-        Some(&key),
-        Some(json!({"snapshot_id": snap["snapshot_id"]})),
-    );
+    let (status, restored) = restore(&d, &key, &id, &json!(snap["snapshot_id"]));
     assert_eq!(status, 200, "{restored}");
     let seen = sh(&d, &key, &id, "stat -c '%s %b' /workspace/holes");
     let blocks: u64 = seen.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -7553,12 +7502,7 @@ fn root_a_deleted_snapshots_layer_goes_when_the_last_session_using_it_ends() {
     assert_eq!(status, 201, "{snap}");
     let fork = sid(&create(&d, &key, json!({"snapshot": snap["snapshot_id"]})));
     let restored = sid(&create(&d, &key, json!({"image": "tiny"})));
-    let (status, body) = d.request(
-        "POST",
-        &format!("/v1/sessions/{restored}/restore"),
-        Some(&key),
-        Some(json!({"snapshot_id": snap["snapshot_id"]})),
-    );
+    let (status, body) = restore(&d, &key, &restored, &json!(snap["snapshot_id"]));
     assert_eq!(status, 200, "{body}");
     // Deleted while two sessions run from it: its layer stays while they use it...
     delete_snapshot(&d, &key, &snap);
@@ -7579,12 +7523,7 @@ fn root_a_deleted_snapshots_layer_goes_when_the_last_session_using_it_ends() {
     delete_session(&d, &key, &fork);
     assert_eq!(store_contents(&d).1.len(), store_before.1.len() + 1);
     // ...and goes with the last one (here replaced by a restore to its image).
-    let (status, body) = d.request(
-        "POST",
-        &format!("/v1/sessions/{restored}/restore"),
-        Some(&key),
-        Some(json!({"snapshot_id": "snap_nope"})),
-    );
+    let (status, body) = restore(&d, &key, &restored, &json!("snap_nope"));
     assert_eq!(status, 404, "{body}");
     delete_session(&d, &key, &restored);
     assert_eq!(store_contents(&d), store_before);
@@ -8032,12 +7971,7 @@ fn root_symlinks_in_a_host_snapshot_never_reach_the_host() {
     );
     assert_eq!(status, 404);
     // A restore goes the same way.
-    let (status, body) = d.request(
-        "POST",
-        &format!("/v1/sessions/{origin}/restore"),
-        Some(&key),
-        Some(json!({"snapshot_id": snap_id})),
-    );
+    let (status, body) = restore(&d, &key, &origin, &json!(snap_id));
     assert_eq!(status, 200, "{body}");
     // Nothing on the host was read into the layer or written.
     let after: Vec<_> = watched.iter().map(|p| stamp(p)).collect();

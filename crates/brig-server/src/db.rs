@@ -1919,10 +1919,9 @@ mod tests {
         assert_eq!(db.snapshot_bytes("other").await.unwrap(), 0);
     }
 
-    #[tokio::test]
-    async fn a_batch_of_files_records_those_that_fit_in_one_go() {
-        let (_dir, db) = temp_db();
-        let file = |id: &str, size| FileRow {
+    /// A file of tenant `t`, `size` bytes, expiring in a minute.
+    fn file(id: &str, size: u64) -> FileRow {
+        FileRow {
             id: id.into(),
             tenant: "t".into(),
             filename: "f".into(),
@@ -1930,7 +1929,12 @@ mod tests {
             sha256: String::new(),
             created_at: now_rfc3339(),
             expires_at: rfc3339_after(Duration::from_secs(60)),
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_files_records_those_that_fit_in_one_go() {
+        let (_dir, db) = temp_db();
         const K: u64 = 4096;
         db.insert_file_within(file("old", 50 * K), 0, 100 * K)
             .await
@@ -1961,15 +1965,6 @@ mod tests {
     #[tokio::test]
     async fn file_quota_is_checked_with_the_insert() {
         let (_dir, db) = temp_db();
-        let file = |id: &str, size| FileRow {
-            id: id.into(),
-            tenant: "t".into(),
-            filename: "f".into(),
-            size_bytes: size,
-            sha256: String::new(),
-            created_at: now_rfc3339(),
-            expires_at: rfc3339_after(Duration::from_secs(60)),
-        };
         // Files count in 4 KiB blocks, at least one.
         const K: u64 = 4096;
         db.insert_file_within(file("a", 60 * K - 100), 0, 100 * K)
