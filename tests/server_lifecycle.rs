@@ -771,6 +771,64 @@ fn sigterm_is_not_a_teardown_sessions_survive_a_graceful_restart() {
 // 2b. Activity, pauses and deletes across restarts ---------------------------------
 
 #[test]
+fn background_processes_are_watched_and_counted_again_after_a_restart() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let args = ["--tenant-max-processes", "1"];
+    let mut d = fx.start(&args);
+    let key = d.admin_key().to_string();
+    let id = id_of(&create(&d, &key, json!({})));
+    let start = |d: &Daemon, cmd: &str| {
+        d.request(
+            "POST",
+            &format!("/v1/sessions/{id}/processes"),
+            Some(&key),
+            Some(json!({ "cmd": cmd })),
+        )
+    };
+    let (status, process) = start(&d, "sleep 1000");
+    assert_eq!(status, 201, "{process}");
+    let pid = process["process_id"].as_u64().unwrap();
+    d.stop();
+
+    let d2 = fx.start(&args);
+    // Still running, so still counted: the tenant's one process is taken.
+    let counted = eventually(5_000, || start(&d2, "true").0 == 429);
+    assert!(
+        counted,
+        "a process the previous daemon started is not counted"
+    );
+    let (status, _) = d2.request(
+        "POST",
+        &format!("/v1/sessions/{id}/processes/{pid}/signal"),
+        Some(&key),
+        Some(json!({"signal": "KILL"})),
+    );
+    assert_eq!(status, 204);
+    // Its end is recorded without anyone waiting for it, and its place is free.
+    let state = || {
+        let (_, info) = d2.request(
+            "GET",
+            &format!("/v1/sessions/{id}/processes/{pid}"),
+            Some(&key),
+            None,
+        );
+        info
+    };
+    assert!(
+        eventually(5_000, || state()["state"] == "exited"),
+        "{}",
+        state()
+    );
+    assert_eq!(state()["signal"], 9, "{}", state());
+    assert!(eventually(5_000, || start(&d2, "true").0 == 201));
+    delete(&d2, &key, &id);
+}
+
+#[test]
 fn a_session_in_use_is_not_idle_reaped_by_a_restarted_daemon() {
     if !setup() {
         return;

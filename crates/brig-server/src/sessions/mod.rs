@@ -658,6 +658,10 @@ impl Sessions {
         pool::spawn_filler(state);
         for session in state.sessions().all() {
             watch_exit(state, &session);
+            // The background processes a previous daemon started: their ends are
+            // recorded, and they count against the process caps, as before.
+            let (state, session) = (state.clone(), session.clone());
+            tokio::spawn(async move { processes::rewatch(&state, &session).await });
         }
     }
 

@@ -270,7 +270,13 @@ pub fn watch(
                         if agent.send(&AgentRequest::Wait { job }, &[]).await.is_err() {
                             return;
                         }
-                        wait_on(&mut agent).await
+                        match wait_reply(&mut agent).await {
+                            JobWait::Exited(exit) => Some(exit),
+                            // Init no longer knows the job (it keeps the ends of
+                            // finished ones only so long): ended, how unknown.
+                            JobWait::Unknown => Some(UNKNOWN_END),
+                            JobWait::Lost => None,
+                        }
                     }
                     Err(_) => return,
                 }
@@ -281,6 +287,12 @@ pub fn watch(
         }
     });
 }
+
+/// How a process ended whose end init no longer knows.
+const UNKNOWN_END: JobExit = JobExit {
+    code: None,
+    signal: None,
+};
 
 /// How a process of a sandbox that a restore replaced ended: killed with it.
 const KILLED: JobExit = JobExit {
@@ -340,10 +352,27 @@ pub async fn end_replaced(state: &AppState, session: &Session, base: u64) {
 }
 
 async fn wait_on(agent: &mut Agent) -> Option<JobExit> {
+    match wait_reply(agent).await {
+        JobWait::Exited(exit) => Some(exit),
+        JobWait::Unknown | JobWait::Lost => None,
+    }
+}
+
+/// What init answers to a `wait` (or a start) on one connection.
+enum JobWait {
+    Exited(JobExit),
+    /// Init refused it: a job it does not know.
+    Unknown,
+    /// The connection ended first: the sandbox is gone or replaced.
+    Lost,
+}
+
+async fn wait_reply(agent: &mut Agent) -> JobWait {
     loop {
         match agent.recv().await {
-            Ok((AgentReply::Exited { exit, .. }, _)) => return Some(exit),
-            Ok((AgentReply::Error { .. }, _)) | Err(_) => return None,
+            Ok((AgentReply::Exited { exit, .. }, _)) => return JobWait::Exited(exit),
+            Ok((AgentReply::Error { .. }, _)) => return JobWait::Unknown,
+            Err(_) => return JobWait::Lost,
             Ok(_) => continue,
         }
     }
