@@ -57,10 +57,11 @@ pub async fn record(
     detail: Value,
     outcome: &str,
 ) {
-    // A refused or failed attempt (its outcome an error code) is a refusal to the
-    // budget: a tenant could otherwise write an exec's 4 KiB detail for each of
-    // thousands of requests a second that find no session.
-    let refusal = !matches!(outcome, "ok" | "error" | "internal");
+    // A refused attempt (its outcome the error code of a 4xx or 503) is a refusal to
+    // the budget: a tenant could otherwise write an exec's 4 KiB detail for each of
+    // thousands of requests a second that find no session. What ran (an exec that
+    // timed out, was OOM-killed or lost its client) is always recorded.
+    let refusal = REFUSAL_CODES.contains(&outcome);
     if refusal
         && !state
             .refusals
@@ -103,6 +104,36 @@ pub async fn record_in(
         tracing::error!(action, tenant = %caller.tenant, error = %e, "cannot write an audit event");
     }
 }
+
+/// The outcomes of refused requests, whose events draw on the [`RefusalBudget`]:
+/// the error codes the daemon answers with a 4xx or a 503 (a test holds this to
+/// `ApiError::code_for_status` and the session file errors).
+pub const REFUSAL_CODES: &[&str] = &[
+    "bad_request",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "no_such_file",
+    "method_not_allowed",
+    "conflict",
+    "gone",
+    "payload_too_large",
+    "invalid_request",
+    "quota_exceeded",
+    "unavailable",
+    "request_timeout",
+    "not_a_directory",
+    "not_a_file",
+    "already_exists",
+    "not_empty",
+    "invalid_path",
+    "path_escapes",
+    "busy",
+    "permission_denied",
+    "too_large",
+    "read_only",
+    "invalid_archive",
+];
 
 /// Refusals recorded one by one, per tenant (requests without a valid key share
 /// one budget, under tenant `""`): a refusal costs its client next to nothing, and
@@ -597,6 +628,44 @@ mod tests {
     use super::*;
     use crate::db::rfc3339_after;
     use std::time::Instant;
+
+    #[test]
+    fn refusal_codes_are_those_of_4xx_and_503_answers_only() {
+        use axum::http::StatusCode;
+        for status in 400..=599u16 {
+            let status = StatusCode::from_u16(status).unwrap();
+            let code = ApiError::code_for_status(status);
+            assert_eq!(
+                REFUSAL_CODES.contains(&code),
+                is_refusal(status),
+                "{status}: {code}"
+            );
+        }
+        use crate::rootfs::RootfsError as E;
+        let s = String::new;
+        for e in [
+            E::NotFound(s()),
+            E::NotADirectory(s()),
+            E::NotAFile(s()),
+            E::AlreadyExists(s()),
+            E::NotEmpty(s()),
+            E::InvalidPath(s()),
+            E::Escapes(s()),
+            E::Busy(s()),
+            E::PermissionDenied(s()),
+            E::TooLarge(s()),
+            E::ReadOnly(s()),
+            E::NoSpace(s()),
+            E::InvalidArchive(s()),
+        ] {
+            let refused = is_refusal(StatusCode::from_u16(e.http_status()).unwrap());
+            assert_eq!(REFUSAL_CODES.contains(&e.code()), refused, "{}", e.code());
+        }
+        // What ran is never a refusal.
+        for ran in ["ok", "error", "internal", "timeout", "oom", "client_closed"] {
+            assert!(!REFUSAL_CODES.contains(&ran), "{ran}");
+        }
+    }
 
     #[test]
     fn refusals_past_the_budget_are_summed_up_per_tenant() {
