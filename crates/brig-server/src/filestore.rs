@@ -569,6 +569,12 @@ pub async fn open(
 
 /// Most entries extracted from one bundle.
 const MAX_BUNDLE_ENTRIES: u64 = 100_000;
+/// The deepest path a bundle entry may have, in components. Unpacking checks every
+/// new parent by resolving its whole path, so a path's cost grows with the square
+/// of its depth: 20 entries 1,900 levels deep kept the daemon busy for over 12
+/// minutes (and made 285,000 directories). Skill directories and the like are a
+/// few levels deep.
+const MAX_BUNDLE_DEPTH: usize = 64;
 const BUNDLE_SUFFIX: &str = ".bundle";
 
 /// Where [`bundle_dir`] extracts a tenant's uploaded tar file (404 for an id that
@@ -747,6 +753,9 @@ fn extract_bundle(
     let mut count = 0u64;
     // The regular files extracted so far: what a hard link may name.
     let mut files = std::collections::HashSet::new();
+    // The directories that exist (or will, for the entry at hand), each counted
+    // once: an entry's missing parents are made with it, and take disk too.
+    let mut dirs = std::collections::HashSet::new();
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
         count += 1;
@@ -772,15 +781,33 @@ fn extract_bundle(
         let Some(relative) = bundle_relative(&name) else {
             continue; // a name that climbs out: unpack_in skips it too
         };
+        if relative.components().count() > MAX_BUNDLE_DEPTH {
+            let shown: String = name.display().to_string().chars().take(200).collect();
+            return Err(ApiError::invalid(format!(
+                "archive entry {shown}...: deeper than {MAX_BUNDLE_DEPTH} levels"
+            )));
+        }
         // A hard link's size is its target's, which takes no more disk.
         let size = if kind == EntryType::Link {
             0
         } else {
             entry.size()
         };
-        total = total
-            .saturating_add(entry_disk(size))
-            .saturating_add(name_disk(&relative));
+        for parent in relative.ancestors().skip(1) {
+            if parent.as_os_str().is_empty() || !dirs.insert(parent.to_path_buf()) {
+                break; // made already, and so are the ones above it
+            }
+            total = total
+                .saturating_add(entry_disk(0))
+                .saturating_add(name_disk(parent));
+        }
+        if kind == EntryType::Directory && !dirs.insert(relative.clone()) {
+            // Made already as a parent, and counted then.
+        } else {
+            total = total
+                .saturating_add(entry_disk(size))
+                .saturating_add(name_disk(&relative));
+        }
         if total > cap {
             return Err(over(total));
         }
@@ -1375,6 +1402,58 @@ mod tests {
         let err = extract(needed - 1, "small").unwrap_err();
         assert_eq!(err.code, "payload_too_large");
         assert_eq!(extract(needed, "enough").unwrap(), needed);
+    }
+
+    #[test]
+    fn bundle_extraction_counts_the_parents_it_makes_and_refuses_deep_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = |name: &str, entries: &[(&str, Option<&str>)]| {
+            let mut builder = tar::Builder::new(Vec::new());
+            for (path, link) in entries {
+                let mut header = tar::Header::new_gnu();
+                header.set_mode(0o644);
+                header.set_size(if link.is_some() { 0 } else { 1 });
+                match link {
+                    Some(target) => {
+                        header.set_entry_type(tar::EntryType::Link);
+                        builder.append_link(&mut header, path, target).unwrap();
+                    }
+                    None => builder.append_data(&mut header, path, &b"x"[..]).unwrap(),
+                }
+            }
+            let path = dir.path().join(name);
+            std::fs::write(&path, builder.into_inner().unwrap()).unwrap();
+            path
+        };
+        let extract = |tar: &Path, dest: &str| {
+            extract_bundle(
+                std::fs::File::open(tar).unwrap(),
+                &dir.path().join(dest),
+                u64::MAX,
+                &|n| ApiError::too_large(n.to_string()),
+            )
+        };
+        // No directory entries: "a", "a/b" and "a/b/c" are made all the same, and
+        // each takes a block and its name; a hard link's parents too ("l", "l/m").
+        let deep = archive(
+            "deep.tar",
+            &[("a/b/c/f", None), ("a/b/g", None), ("l/m/n", Some("a/b/c/f"))],
+        );
+        let counted = extract(&deep, "deep").unwrap();
+        let names = |n: usize| 2 * (8 + (n as u64).next_multiple_of(4));
+        let dirs = 5 * 4096 + 5 * names(1);
+        // Two files of a byte, and the link (a block, as an empty file).
+        let files = 3 * 4096 + 3 * names(1);
+        assert_eq!(counted, 4096 + dirs + files);
+        assert!(dir.path().join("deep/l/m/n").is_file());
+        // Deeper than a bundle may go: refused before anything of it is made.
+        let path = vec!["d"; MAX_BUNDLE_DEPTH + 1].join("/");
+        let too_deep = archive("too_deep.tar", &[(&path, None)]);
+        let err = extract(&too_deep, "too_deep").unwrap_err();
+        assert_eq!(err.code, "invalid_request", "{}", err.message);
+        assert!(!dir.path().join("too_deep/d").exists());
+        let path = vec!["d"; MAX_BUNDLE_DEPTH].join("/");
+        extract(&archive("deepest.tar", &[(&path, None)]), "deepest").unwrap();
     }
 
     #[test]
