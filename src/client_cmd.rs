@@ -391,6 +391,19 @@ impl Settings {
     }
 }
 
+/// Whether `url` names an address of this host's loopback (or `localhost`).
+fn is_loopback_url(url: &str) -> bool {
+    let Ok(uri) = url.parse::<ureq::http::Uri>() else {
+        return false;
+    };
+    let host = uri.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Whether `url` names the daemon listening on `addr`: the same port, and the same
 /// address or, for a daemon listening on every address, a loopback address.
 fn url_reaches(url: &str, addr: std::net::SocketAddr) -> bool {
@@ -412,7 +425,14 @@ fn url_reaches(url: &str, addr: std::net::SocketAddr) -> bool {
     let Ok(ip) = host.parse::<std::net::IpAddr>() else {
         return false;
     };
-    ip == addr.ip() || (addr.ip().is_unspecified() && ip.is_loopback())
+    // A daemon on every address of one family holds the port on that family's
+    // loopback only: `0.0.0.0:P` leaves `[::1]:P` for any user to bind.
+    let same_family_loopback = match (addr.ip(), ip) {
+        (std::net::IpAddr::V4(_), std::net::IpAddr::V4(ip)) => ip.is_loopback(),
+        (std::net::IpAddr::V6(_), std::net::IpAddr::V6(ip)) => ip.is_loopback(),
+        _ => false,
+    };
+    ip == addr.ip() || (addr.ip().is_unspecified() && same_family_loopback)
 }
 
 fn load_config(env: &dyn Fn(&str) -> Option<String>) -> Result<ConfigFile> {
@@ -468,6 +488,14 @@ struct Client {
 fn connect(conn: &ConnArgs) -> Result<Client> {
     let settings = Settings::resolve(conn, &|name| std::env::var(name).ok())?;
     let config = ureq::Agent::config_builder()
+        // No proxy from the environment for a daemon on this host: a proxy has no
+        // business between the two, and would be handed the key (the admin key
+        // too, which goes only to a local daemon).
+        .proxy(if is_loopback_url(&settings.url) {
+            None
+        } else {
+            ureq::Proxy::try_from_env()
+        })
         // Error statuses carry the API's JSON error, which we want to read.
         .http_status_as_error(false)
         // Only connecting is bounded: an exec or a download may rightly take hours.
@@ -1851,6 +1879,8 @@ mod tests {
             Some("admin-key")
         );
         assert_eq!(key_for("http://10.1.2.3:7799"), None);
+        // ...of its own family: [::1] is free for anyone to bind then.
+        assert_eq!(key_for("http://[::1]:7799"), None);
         fs::write(data.join("listen"), "[::]:80\n").unwrap();
         assert_eq!(key_for("http://[::1]").as_deref(), Some("admin-key"));
         // Not yet recorded (a daemon starting): none.

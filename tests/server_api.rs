@@ -1829,6 +1829,11 @@ fn root_the_cli_sends_the_admin_key_only_to_the_daemon_that_wrote_it() {
             .env("HOME", d.data_dir())
             .env("BRIG_DATA_DIR", d.data_dir())
             .env("BRIG_URL", url)
+            // A proxy from the environment must not come between the CLI and a
+            // daemon on this host (it would get the key): this one is not there.
+            .env("HTTP_PROXY", "http://127.0.0.1:1")
+            .env("http_proxy", "http://127.0.0.1:1")
+            .env("ALL_PROXY", "http://127.0.0.1:1")
             .args(["session", "ls", "--json"])
             .stdin(std::process::Stdio::null())
             .output()

@@ -1437,7 +1437,11 @@ mod tests {
         // each takes a block and its name; a hard link's parents too ("l", "l/m").
         let deep = archive(
             "deep.tar",
-            &[("a/b/c/f", None), ("a/b/g", None), ("l/m/n", Some("a/b/c/f"))],
+            &[
+                ("a/b/c/f", None),
+                ("a/b/g", None),
+                ("l/m/n", Some("a/b/c/f")),
+            ],
         );
         let counted = extract(&deep, "deep").unwrap();
         let names = |n: usize| 2 * (8 + (n as u64).next_multiple_of(4));
