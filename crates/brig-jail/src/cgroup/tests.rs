@@ -480,6 +480,24 @@ fn v1_comounted_cpu_cpuacct_under_the_callers_cgroups() {
 }
 
 #[test]
+fn v1_socket_buffers_are_capped_apart_from_a_large_memory_limit() {
+    let tree = v1_tree();
+    let layout = tree.layout(V1_MOUNTINFO, V1_CGROUP);
+    let cgroup =
+        Cgroup::create(&layout, &DEFAULT, "sb", &limits(Some(3 << 30), None, None)).unwrap();
+    let memory = "sys/fs/cgroup/memory/user/1/sb";
+    assert_eq!(
+        tree.read(&format!("{memory}/memory.limit_in_bytes")),
+        (3u64 << 30).to_string()
+    );
+    assert_eq!(
+        tree.read(&format!("{memory}/memory.kmem.tcp.limit_in_bytes")),
+        (64u64 << 20).to_string()
+    );
+    cgroup.remove().unwrap();
+}
+
+#[test]
 fn v1_without_memsw_notes_that_swap_is_not_limited() {
     let tree = v1_tree();
     stdfs::remove_file(tree.path("sys/fs/cgroup/memory/user/1/memory.memsw.limit_in_bytes"))

@@ -11,6 +11,10 @@ use super::{
 };
 use crate::JailError;
 
+/// The most a sandbox's TCP and UDP buffers may hold on cgroup v1: a fast
+/// connection's buffers autotune to a few MiB, and the host's pool is shared.
+const SOCKET_BUFFER_CAP: u64 = 64 << 20;
+
 /// Makes the leaf of one hierarchy under the caller's own cgroup there (or under
 /// `<mount>/<parent>`) and writes the limits of the `roles` it serves. A hierarchy no
 /// limit needs is skipped, with a note, if its leaf cannot be made; a leaf that already
@@ -73,10 +77,13 @@ pub(super) fn create(
             // them to the memory limit): unread loopback TCP and UDP traffic took
             // 2.2 GB of host memory from a 64 MiB sandbox, and filled the host-wide
             // tcp_mem pool, so other sandboxes' connections were reset. Set, they
-            // count against a counter of their own with the same limit, so a
-            // sandbox holds at most twice its memory limit.
+            // count against a counter of their own, so a sandbox holds at most its
+            // memory limit plus this. It is capped apart from the memory limit: all
+            // sandboxes share the host's pool (2.2 GB here), which one session of
+            // 3 GiB could fill alone.
             if leaf.join("memory.kmem.tcp.limit_in_bytes").exists() {
-                b.write(Controller::Memory, "memory.kmem.tcp.limit_in_bytes", &value)?;
+                let tcp = bytes.min(SOCKET_BUFFER_CAP).to_string();
+                b.write(Controller::Memory, "memory.kmem.tcp.limit_in_bytes", &tcp)?;
             } else {
                 b.note(
                     "socket buffers not limited: memory.kmem.tcp.limit_in_bytes is missing"
