@@ -792,7 +792,7 @@ pub fn read_layered(layers: &[PathBuf], path: &str) -> Option<String> {
         let Ok(root) = rustix::fs::open(layer, dir_flags, Mode::empty()) else {
             continue;
         };
-        let file = match rustix::fs::openat2(&root, path, flags, Mode::empty(), resolve) {
+        let file = match crate::resolve::openat2(&root, path, flags, Mode::empty(), resolve) {
             Ok(fd) => std::fs::File::from(fd),
             Err(rustix::io::Errno::NOENT) => continue,
             Err(_) => return None,

@@ -33,6 +33,7 @@ mod net;
 mod oom;
 mod proto;
 pub mod report;
+pub mod resolve;
 pub mod rlimits;
 pub mod seccomp;
 mod seed;

@@ -19,7 +19,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::OFlag;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::Mode;
 
@@ -589,16 +589,11 @@ fn mask(staging: &Staging, path: &str) -> Result<(), JailError> {
     }
 }
 
-fn how(flags: OFlag) -> OpenHow {
-    OpenHow::new()
-        .flags(flags | OFlag::O_CLOEXEC)
-        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS)
-}
-
 fn open_in_root(root: &OwnedFd, path: &str, flags: OFlag) -> nix::Result<OwnedFd> {
-    let fd = openat2(root.as_raw_fd(), path, how(flags))?;
-    // SAFETY: `openat2` just returned this descriptor and nothing else owns it.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+    let flags = rustix::fs::OFlags::from_bits_retain((flags | OFlag::O_CLOEXEC).bits() as u32);
+    let resolve = rustix::fs::ResolveFlags::IN_ROOT | rustix::fs::ResolveFlags::NO_MAGICLINKS;
+    crate::resolve::openat2(root, path, flags, rustix::fs::Mode::empty(), resolve)
+        .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error()))
 }
 
 /// The new root while it is built. Directory descriptors are resolved inside it

@@ -289,7 +289,7 @@ impl Layer<'_> {
         self.clear(parent, name, key, false, shown)?;
         // O_EXCL on a name just cleared: the data can only land in a new inode,
         // never in an existing file or through a link.
-        let fd = rustix::fs::openat2(
+        let fd = brig_jail::resolve::openat2(
             parent,
             name,
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,

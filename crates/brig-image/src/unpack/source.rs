@@ -99,7 +99,7 @@ impl Files {
         match &self.kind {
             Kind::Dir(root) => {
                 // Symlinks are allowed, but only to files inside the layout.
-                let opened = rustix::fs::openat2(
+                let opened = brig_jail::resolve::openat2(
                     root,
                     path.as_str(),
                     OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,

@@ -29,26 +29,14 @@ pub(super) const READ_DIR: OFlags = OFlags::RDONLY
 pub(super) const R: u32 = 4;
 pub(super) const X: u32 = 1;
 
-/// openat2 returns EAGAIN when a rename or mount anywhere on the system races
-/// with a `..` it resolves under RESOLVE_IN_ROOT/BENEATH; trying again is
-/// what the man page asks for.
-const RETRIES: usize = 64;
-
+/// openat2 in a session's root, tried again on EAGAIN (see `brig_jail::resolve`).
 pub(super) fn openat2<P: AsRef<[u8]>>(
     dir: BorrowedFd<'_>,
     path: P,
     flags: OFlags,
     resolve: ResolveFlags,
 ) -> Result<OwnedFd, Errno> {
-    let path = path.as_ref();
-    let mut last = Errno::AGAIN;
-    for _ in 0..RETRIES {
-        match rustix::fs::openat2(dir, path, flags, Mode::empty(), resolve) {
-            Err(e @ (Errno::AGAIN | Errno::INTR)) => last = e,
-            other => return other,
-        }
-    }
-    Err(last)
+    brig_jail::resolve::openat2(dir, path.as_ref(), flags, Mode::empty(), resolve)
 }
 
 /// What identifies an inode as reached through one mount.
