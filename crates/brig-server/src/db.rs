@@ -195,6 +195,23 @@ const MIGRATIONS: &[&str] = &[
     "#,
 ];
 
+/// Inserts a stored file's row (a cached statement: a batch inserts thousands).
+fn insert_file(conn: &rusqlite::Connection, file: &FileRow) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "INSERT INTO files (id, tenant, filename, size_bytes, sha256, created_at, expires_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        file.id,
+        file.tenant,
+        file.filename,
+        to_sql_int(file.size_bytes),
+        file.sha256,
+        file.created_at,
+        file.expires_at
+    ])
+}
+
 /// Bytes a tenant keeps on disk outside its sessions (`?1` is the tenant): its
 /// stored files (with their bundles' extracted copies), its volumes' capacity and
 /// the layers its snapshots hold, each layer once (one a fork's snapshot builds on
@@ -760,19 +777,7 @@ impl Db {
                     file.tenant, file.tenant
                 )));
             }
-            tx.execute(
-                "INSERT INTO files (id, tenant, filename, size_bytes, sha256, created_at, \
-                 expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    file.id,
-                    file.tenant,
-                    file.filename,
-                    to_sql_int(file.size_bytes),
-                    file.sha256,
-                    file.created_at,
-                    file.expires_at
-                ],
-            )?;
+            insert_file(&tx, &file)?;
             tx.commit()?;
             Ok(())
         })
@@ -800,29 +805,15 @@ impl Db {
             let used: i64 = tx.query_row(STORED_BYTES, [&tenant], |row| row.get(0))?;
             let mut total = from_sql_int(used).saturating_add(reserved);
             let mut recorded = Vec::with_capacity(files.len());
-            {
-                let mut insert = tx.prepare(
-                    "INSERT INTO files (id, tenant, filename, size_bytes, sha256, created_at, \
-                     expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                )?;
-                for file in files {
-                    let after = total.saturating_add(charged_file_bytes(file.size_bytes));
-                    if after > max_disk_bytes {
-                        recorded.push(false);
-                        continue;
-                    }
-                    insert.execute(params![
-                        file.id,
-                        file.tenant,
-                        file.filename,
-                        to_sql_int(file.size_bytes),
-                        file.sha256,
-                        file.created_at,
-                        file.expires_at
-                    ])?;
-                    total = after;
-                    recorded.push(true);
+            for file in files {
+                let after = total.saturating_add(charged_file_bytes(file.size_bytes));
+                if after > max_disk_bytes {
+                    recorded.push(false);
+                    continue;
                 }
+                insert_file(&tx, &file)?;
+                total = after;
+                recorded.push(true);
             }
             tx.commit()?;
             Ok(recorded)
