@@ -155,14 +155,7 @@ impl TempFile {
 impl Drop for TempFile {
     fn drop(&mut self) {
         if let Some(path) = self.path.take() {
-            // A directory can land here when store_file is handed one.
-            let is_dir = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
-            let removed = if is_dir {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-            if let Err(e) = removed {
+            if let Err(e) = std::fs::remove_file(&path) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(path = %path.display(), error = %e, "cannot remove a temporary file");
                 }
@@ -285,58 +278,6 @@ pub fn reserved_disk(state: &Shared, tenant: &str) -> u64 {
         .sessions
         .get()
         .map_or(0, |sessions| sessions.usage(tenant).disk_bytes)
-}
-
-/// Stores a file the daemon produced (e.g. an output of `/v1/execute`) for `tenant`.
-/// `src` must be a regular file (a symlink is refused, never followed); it is moved
-/// when on the same filesystem as the data dir, else copied (and left in place).
-/// Subject to `--max-file-size` (413) and the tenant's disk quota (429).
-///
-/// Only the last component of `src` is checked: every directory on the way must be
-/// one the daemon controls (e.g. a file already copied out of a sandbox through
-/// `rootfs`), never a path inside a sandbox's tree, where a planted symlink could
-/// redirect it to a host file.
-pub async fn store_file(
-    state: &Shared,
-    tenant: &str,
-    filename: &str,
-    src: &Path,
-) -> Result<FileMeta, ApiError> {
-    let filename = sanitize_filename(Some(filename));
-    let max_size = state.args.max_file_size_bytes;
-    let max_disk = state.auth.quotas(tenant).await?.max_disk_bytes;
-    let dir = tenant_dir(state, tenant);
-    create_tenant_dir(&dir).await?;
-    let id = new_file_id();
-    let tmp = dir.join(format!("{TMP_PREFIX}{id}"));
-    let path = dir.join(&id);
-    let src = src.to_path_buf();
-    let (tmp2, path2) = (tmp.clone(), path.clone());
-    let (size, sha256) = tokio::task::spawn_blocking(move || {
-        let mut guard = TempFile {
-            path: Some(tmp2.clone()),
-        };
-        let (size, sha256) = take_in(&src, &tmp2, max_size)?;
-        std::fs::rename(&tmp2, &path2)?;
-        guard.disarm();
-        Ok::<_, ApiError>((size, sha256))
-    })
-    .await
-    .map_err(|e| ApiError::internal(format_args!("store task failed: {e}")))??;
-    let row = FileRow {
-        id,
-        tenant: tenant.to_string(),
-        filename,
-        size_bytes: size,
-        sha256,
-        created_at: now_rfc3339(),
-        expires_at: rfc3339_after(Duration::from_millis(state.args.file_ttl_ms)),
-    };
-    if let Err(e) = record_within_quota(state, row.clone(), max_disk).await {
-        let _ = tokio::fs::remove_file(&path).await;
-        return Err(e);
-    }
-    Ok(row.into())
 }
 
 /// A file taken into a tenant's store whose row is not written yet: removed when
@@ -465,86 +406,6 @@ pub async fn record_blobs(
         tokio::task::spawn_blocking(move || drop(unrecorded));
     }
     Ok(files)
-}
-
-/// Moves (or copies) `src` to `tmp` and hashes it; blocking.
-fn take_in(src: &Path, tmp: &Path, max_size: u64) -> Result<(u64, String), ApiError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let open_regular = |path: &Path| -> Result<std::fs::File, ApiError> {
-        // O_NOFOLLOW: a symlink planted by sandboxed code must not make the daemon
-        // read a host file.
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::ELOOP) => ApiError::invalid("not a regular file (a symlink)"),
-                _ if e.kind() == std::io::ErrorKind::NotFound => {
-                    ApiError::not_found("no such file to store")
-                }
-                _ => ApiError::internal(format_args!("open {}: {e}", path.display())),
-            })?;
-        if !file.metadata()?.is_file() {
-            return Err(ApiError::invalid("not a regular file"));
-        }
-        Ok(file)
-    };
-    let too_large = |size: u64| {
-        ApiError::too_large(format!(
-            "file of {size} bytes is over the limit of {max_size} bytes (--max-file-size)"
-        ))
-    };
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; CHUNK];
-    match std::fs::rename(src, tmp) {
-        Ok(()) => {
-            // The name is now in the daemon's private directory: nothing else can
-            // swap it, so checking it here is final.
-            let mut file = open_regular(tmp)?;
-            let size = file.metadata()?.len();
-            if size > max_size {
-                return Err(too_large(size));
-            }
-            loop {
-                let n = file.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-            }
-            Ok((size, hex::encode(hasher.finalize())))
-        }
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            let mut input = open_regular(src)?;
-            let mut output = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(tmp)?;
-            let mut size = 0u64;
-            loop {
-                let n = input.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                size += n as u64;
-                if size > max_size {
-                    return Err(too_large(size));
-                }
-                hasher.update(&buf[..n]);
-                output.write_all(&buf[..n])?;
-            }
-            output.sync_data()?;
-            Ok((size, hex::encode(hasher.finalize())))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(ApiError::not_found("no such file to store"))
-        }
-        Err(e) => Err(ApiError::internal(format_args!(
-            "move {} into the file store: {e}",
-            src.display()
-        ))),
-    }
 }
 
 /// A tenant's file and where its bytes are: 404 `not_found` for an unknown, expired

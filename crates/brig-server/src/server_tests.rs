@@ -1275,16 +1275,18 @@ async fn output_blobs_are_kept_only_when_recorded_within_the_quota() {
 }
 
 #[tokio::test]
-async fn store_file_and_bundles() {
+async fn stored_files_and_bundles() {
     let h = harness(&["--max-file-size", "1M"]).await;
     let work = h.dir.path().join("work");
     std::fs::create_dir(&work).unwrap();
 
-    // A regular file is taken in; a symlink is refused, never followed.
-    let src = work.join("out.csv");
-    std::fs::write(&src, b"a,b\n1,2\n").unwrap();
-    let meta = crate::filestore::store_file(&h.state, "acme", "out.csv", &src)
+    // A file the daemon produced is taken in (as /v1/execute's outputs are).
+    let blob =
+        crate::filestore::take_blob(&h.state, "acme", "out.csv", &mut &b"a,b\n1,2\n"[..]).unwrap();
+    let meta = crate::filestore::record_blobs(&h.state, "acme", vec![blob])
         .await
+        .unwrap()
+        .remove(0)
         .unwrap();
     assert_eq!(meta.size_bytes, 8);
     assert_eq!(meta.filename, "out.csv");
@@ -1299,20 +1301,6 @@ async fn store_file_and_bundles() {
         .eq(&StatusCode::NOT_FOUND)
         .then_some(())
         .unwrap();
-    let secret = work.join("secret");
-    std::fs::write(&secret, b"host secret").unwrap();
-    let link = work.join("link");
-    std::os::unix::fs::symlink(&secret, &link).unwrap();
-    let err = crate::filestore::store_file(&h.state, "acme", "link", &link)
-        .await
-        .unwrap_err();
-    assert_eq!(err.code, "invalid_request");
-    let big = work.join("big");
-    std::fs::write(&big, pattern((1 << 20) + 1)).unwrap();
-    let err = crate::filestore::store_file(&h.state, "acme", "big", &big)
-        .await
-        .unwrap_err();
-    assert_eq!(err.code, "payload_too_large");
     assert_eq!(h.tenant_files("acme"), std::slice::from_ref(&meta.file_id));
     // An 8-byte file takes a 4 KiB block.
     assert_eq!(h.state.db.stored_bytes("acme").await.unwrap(), 4096);
