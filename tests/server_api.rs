@@ -6980,13 +6980,7 @@ fn upload_around(
                 content_type,
                 ureq::SendBody::from_owned_reader(body),
             );
-            let status = response.status().as_u16();
-            let mut bytes = Vec::new();
-            response
-                .into_body()
-                .into_reader()
-                .read_to_end(&mut bytes)
-                .unwrap();
+            let (status, bytes) = common::daemon::read_whole(response).unwrap();
             (
                 status,
                 serde_json::from_slice(&bytes).unwrap_or(Value::Null),

@@ -295,14 +295,7 @@ impl Daemon {
             Some(body) => self.send(method, path, key, content_type, body),
             None => self.send(method, path, key, content_type, ()),
         };
-        let status = response.status().as_u16();
-        let mut bytes = Vec::new();
-        response
-            .into_body()
-            .into_reader()
-            .read_to_end(&mut bytes)
-            .unwrap_or_else(|e| panic!("{method} {path}: reading the body: {e}"));
-        (status, bytes)
+        read_whole(response).unwrap_or_else(|e| panic!("{method} {path}: reading the body: {e}"))
     }
 
     /// Records keys and cgroup leaves found in a response.
@@ -539,4 +532,12 @@ fn eventually(ms: u64, mut check: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A response's status and whole body.
+pub fn read_whole(response: Response<ureq::Body>) -> std::io::Result<(u16, Vec<u8>)> {
+    let status = response.status().as_u16();
+    let mut bytes = Vec::new();
+    response.into_body().into_reader().read_to_end(&mut bytes)?;
+    Ok((status, bytes))
 }
