@@ -3829,14 +3829,13 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
         .map(|_| post_json_unread(&d, &format!("/v1/sessions/{other}/exec"), &slow, &body))
         .collect();
     // Once both have run (and are audited), their unread answers hold the slots.
-    let ran = || {
-        audit_of(&d, "exec")
+    let audited = |action: &str| {
+        audit_of(&d, action)
             .iter()
             .filter(|e| e["tenant"] == "slow-reader")
             .count()
-            == 2
     };
-    assert!(common::eventually(10_000, ran));
+    assert!(common::eventually(10_000, || audited("exec") == 2));
     let (status, refused) = d.request(
         "POST",
         &format!("/v1/sessions/{other}/exec"),
@@ -3869,14 +3868,7 @@ fn root_a_client_that_reads_nothing_of_an_answer_loses_its_connection() {
             )
         })
         .collect();
-    let streamed = || {
-        audit_of(&d, "exec.stream")
-            .iter()
-            .filter(|e| e["tenant"] == "slow-reader")
-            .count()
-            == 2
-    };
-    assert!(common::eventually(10_000, streamed));
+    assert!(common::eventually(10_000, || audited("exec.stream") == 2));
     let (status, refused) = d.request(
         "POST",
         &format!("/v1/sessions/{other}/exec"),
