@@ -393,35 +393,25 @@ impl Settings {
 
 /// Whether `url` names an address of this host's loopback (or `localhost`).
 fn is_loopback_url(url: &str) -> bool {
-    let Ok(uri) = url.parse::<ureq::http::Uri>() else {
-        return false;
-    };
-    let host = uri.host().unwrap_or_default();
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    url_host(url).is_some_and(|(host, _)| {
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    })
 }
 
 /// Whether `url` names the daemon listening on `addr`: the same port, and the same
 /// address or, for a daemon listening on every address, a loopback address.
 fn url_reaches(url: &str, addr: std::net::SocketAddr) -> bool {
-    let Ok(uri) = url.parse::<ureq::http::Uri>() else {
+    let Some((host, port)) = url_host(url) else {
         return false;
     };
-    let default_port = if uri.scheme_str() == Some("https") {
-        443
-    } else {
-        80
-    };
-    if uri.port_u16().unwrap_or(default_port) != addr.port() {
+    if port != addr.port() {
         return false;
     }
     // Only an address, not a name: `localhost` may resolve to ::1 while the daemon
     // listens on 127.0.0.1 only, and then another user's listener there gets the key.
-    let host = uri.host().unwrap_or_default();
-    let host = host.trim_start_matches('[').trim_end_matches(']');
     let Ok(ip) = host.parse::<std::net::IpAddr>() else {
         return false;
     };
@@ -433,6 +423,20 @@ fn url_reaches(url: &str, addr: std::net::SocketAddr) -> bool {
         _ => false,
     };
     ip == addr.ip() || (addr.ip().is_unspecified() && same_family_loopback)
+}
+
+/// The host of `url` (an IPv6 address without its brackets) and its port (the
+/// scheme's default if none is given).
+fn url_host(url: &str) -> Option<(String, u16)> {
+    let uri = url.parse::<ureq::http::Uri>().ok()?;
+    let default_port = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    let host = uri.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_string(), uri.port_u16().unwrap_or(default_port)))
 }
 
 fn load_config(env: &dyn Fn(&str) -> Option<String>) -> Result<ConfigFile> {
