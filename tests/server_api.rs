@@ -5333,6 +5333,26 @@ fn root_execute_keeps_its_result_when_an_output_file_is_over_the_disk_quota() {
         "{:?}",
         left()
     );
+
+    // A file the quota has no room for is not copied first: a sparse one costs the
+    // code nothing to make, and its copy would be written in full (90 MiB, up to
+    // --max-file-size, per file, before the quota refused it).
+    let written = || {
+        let io = std::fs::read_to_string(format!("/proc/{}/io", d.pid())).unwrap();
+        io.lines()
+            .find_map(|l| l.strip_prefix("wchar: "))
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert!(common::eventually(10_000, || session_count(&d, &key) == 0));
+    let before = written();
+    let sparse = "with open('sparse.bin', 'wb') as f:\n    f.truncate(90 << 20)\nprint('made')";
+    let r = execute(&d, &key, json!({ "code": sparse }));
+    assert_eq!(r["stdout"], "made\n", "{r}");
+    assert_eq!(file(&r, "sparse.bin")["file_id"], Value::Null, "{r}");
+    let copied = written() - before;
+    assert!(copied < 8 << 20, "the daemon wrote {copied} bytes");
 }
 
 /// Collecting thousands of output files takes a moment (one transaction for them

@@ -414,6 +414,9 @@ async fn collect_outputs(
     let root = Arc::new(root_of(session)?);
     let paths: Vec<String> = wanted.iter().map(|&i| files[i].path.clone()).collect();
     let (task_state, tenant, cwd) = (state.clone(), session.tenant.clone(), cwd.to_string());
+    // Files the quota has no room for are not copied at all: a sparse file costs
+    // its writer next to nothing, and its copy would be written in full.
+    let (mut room, _) = crate::filestore::disk_room(state, &session.tenant).await?;
     let taken = tokio::task::spawn_blocking(move || {
         let mut taken = Vec::with_capacity(paths.len());
         for path in paths {
@@ -432,9 +435,16 @@ async fn collect_outputs(
                 taken.push(Err(NotStored::TooLarge));
                 continue;
             }
+            if crate::db::charged_file_bytes(meta.size_bytes) > room {
+                taken.push(Err(NotStored::NoRoom));
+                continue;
+            }
             let name = path.rsplit('/').next().unwrap_or(&path);
             match crate::filestore::take_blob(&task_state, &tenant, name, &mut file) {
-                Ok(blob) => taken.push(Ok(blob)),
+                Ok(blob) => {
+                    room = room.saturating_sub(crate::db::charged_file_bytes(blob.size_bytes()));
+                    taken.push(Ok(blob))
+                }
                 Err(e) if e.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
                     taken.push(Err(NotStored::TooLarge))
                 }

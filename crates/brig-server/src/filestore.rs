@@ -189,14 +189,7 @@ async fn receive(
     field: &mut axum::extract::multipart::Field<'_>,
 ) -> Result<FileMeta, ApiError> {
     let max_size = state.args.max_file_size_bytes;
-    let max_disk = state.auth.quotas(tenant).await?.max_disk_bytes;
-    let reserved = reserved_disk(state, tenant);
-    let used = state
-        .db
-        .stored_bytes(tenant)
-        .await?
-        .saturating_add(reserved);
-    let room = max_disk.saturating_sub(used);
+    let (room, max_disk) = disk_room(state, tenant).await?;
     let dir = tenant_dir(state, tenant);
     create_tenant_dir(&dir).await?;
     let id = new_file_id();
@@ -255,6 +248,19 @@ async fn receive(
         return Err(e);
     }
     Ok(row.into())
+}
+
+/// The bytes of disk the tenant's quota has left, and the quota. Read before a
+/// file is written, so that a file the quota has no room for is not written first
+/// (the count is checked again when the file is recorded, under the admission lock).
+pub async fn disk_room(state: &Shared, tenant: &str) -> Result<(u64, u64), ApiError> {
+    let max_disk = state.auth.quotas(tenant).await?.max_disk_bytes;
+    let used = state
+        .db
+        .stored_bytes(tenant)
+        .await?
+        .saturating_add(reserved_disk(state, tenant));
+    Ok((max_disk.saturating_sub(used), max_disk))
 }
 
 /// Records a stored file if the tenant's disk quota has room for it, counting its
