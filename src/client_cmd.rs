@@ -325,8 +325,20 @@ fn finish(json: bool, result: Result<u8>) -> ExitCode {
     }
 }
 
+/// `text` as one line a terminal only prints: a message from the daemon (or a
+/// server posing as one) could otherwise carry escape sequences that retitle the
+/// window, move the cursor or rewrite what was printed before.
 fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut shown = String::with_capacity(joined.len());
+    for c in joined.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_unicode());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
 }
 
 // ---------------------------------------------------------------------------------
@@ -1123,7 +1135,7 @@ fn exec_cmd(client: &Client, args: ExecArgs) -> Result<u8> {
         println!("{result}");
         let (status, message) = exit_status(&result, timeout_ms);
         if let Some(message) = message {
-            eprintln!("brig: {message}");
+            eprintln!("brig: {}", one_line(&message));
         }
         return Ok(status);
     }
@@ -1157,7 +1169,7 @@ fn exec_cmd(client: &Client, args: ExecArgs) -> Result<u8> {
                 let (status, message) = exit_status(&data, timeout_ms);
                 if let Some(message) = message {
                     // (The stderr lock is reentrant: this does not wait on ours.)
-                    eprintln!("brig: {message}");
+                    eprintln!("brig: {}", one_line(&message));
                 }
                 return Ok(status);
             }
@@ -1215,10 +1227,16 @@ pub(crate) struct SseEvent {
     pub data: String,
 }
 
+/// The most one event may hold. The daemon sends output in chunks of at most 64
+/// KiB (a few hundred KiB as escaped JSON); without a bound, a server that never
+/// ends a line would have the client hold all it sends.
+const MAX_EVENT_BYTES: u64 = 16 << 20;
+
 /// A minimal Server-Sent Events parser (the WHATWG rules brig's daemon needs):
 /// `event:` and `data:` fields (one optional space after the colon), several `data`
 /// lines joined by `\n`, `:` comments, other fields ignored, a blank line ends an
-/// event, and an event with no data is not dispatched.
+/// event, and an event with no data is not dispatched. An event over
+/// [`MAX_EVENT_BYTES`] is an error.
 pub(crate) struct SseReader<R> {
     reader: R,
     line: Vec<u8>,
@@ -1237,11 +1255,21 @@ impl<R: BufRead> SseReader<R> {
     pub fn next_event(&mut self) -> io::Result<Option<SseEvent>> {
         let mut event = String::new();
         let mut data: Option<String> = None;
+        let mut room = MAX_EVENT_BYTES;
         loop {
             self.line.clear();
-            if self.reader.read_until(b'\n', &mut self.line)? == 0 {
+            let read = (&mut self.reader)
+                .take(room + 1)
+                .read_until(b'\n', &mut self.line)?;
+            if read == 0 {
                 return Ok(None);
             }
+            room = room.checked_sub(read as u64).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("an event of the stream is over {MAX_EVENT_BYTES} bytes"),
+                )
+            })?;
             let mut line = self.line.as_slice();
             line = line.strip_suffix(b"\n").unwrap_or(line);
             line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -1257,6 +1285,7 @@ impl<R: BufRead> SseReader<R> {
                     }
                     None => {
                         event.clear();
+                        room = MAX_EVENT_BYTES;
                         continue;
                     }
                 }
@@ -1753,6 +1782,29 @@ mod tests {
             vec![ev("stdout", "x"), ev("message", "one\n two\n")]
         );
         assert!(events("").is_empty());
+    }
+
+    /// A server that never ends a line cannot make the client hold all it sends.
+    #[test]
+    fn an_endless_event_is_an_error_not_a_heap() {
+        let endless = std::io::repeat(b'x').take(MAX_EVENT_BYTES + (1 << 20));
+        let mut reader = SseReader::new(BufReader::new(b"data: ".chain(endless)));
+        let err = reader.next_event().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(reader.line.len() as u64 <= MAX_EVENT_BYTES + 1);
+        // Keep-alives between events do not add up.
+        let mut keepalives = b": keep-alive\n\n".repeat((MAX_EVENT_BYTES / 14 + 10) as usize);
+        keepalives.extend_from_slice(b"event: exit\ndata: {}\n\n");
+        let mut reader = SseReader::new(&keepalives[..]);
+        assert_eq!(reader.next_event().unwrap(), Some(ev("exit", "{}")));
+    }
+
+    #[test]
+    fn messages_reach_the_terminal_without_control_characters() {
+        assert_eq!(
+            one_line("no\x1b]0;owned\x07 such\n session\u{9b}2J"),
+            "no\\u{1b}]0;owned\\u{7} such session\\u{9b}2J"
+        );
     }
 
     fn env_of(pairs: &[(&str, String)]) -> impl Fn(&str) -> Option<String> {
