@@ -278,6 +278,7 @@ fn step_spec(
             target: HOST_CA_TARGET.into(),
             writable: false,
             idmapped: false,
+            no_symlinks: false,
         });
         for variable in CA_VARIABLES {
             spec.env.insert(variable.into(), HOST_CA_TARGET.into());

@@ -30,6 +30,8 @@
 //! - Steps run as root in `/` with `HOME=/root`, the base image's environment (not
 //!   `[config]`'s, which is for the finished image) and the host's network; they
 //!   trust the host's CA bundle. Writes under `/tmp` are scratch, not kept.
+//! - A copy's source is bound by the canonical path checked at load, resolved
+//!   without following symlinks: one swapped in since fails the step.
 //! - Copies keep modes and mtimes and belong to root, as with a Dockerfile's COPY;
 //!   a directory is merged into one the image has. They run `sh`, `mkdir`,
 //!   `dirname` and GNU `cp` of the image, so it needs coreutils.
@@ -553,6 +555,7 @@ impl Step {
                 target: format!("{COPY_STAGE}/{i}"),
                 writable: false,
                 idmapped: false,
+                no_symlinks: true,
             })
             .collect()
     }
@@ -812,5 +815,7 @@ mod tests {
         let binds = copy.binds();
         assert_eq!(binds[0].source, PathBuf::from("/r/a b"));
         assert!(!binds[0].writable);
+        // Bound as checked at load: a symlink swapped in since fails the step.
+        assert!(binds[0].no_symlinks);
     }
 }

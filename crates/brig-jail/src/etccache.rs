@@ -196,6 +196,7 @@ impl EtcTree {
                     kind: NodeKind::File,
                     access: Access::ReadOnly,
                     idmapped: false,
+                    no_symlinks: false,
                 } if !user_binds.contains(path) => match copyable(source) {
                     Some(meta) => {
                         let copy = FsOp::Copy {
@@ -366,6 +367,7 @@ impl EtcTree {
             kind: NodeKind::Dir,
             access: Access::ReadOnly,
             idmapped: false,
+            no_symlinks: false,
         };
     }
 }
@@ -666,6 +668,7 @@ mod tests {
             target: "/etc/custom".into(),
             writable: false,
             idmapped: false,
+            no_symlinks: false,
         });
         let mut plan = crate::fsplan::plan(&spec, host.path()).unwrap();
         let _lease = apply(&mut plan, &["/etc/custom".to_string()], cache.path()).unwrap();

@@ -104,6 +104,8 @@ pub enum FsOp {
         access: Access,
         /// Host root's files appear as the sandbox user's (see `BindMount::idmapped`).
         idmapped: bool,
+        /// `source` is resolved without following symlinks (see `BindMount::no_symlinks`).
+        no_symlinks: bool,
     },
     /// A directory of the scratch tmpfs attached at `path`.
     Scratch {
@@ -359,6 +361,7 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
                 kind: NodeKind::File,
                 access: Access::Device,
                 idmapped: false,
+                no_symlinks: false,
             });
         }
     }
@@ -441,6 +444,7 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
             kind: NodeKind::Dir,
             access: Access::ReadWrite,
             idmapped: false,
+            no_symlinks: false,
         }),
         // In an image the workspace is a directory of the root itself, so snapshots
         // keep it.
@@ -486,6 +490,7 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
                 Access::ReadOnly
             },
             idmapped: bind.idmapped,
+            no_symlinks: bind.no_symlinks,
         });
         if bind.writable {
             writable.push(bind.target.clone());
@@ -556,6 +561,7 @@ fn read_only_dir(source: &Path, path: &str) -> FsOp {
         kind: NodeKind::Dir,
         access: Access::ReadOnly,
         idmapped: false,
+        no_symlinks: false,
     }
 }
 
@@ -615,6 +621,7 @@ fn add_entry(ops: &mut Vec<FsOp>, source: &Path, path: &str) -> Result<(), JailE
                 kind: NodeKind::File,
                 access: Access::ReadOnly,
                 idmapped: false,
+                no_symlinks: false,
             })
         }
     }
@@ -951,6 +958,7 @@ mod tests {
             kind: NodeKind::Dir,
             access: Access::ReadOnly,
             idmapped: false,
+            no_symlinks: false,
         }));
         assert!(plan.ops.contains(&FsOp::Symlink {
             path: "/bin".into(),
@@ -1103,6 +1111,7 @@ mod tests {
             kind: NodeKind::Dir,
             access: Access::ReadWrite,
             idmapped: false,
+            no_symlinks: false,
         }));
         assert!(plan.writable.contains(&"/in".to_string()));
         assert!(!plan.writable.contains(&"/in/deeper/x".to_string()));

@@ -102,12 +102,17 @@ pub fn open_sources(
             source,
             access,
             idmapped,
+            no_symlinks,
             ..
         } = op
         {
             let acting = guarded(source)?;
-            let tree = sys::open_tree_clone(source)
-                .context(|| format!("bind source {}", source.display()))?;
+            let tree = if *no_symlinks {
+                open_tree_no_symlinks(source)?
+            } else {
+                sys::open_tree_clone(source)
+                    .context(|| format!("bind source {}", source.display()))?
+            };
             drop(acting);
             match squash.filter(|_| *idmapped) {
                 Some(userns) => {
@@ -146,6 +151,31 @@ pub fn open_sources(
         }
     }
     Ok(sources)
+}
+
+/// A clone of the tree at `source`, reached through no symlink: open_tree itself
+/// follows them, so the path is opened first and the clone taken from that
+/// descriptor.
+fn open_tree_no_symlinks(source: &Path) -> Result<OwnedFd, JailError> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let opened = crate::resolve::openat2(
+        rustix::fs::CWD,
+        source,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP => JailError::HostPath {
+            path: source.display().to_string(),
+            reason: "it now leads through a symlink, so it changed after it was checked".into(),
+        },
+        e => JailError::HostPath {
+            path: source.display().to_string(),
+            reason: std::io::Error::from(e).to_string(),
+        },
+    })?;
+    sys::open_tree_clone_fd(opened.as_fd()).context(|| format!("bind source {}", source.display()))
 }
 
 /// What a sandbox writes, kept reachable for snapshots (see
@@ -802,6 +832,57 @@ mod tests {
             untrusted_root: untrusted_root.map(Path::to_path_buf),
             seed: None,
         }
+    }
+
+    fn bind_plan(source: &Path, no_symlinks: bool) -> FsPlan {
+        FsPlan {
+            ops: vec![FsOp::Bind {
+                source: source.to_path_buf(),
+                path: "/in".into(),
+                kind: NodeKind::Dir,
+                access: Access::ReadOnly,
+                idmapped: false,
+                no_symlinks,
+            }],
+            ..copy_plan(source, None)
+        }
+    }
+
+    /// A recipe's copy source is checked to lie inside the recipe's directory when
+    /// the recipe loads; whoever can write there may swap it for a symlink to a host
+    /// directory before the build step binds it. The bind must then fail, not follow.
+    #[test]
+    fn a_checked_bind_source_swapped_for_a_symlink_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let (recipe, outside) = (root.join("recipe"), root.join("outside"));
+        std::fs::create_dir_all(recipe.join("app")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        let source = recipe.join("app");
+        assert_eq!(
+            open_sources(&bind_plan(&source, true), None, None)
+                .unwrap()
+                .len(),
+            1
+        );
+
+        std::fs::rename(&source, recipe.join("app.checked")).unwrap();
+        std::os::unix::fs::symlink(&outside, &source).unwrap();
+        let err = open_sources(&bind_plan(&source, true), None, None)
+            .expect_err("followed a symlink swapped in after the check");
+        assert!(err.to_string().contains("symlink"), "{err}");
+        // A symlink further up the path is refused too.
+        std::fs::remove_file(&source).unwrap();
+        std::fs::rename(recipe.join("app.checked"), &source).unwrap();
+        std::fs::rename(&recipe, root.join("recipe.checked")).unwrap();
+        std::os::unix::fs::symlink(root.join("recipe.checked"), &recipe).unwrap();
+        assert!(open_sources(&bind_plan(&source, true), None, None).is_err());
+        // Other binds (`brig run --bind`) follow symlinks as they always did.
+        assert!(open_sources(&bind_plan(&source, false), None, None).is_ok());
     }
 
     /// Root brig opens sources for the sandbox; below a `--rootfs` directory, whose

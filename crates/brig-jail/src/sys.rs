@@ -65,6 +65,26 @@ pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// As [`open_tree_clone`], for the tree at the file `at` was opened on (an `O_PATH`
+/// descriptor will do): what was resolved once is cloned, with no path to resolve
+/// again.
+pub fn open_tree_clone_fd(at: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: the empty path is a valid NUL-terminated string with static lifetime
+    // and `at` is a descriptor borrowed for the call; the kernel returns a new
+    // file descriptor that we take ownership of below.
+    let fd = check(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            at.as_raw_fd(),
+            c"".as_ptr(),
+            (OPEN_TREE_CLONE | AT_RECURSIVE | libc::AT_EMPTY_PATH as u32 | libc::O_CLOEXEC as u32)
+                as libc::c_uint,
+        )
+    })?;
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// Sets mount attributes on every mount of the (possibly detached) tree `tree`.
 /// Only sets flags, never clears them, so flags the host locked stay as they are.
 pub fn mount_setattr_fd(tree: BorrowedFd<'_>, attr_set: u64) -> io::Result<()> {

@@ -274,6 +274,12 @@ pub struct BindMount {
     /// to run as root.
     #[serde(default)]
     pub idmapped: bool,
+    /// `source` is a canonical path that was checked earlier (a recipe's copy
+    /// source, checked to lie inside the recipe's directory): it is resolved
+    /// without following any symlink, so one swapped in on the way since the check
+    /// makes the sandbox fail to start instead of binding whatever it points at.
+    #[serde(default)]
+    pub no_symlinks: bool,
 }
 
 impl BindMount {
@@ -296,6 +302,7 @@ impl BindMount {
             target: normalize_sandbox_path(target)?,
             writable,
             idmapped: false,
+            no_symlinks: false,
         })
     }
 }
@@ -667,6 +674,7 @@ mod tests {
                 target: target.into(),
                 writable: false,
                 idmapped: false,
+                no_symlinks: false,
             });
             assert!(
                 matches!(s.validate(), Err(PolicyError::ReservedTarget(_))),

@@ -1189,6 +1189,7 @@ pub fn spec_for(
             target,
             writable: false,
             idmapped: false,
+            no_symlinks: false,
         });
     }
     if let Some(name) = &request.volume {
@@ -1198,6 +1199,7 @@ pub fn spec_for(
             target: crate::volumes::MOUNT_PATH.into(),
             writable: true,
             idmapped: true,
+            no_symlinks: false,
         });
     }
     // A session runs no command of its own; validation still wants one.
