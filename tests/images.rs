@@ -1246,6 +1246,39 @@ fn root_oci_layout_symlinks_leading_out_of_the_layout_are_refused() {
     }
 }
 
+/// `brig run` stacks at most 500 layers and never one layer twice: import refuses
+/// such images rather than storing one no sandbox can start from.
+#[test]
+fn root_images_too_tall_or_with_a_layer_twice_are_refused_at_import() {
+    require_root!();
+    let fx = Fixture::new();
+    let base = Tar::new().tree(&fx.rootfs()).finish();
+    let tall: Vec<_> = std::iter::once(base.clone())
+        .chain((0..500).map(|i| Tar::new().file(&format!("f{i}"), b"x").finish()))
+        .map(|tar| (tar, Compression::None))
+        .collect();
+    let layout = fx.path("oci-tall");
+    write_oci_layout(&layout, &tall, &json!({}));
+    let message = refused_without_change(&fx, "501 layers", || {
+        fx.image(&["import", "tall", layout.to_str().unwrap()])
+    });
+    assert!(message.contains("501 layers"), "{message}");
+
+    let extra = Tar::new().dir("data").file("data/extra", b"x").finish();
+    let twice: Vec<_> = [base.clone(), extra, base]
+        .into_iter()
+        .map(|tar| (tar, Compression::None))
+        .collect();
+    let layout = fx.path("oci-twice");
+    write_oci_layout(&layout, &twice, &json!({}));
+    let message = refused(
+        &fx.image(&["import", "twice", layout.to_str().unwrap()]),
+        "a layer twice",
+    );
+    assert!(message.contains("twice"), "{message}");
+    assert_eq!(fx.image_names(), Vec::<String>::new());
+}
+
 #[test]
 fn root_corrupt_or_truncated_layer_file_is_refused_at_run() {
     require_root!();

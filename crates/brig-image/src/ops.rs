@@ -31,16 +31,21 @@ pub fn import(
     let staging = work.path().join("staging");
     std::fs::create_dir(&staging).context(|| format!("create {}", staging.display()))?;
     let unpacked = unpack::unpack(source, &staging, progress)?;
+    let count = unpacked.layers.len();
+    // docker save keeps a layer per ENV or WORKDIR line; empty ones add nothing.
+    let kept: Vec<_> = unpacked
+        .layers
+        .iter()
+        .enumerate()
+        .filter(|(_, layer)| count == 1 || !is_empty_dir(&layer.path))
+        .collect();
+    // Before any layer is packed, which takes longest.
+    crate::store::check_layer_count(kept.len())?;
     let _lock = store.shared()?;
     let mut layers: Vec<String> = Vec::new();
-    let count = unpacked.layers.len();
-    for (index, layer) in unpacked.layers.iter().enumerate() {
+    for (index, layer) in kept {
         if progress.cancelled() {
             return Err(ImageError::Interrupted);
-        }
-        // docker save keeps a layer per ENV or WORKDIR line; empty ones add nothing.
-        if count > 1 && is_empty_dir(&layer.path) {
-            continue;
         }
         progress.phase(&format!("layer {}/{count}", index + 1), None);
         let record =
@@ -118,12 +123,6 @@ pub fn snapshot(
         };
         let record = store.commit_layer(writes, &options, work.path(), progress)?;
         layers.push(record.digest);
-    }
-    if layers.len() > brig_policy::MAX_LAYERS {
-        return Err(ImageError::Unsupported(format!(
-            "an image may have at most {} layers",
-            brig_policy::MAX_LAYERS
-        )));
     }
     let record = ImageRecord {
         name: name.to_string(),

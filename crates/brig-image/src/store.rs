@@ -161,6 +161,36 @@ pub fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// Refuses a layer count no sandbox could stack (see [`check_stackable`]).
+pub fn check_layer_count(count: usize) -> Result<()> {
+    if count == 0 {
+        return Err(ImageError::Unsupported(
+            "an image needs at least one layer".into(),
+        ));
+    }
+    if count > brig_policy::MAX_LAYERS {
+        return Err(ImageError::Unsupported(format!(
+            "the image has {count} layers; brig stacks at most {}",
+            brig_policy::MAX_LAYERS
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses layers no sandbox could stack, so that no stored image is one `brig run`
+/// refuses: overlayfs takes 1 to [`brig_policy::MAX_LAYERS`] lower layers and
+/// refuses the same one twice (each layer is mounted once per host).
+pub fn check_stackable(layers: &[String]) -> Result<()> {
+    check_layer_count(layers.len())?;
+    let mut seen = std::collections::HashSet::with_capacity(layers.len());
+    if let Some(twice) = layers.iter().find(|digest| !seen.insert(*digest)) {
+        return Err(ImageError::Unsupported(format!(
+            "the image has layer {twice} twice, which overlayfs cannot stack"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks an image name: it becomes a file name (with '/' and ':' escaped).
 pub fn validate_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
@@ -443,6 +473,7 @@ impl Store {
     /// taken unless `replace`.
     pub fn commit_image(&self, record: &ImageRecord, replace: bool, work: &Path) -> Result<()> {
         validate_name(&record.name)?;
+        check_stackable(&record.layers)?;
         for digest in &record.layers {
             if !self.has_layer(digest) {
                 return Err(ImageError::CorruptLayer {
