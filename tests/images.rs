@@ -862,6 +862,25 @@ fn root_whiteouts_and_opaque_dirs_hide_lower_files_in_oci_and_docker_images() {
 
 /// The base image of the snapshot tests: the minimal tree plus some files to
 /// change, delete and rename.
+/// A whiteout is part of the layer's digest with its mtime: the entry's, so that
+/// the same archive imported again is the same layer (and shares its file).
+#[test]
+fn root_an_archive_with_whiteouts_imported_twice_gives_the_same_layer() {
+    require_root!();
+    let fx = Fixture::new();
+    let archive = Tar::new()
+        .dir("a")
+        .file("a/keep", b"keep\n")
+        .file("a/.wh.gone", b"")
+        .finish();
+    let archive = write_file(&fx.path("whiteout.tar"), &archive);
+    fx.import("first", &archive);
+    // A second apart, in case only whole seconds of the import time showed.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    fx.import("second", &archive);
+    assert_eq!(fx.layers("first"), fx.layers("second"));
+}
+
 fn import_snapshot_base(fx: &Fixture, name: &str) {
     let tree = fx.rootfs_copy("base");
     fs::write(tree.join("data/doomed"), "doomed\n").unwrap();

@@ -161,7 +161,7 @@ impl Layer<'_> {
             return self.root_entry(kind, entry, &shown);
         };
         if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
-            return self.whiteout(parents, hidden, &shown);
+            return self.whiteout(parents, hidden, entry, &shown);
         }
         let parent = self.parent(parents, &shown)?;
         let parent = parent.as_fd();
@@ -215,7 +215,13 @@ impl Layer<'_> {
         Ok(fd)
     }
 
-    fn whiteout(&mut self, parents: &[&[u8]], hidden: &[u8], shown: &str) -> Result<()> {
+    fn whiteout<R: Read>(
+        &mut self,
+        parents: &[&[u8]],
+        hidden: &[u8],
+        entry: &mut tar::Entry<'_, R>,
+        shown: &str,
+    ) -> Result<()> {
         let parent = self.parent(parents, shown)?;
         if hidden == OPAQUE_MARKER {
             return rustix::fs::fsetxattr(&parent, OPAQUE_XATTR, b"y", XattrFlags::empty())
@@ -242,7 +248,12 @@ impl Layer<'_> {
             Mode::empty(),
             rustix::fs::makedev(0, 0),
         )
-        .context(|| format!("creating the whiteout for '{shown}'"))
+        .context(|| format!("creating the whiteout for '{shown}'"))?;
+        // The digest covers its mtime: the entry's, not the import's time, so that
+        // importing an archive twice gives the same layer.
+        let mtime = read_meta(entry, shown)?.times();
+        rustix::fs::utimensat(&parent, hidden, &mtime, AtFlags::SYMLINK_NOFOLLOW)
+            .context(|| format!("setting the time of the whiteout for '{shown}'"))
     }
 
     /// Makes room for a new `name`: tar semantics, a later entry replaces an
