@@ -1298,6 +1298,37 @@ fn root_images_too_tall_or_with_a_layer_twice_are_refused_at_import() {
     assert_eq!(fx.image_names(), Vec::<String>::new());
 }
 
+/// `--store` relative to the current directory, for import as for run (whose
+/// sandbox spec takes the layers' mount points, absolute host paths only).
+#[test]
+fn root_a_relative_store_works_for_import_and_run() {
+    require_root!();
+    let fx = Fixture::new();
+    let rootfs = fx.rootfs();
+    let (dir, store) = (fx.store.parent().unwrap(), fx.store.file_name().unwrap());
+    let relative = |command: &[&str], args: &[&str]| {
+        fx.brig()
+            .current_dir(dir)
+            .args(command)
+            .arg("--store")
+            .arg(store)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    ok(
+        &relative(&["image", "import"], &["rel", rootfs.to_str().unwrap()]),
+        "import into a relative store",
+    );
+    let cat = ["--image", "rel", "--", "/bin/cat", "/data/greeting"];
+    let out = relative(&["run"], &cat);
+    assert_eq!(
+        ok(&out, "run from a relative store"),
+        "hello from the image\n"
+    );
+    assert_eq!(fx.image_names(), ["rel"]);
+}
+
 #[test]
 fn root_corrupt_or_truncated_layer_file_is_refused_at_run() {
     require_root!();

@@ -28,7 +28,8 @@ pub struct ServeArgs {
         long,
         value_name = "DIR",
         env = "BRIG_STORE",
-        default_value = "/var/lib/brig"
+        default_value = "/var/lib/brig",
+        value_parser = absolute_dir
     )]
     pub store: PathBuf,
     /// Serve without API keys: every request without a key is tenant "default".
@@ -177,6 +178,12 @@ pub enum LogFormat {
 
 fn size(text: &str) -> Result<u64, String> {
     brig_policy::parse_size(text).map_err(|e| e.to_string())
+}
+
+/// The store's paths (its layers' mount points) end up in sandbox specs, whose host
+/// paths must be absolute; the store may not exist yet, so it is not canonicalized.
+fn absolute_dir(text: &str) -> Result<PathBuf, String> {
+    std::path::absolute(text).map_err(|e| format!("'{text}': {e}"))
 }
 
 fn cpus_millis(text: &str) -> Result<u32, String> {
@@ -359,6 +366,12 @@ mod tests {
         let mut argv = vec!["brig-serve"];
         argv.extend_from_slice(extra);
         ServeArgs::try_parse_from(argv)
+    }
+
+    #[test]
+    fn a_relative_store_is_made_absolute() {
+        let args = parse(&["--store", "store"]).unwrap();
+        assert_eq!(args.store, std::env::current_dir().unwrap().join("store"));
     }
 
     #[test]
