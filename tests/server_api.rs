@@ -3957,6 +3957,144 @@ fn root_stdin_goes_to_a_slow_reader_as_it_reads_not_held_whole() {
     }
 }
 
+/// One request written as is (`head` ends before the blank line) on a connection of
+/// its own, with `body` after it: (status, body).
+fn exchange(addr: &str, head: &str, body: &[u8]) -> (u16, Value) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut request = format!("{head}\r\nConnection: close\r\n\r\n").into_bytes();
+    request.extend_from_slice(body);
+    std::io::Write::write_all(&mut stream, &request).unwrap();
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).unwrap();
+    let reply = String::from_utf8_lossy(&reply);
+    let status = reply[9..12].parse().unwrap();
+    let json = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
+    (status, serde_json::from_str(json).unwrap_or(Value::Null))
+}
+
+#[test]
+fn root_no_auth_answers_no_rebound_name_and_no_web_page() {
+    require_root!();
+    // DNS rebinding: a page on http://evil.example:PORT whose name is re-pointed to
+    // 127.0.0.1 is the daemon's own origin, and under --no-auth it needs no key: it
+    // listed sessions, ran commands and read files.
+    let d = daemon(&["--no-auth"]);
+    let (addr, port) = (d.addr(), d.addr().rsplit_once(':').unwrap().1);
+    let (status, session) = d.request("POST", "/v1/sessions", None, Some(json!({})));
+    assert_eq!(status, 201, "{session}");
+    let id = sid(&session);
+    let forbidden_with = |head: String, body: &[u8]| {
+        let (status, body) = exchange(addr, &head, body);
+        assert_eq!(status, 403, "{head}: {body}");
+        assert_eq!(body["error"]["code"], "forbidden", "{head}: {body}");
+        assert!(!body.to_string().contains(&id), "{body}");
+    };
+    let forbidden = |head: String| forbidden_with(head, b"");
+    let rebound = format!("Host: evil.example:{port}");
+    for path in [
+        "/v1/sessions".to_string(),
+        format!("/v1/sessions/{id}/files?path=/etc/hostname"),
+        "/health".to_string(),
+        "/metrics".to_string(),
+        "/no/such/route".to_string(),
+    ] {
+        forbidden(format!("GET {path} HTTP/1.1\r\n{rebound}"));
+        forbidden(format!(
+            "GET {path} HTTP/1.1\r\n{rebound}\r\nOrigin: http://evil.example:{port}"
+        ));
+    }
+    let exec = format!("/v1/sessions/{id}/exec");
+    let cmd = r#"{"cmd": "touch /tmp/pwned"}"#;
+    forbidden_with(
+        format!(
+            "POST {exec} HTTP/1.1\r\n{rebound}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}",
+            cmd.len()
+        ),
+        cmd.as_bytes(),
+    );
+    // The target's own authority counts as much as Host.
+    forbidden(format!(
+        "GET http://evil.example:{port}/v1/sessions HTTP/1.1\r\nHost: 127.0.0.1:{port}"
+    ));
+    // A page on any origin (a rebound name, another site, a file: page) is refused
+    // even when it names the daemon's address.
+    for origin in [
+        "http://evil.example",
+        "null",
+        &format!("http://127.0.0.1:{port}"),
+    ] {
+        forbidden(format!(
+            "GET /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: {origin}"
+        ));
+    }
+    let (status, ls) = d.request(
+        "POST",
+        &exec,
+        None,
+        Some(json!({"cmd": "ls /tmp; echo done"})),
+    );
+    assert_eq!(status, 200, "{ls}");
+    let files = ls["stdout"].as_str().unwrap();
+    assert!(files.contains("done") && !files.contains("pwned"), "{ls}");
+
+    // Loopback names, with or without a port, and HTTP/1.0 without a Host.
+    for host in [
+        format!("Host: 127.0.0.1:{port}"),
+        format!("Host: localhost:{port}"),
+        "Host: localhost".to_string(),
+        format!("Host: [::1]:{port}"),
+    ] {
+        let (status, list) = exchange(addr, &format!("GET /v1/sessions HTTP/1.1\r\n{host}"), b"");
+        assert_eq!(status, 200, "{host}: {list}");
+        assert!(list.to_string().contains(&id), "{list}");
+    }
+    let (status, list) = exchange(addr, "GET /v1/sessions HTTP/1.0", b"");
+    assert_eq!(status, 200, "{list}");
+    // The refusals are audited.
+    let refused = audit_of(&d, "refused");
+    assert!(
+        refused.iter().any(|e| e["detail"]["code"] == "forbidden"),
+        "{refused:?}"
+    );
+    let (status, _) = d.request("DELETE", &format!("/v1/sessions/{id}"), None, None);
+    assert_eq!(status, 204);
+}
+
+#[test]
+fn root_no_auth_takes_no_cross_site_upload() {
+    require_root!();
+    // multipart/form-data needs no CORS preflight: any web page could fill the
+    // developer's disk quota (and the host's disk) with `fetch(.., {mode: "no-cors"})`.
+    let d = daemon(&["--no-auth"]);
+    let port = d.addr().rsplit_once(':').unwrap().1;
+    let (content_type, body) = multipart("evil.bin", &[7u8; 100_000]);
+    let head = |origin: &str| {
+        format!(
+            "POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{origin}\
+             Content-Type: {content_type}\r\nContent-Length: {}",
+            body.len()
+        )
+    };
+    for origin in ["http://evil.example", "null"] {
+        let (status, reply) = exchange(d.addr(), &head(&format!("Origin: {origin}\r\n")), &body);
+        assert_eq!(status, 403, "{reply}");
+        assert_eq!(reply["error"]["code"], "forbidden", "{reply}");
+    }
+    let (status, list) = d.request("GET", "/v1/files", None, None);
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["files"].as_array().map(Vec::len), Some(0), "{list}");
+    let (status, tenant) = d.request("GET", "/v1/tenants/default", None, None);
+    assert_eq!(status, 200, "{tenant}");
+    assert_eq!(tenant["usage"]["file_bytes"], 0, "{tenant}");
+    // The same upload from a local client is stored.
+    let (status, reply) = exchange(d.addr(), &head(""), &body);
+    assert_eq!(status, 201, "{reply}");
+}
+
 #[test]
 fn root_refused_requests_add_little_to_the_audit_log() {
     require_root!();

@@ -27,7 +27,7 @@ use utoipa_axum::routes;
 
 use crate::auth::DEFAULT_TENANT;
 use crate::config::{LogFormat, ServeArgs};
-use crate::error::{method_not_allowed_fallback, not_found_fallback, ApiJson, ErrorBody};
+use crate::error::{method_not_allowed_fallback, not_found_fallback, ApiError, ApiJson, ErrorBody};
 use crate::state::{AppState, Shared};
 
 /// How long in-flight requests may run on after SIGTERM/SIGINT.
@@ -183,7 +183,7 @@ fn described(mut api: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
 
 /// The complete HTTP service: routes, fallbacks and middleware (outermost first:
 /// tracing, request metrics, `Connection: close` after unread bodies, error shaping +
-/// refusal audit, JSON body limit).
+/// refusal audit, under `--no-auth` the loopback-only check, JSON body limit).
 pub fn router(state: AppState) -> Router {
     let (routes, api) = api_router(&state.args).split_for_parts();
     let doc = described(api).to_json().unwrap_or_else(|e| {
@@ -191,13 +191,21 @@ pub fn router(state: AppState) -> Router {
         "{}".to_string()
     });
     let max_body = usize::try_from(state.args.max_body_bytes).unwrap_or(usize::MAX);
-    routes
+    let routes = routes
         .fallback(not_found_fallback)
         .method_not_allowed_fallback(method_not_allowed_fallback)
         .layer(Extension(OpenApiJson(Arc::new(doc))))
         // Axum's buffering extractors (JSON) stop at this; routes that stream bodies
         // set their own limits (uploads: --max-file-size).
-        .layer(DefaultBodyLimit::max(max_body))
+        .layer(DefaultBodyLimit::max(max_body));
+    // Inside the refusal audit, so that what it refuses is recorded; it runs before
+    // any handler and the fallbacks alike, so no route (not even /health) is left out.
+    let routes = if state.args.no_auth {
+        routes.layer(from_fn(loopback_only))
+    } else {
+        routes
+    };
+    routes
         .layer(from_fn_with_state(state.clone(), crate::audit::refusals))
         .layer(from_fn(close_if_body_unread))
         .layer(from_fn(crate::metrics::track_requests))
@@ -209,6 +217,67 @@ pub fn router(state: AppState) -> Router {
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
         )
         .with_state(state)
+}
+
+/// Middleware under `--no-auth`: refuses (403) a request whose `Host` is not a
+/// loopback name or address, or that carries an `Origin`. With no key to ask for,
+/// the only thing keeping a web page from the API is the browser's same-origin rule,
+/// and DNS rebinding (a page on `evil.example` whose name is re-pointed to 127.0.0.1)
+/// makes the daemon that page's own origin: its requests then say `Host:
+/// evil.example`. Browsers send `Origin` on cross-origin requests and on every POST,
+/// so refusing it also stops cross-site form and `no-cors` uploads, which need no
+/// preflight; brig's clients, curl and scripts send none.
+async fn loopback_only(request: axum::extract::Request, next: Next) -> Response {
+    if request.headers().contains_key(header::ORIGIN) {
+        return ApiError::forbidden(
+            "requests from web pages (with an Origin header) are refused under --no-auth",
+        )
+        .into_response();
+    }
+    // HTTP/1.0 clients may send no Host; an absolute-form target names one too, and
+    // hyper checks neither against the other.
+    let mut hosts = request
+        .headers()
+        .get_all(header::HOST)
+        .iter()
+        .map(|value| value.to_str().ok())
+        .chain(request.uri().authority().map(|a| Some(a.as_str())));
+    if !hosts.all(|host| host.is_some_and(is_loopback_host)) {
+        return ApiError::forbidden(
+            "under --no-auth only a Host of localhost, 127.0.0.0/8 or [::1] is served",
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+/// Whether a `Host` value (with or without a port) is `localhost`, an address in
+/// 127.0.0.0/8 or `[::1]`: names that no DNS answer can re-point elsewhere.
+fn is_loopback_host(host: &str) -> bool {
+    let (name, port, v6) = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((name, port)) => (name, port, true),
+            None => return false,
+        },
+        None => {
+            let (name, port) = host.split_at(host.find(':').unwrap_or(host.len()));
+            (name, port, false)
+        }
+    };
+    let port_ok = port.is_empty()
+        || port
+            .strip_prefix(':')
+            .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    port_ok
+        && if v6 {
+            name.parse::<std::net::Ipv6Addr>()
+                .is_ok_and(|ip| ip.is_loopback())
+        } else {
+            name.eq_ignore_ascii_case("localhost")
+                || name
+                    .parse::<std::net::Ipv4Addr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
 }
 
 /// Middleware: the response to a request whose body was not read to its end (a

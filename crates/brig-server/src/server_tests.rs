@@ -1185,6 +1185,40 @@ async fn metrics_are_rendered_without_a_key() {
     assert!(!text.contains("BOGUS"), "{text}");
 }
 
+#[test]
+fn loopback_hosts_are_only_names_no_dns_answer_can_move() {
+    for host in [
+        "localhost",
+        "LOCALHOST:7700",
+        "127.0.0.1",
+        "127.0.0.1:7700",
+        "127.8.9.10:1",
+        "[::1]",
+        "[::1]:7700",
+    ] {
+        assert!(is_loopback_host(host), "{host}");
+    }
+    for host in [
+        "evil.example",
+        "evil.example:7700",
+        "localhost.evil.example",
+        "127.0.0.1.nip.io",
+        "localhost:",
+        "localhost:7700x",
+        "localhost:7700:1",
+        "10.0.0.1:7700",
+        "0.0.0.0",
+        "::1",
+        "[::1",
+        "[::]:7700",
+        "[::ffff:127.0.0.1]",
+        "[::1]x",
+        "",
+    ] {
+        assert!(!is_loopback_host(host), "{host}");
+    }
+}
+
 #[tokio::test]
 async fn no_auth_serves_tenant_default() {
     let h = harness(&["--no-auth"]).await;
