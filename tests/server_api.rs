@@ -4096,6 +4096,67 @@ fn root_no_auth_takes_no_cross_site_upload() {
 }
 
 #[test]
+fn root_a_long_method_and_path_leave_a_short_audit_event_and_log_line() {
+    require_root!();
+    // Any token is a method to HTTP, and one of 1,100 characters is answered 405
+    // before the key is looked at: method and path were kept 1 KiB each in the
+    // refusal's event (2 KiB a row, kept 30 days) and logged whole, twice (6 KiB a
+    // line); one connection grew the log by 550 MB in 50 s.
+    let d = daemon(&[]);
+    let method = "M".repeat(1100);
+    let path = format!("/v1/sessions/{}", "A".repeat(8 * 1024));
+    for _ in 0..3 {
+        let (status, body) = exchange(
+            d.addr(),
+            &format!("{method} {path} HTTP/1.1\r\nHost: x"),
+            b"",
+        );
+        assert_eq!(status, 405, "{body}");
+    }
+    let events: Vec<Value> = audit_of(&d, "refused")
+        .into_iter()
+        .filter(|e| {
+            e["detail"]["method"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("MMMM"))
+        })
+        .collect();
+    assert_eq!(events.len(), 3, "{events:?}");
+    for event in &events {
+        let stored = event.to_string().len();
+        assert!(stored < 1024, "an event of {stored} bytes: {event}");
+        let detail = &event["detail"];
+        assert!(
+            detail["method"].as_str().unwrap().ends_with("(1100 bytes)"),
+            "{detail}"
+        );
+        let said = format!("({} bytes)", path.len());
+        assert!(
+            detail["path"].as_str().unwrap().ends_with(&said),
+            "{detail}"
+        );
+    }
+    assert!(common::eventually(5000, || d
+        .log_text()
+        .lines()
+        .filter(|line| line.contains("MMMM"))
+        .count()
+        >= 3));
+    let log = d.log_text();
+    for line in log
+        .lines()
+        .filter(|l| l.contains("MMMM") || l.contains("AAAA"))
+    {
+        assert!(
+            line.len() < 1024,
+            "a log line of {} bytes: {line}",
+            line.len()
+        );
+        assert!(line.contains("(1100 bytes)"), "{line}");
+    }
+}
+
+#[test]
 fn root_refused_requests_add_little_to_the_audit_log() {
     require_root!();
     // A refused exec is audited with its command: a hundred arguments of 1 KiB of

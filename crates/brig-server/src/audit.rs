@@ -42,6 +42,26 @@ pub fn is_refusal(status: StatusCode) -> bool {
     status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE
 }
 
+/// Longest method kept of a request in its refusal's event and its log line, and
+/// longest path (see [`bounded`]): any token is a method to HTTP, and one of 1,100
+/// characters with a path of 1 KiB, answered 405 before any key is looked at, made
+/// 2 KiB of audit and 6 KiB of log a request.
+pub const MAX_RECORDED_METHOD: usize = 16;
+pub const MAX_RECORDED_PATH: usize = 256;
+
+/// `text` as is up to `max` bytes; past that its first `max` bytes (at a character
+/// boundary) followed by `… (N bytes)`, so the record still says it was long.
+pub fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len()).into()
+}
+
 const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 1000;
 /// Rows read per database round trip while streaming JSON lines.
@@ -391,8 +411,8 @@ fn cut_detail(value: Value, string: usize, items: usize) -> Value {
 pub async fn refusals(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let slot = CallerSlot::default();
     request.extensions_mut().insert(slot.clone());
-    let method = request.method().as_str().to_string();
-    let path = request.uri().path().to_string();
+    let method = bounded(request.method().as_str(), MAX_RECORDED_METHOD).into_owned();
+    let path = bounded(request.uri().path(), MAX_RECORDED_PATH).into_owned();
     let response = next.run(request).await;
     let status = response.status();
     if !(status.is_client_error() || status.is_server_error()) {
@@ -781,6 +801,23 @@ mod tests {
         assert_eq!(prune(&db, Duration::from_secs(60)).await.unwrap(), n);
         let ahead_ones: Vec<String> = (0..n).map(|i| format!("a{i}")).collect();
         assert_eq!(actions(&db).await, ahead_ones);
+    }
+
+    #[test]
+    fn recorded_methods_and_paths_are_cut_and_say_how_long_they_were() {
+        assert_eq!(bounded("GET", MAX_RECORDED_METHOD), "GET");
+        let method = "M".repeat(1100);
+        assert_eq!(
+            bounded(&method, MAX_RECORDED_METHOD),
+            format!("{}… (1100 bytes)", "M".repeat(16))
+        );
+        // Cut at a character boundary, never inside one.
+        let path = format!("/{}", "é".repeat(300));
+        let cut = bounded(&path, MAX_RECORDED_PATH);
+        assert!(
+            cut.starts_with(&path[..255]) && cut.ends_with("… (601 bytes)"),
+            "{cut}"
+        );
     }
 
     #[test]

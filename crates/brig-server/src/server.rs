@@ -19,7 +19,7 @@ use axum::middleware::{from_fn, from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde::{Deserialize, Serialize};
-use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -213,10 +213,24 @@ pub fn router(state: AppState) -> Router {
         // headers are not logged, so keys never reach the log.
         .layer(
             TraceLayer::new_for_http()
-                .make_span_with(DefaultMakeSpan::new().level(tracing::Level::INFO))
+                .make_span_with(request_span)
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
         )
         .with_state(state)
+}
+
+/// The span of a request, in every line logged while it is served: tower-http's
+/// default logs the method and the whole target, and any client without a key could
+/// make each line several KiB long (see [`crate::audit::MAX_RECORDED_METHOD`]).
+fn request_span<B>(request: &axum::http::Request<B>) -> tracing::Span {
+    use crate::audit::{bounded, MAX_RECORDED_METHOD, MAX_RECORDED_PATH};
+    let uri = request.uri().to_string();
+    tracing::info_span!(
+        "request",
+        method = %bounded(request.method().as_str(), MAX_RECORDED_METHOD),
+        uri = %bounded(&uri, MAX_RECORDED_PATH),
+        version = ?request.version(),
+    )
 }
 
 /// Middleware under `--no-auth`: refuses (403) a request whose `Host` is not a
