@@ -4157,6 +4157,40 @@ fn root_a_long_method_and_path_leave_a_short_audit_event_and_log_line() {
 }
 
 #[test]
+fn root_a_data_dir_open_to_others_is_made_private() {
+    use std::os::unix::fs::PermissionsExt;
+    require_root!();
+    // A data dir made beforehand (`mkdir`, systemd's StateDirectory=) is 0755, and
+    // the daemon created brig.db 0644 in it: any local user read every tenant's audit.
+    let dir = tempfile::Builder::new()
+        .prefix("open-data-")
+        .tempdir()
+        .unwrap();
+    let (data, store) = (dir.path().join("data"), dir.path().join("store"));
+    std::fs::create_dir(&data).unwrap();
+    for path in [dir.path(), data.as_path()] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let d = Daemon::start_in(&data, &store, &["--default-image", "host"]);
+    let (status, _) = d.request("GET", "/v1/audit", Some(d.admin_key()), None);
+    assert_eq!(status, 200);
+    let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "{mode:o}");
+    assert!(d.log_text().contains("made it 0700"), "{}", d.log_text());
+    let nobody = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+        .arg(data.join("brig.db"))
+        .output()
+        .unwrap();
+    let error = String::from_utf8_lossy(&nobody.stderr);
+    assert!(
+        !nobody.status.success() && nobody.stdout.is_empty(),
+        "uid 65534 read brig.db"
+    );
+    assert!(error.contains("Permission denied"), "{error}");
+}
+
+#[test]
 fn root_refused_requests_add_little_to_the_audit_log() {
     require_root!();
     // A refused exec is audited with its command: a hundred arguments of 1 KiB of

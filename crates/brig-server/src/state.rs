@@ -250,12 +250,30 @@ fn flock_is_held(path: &Path) -> Option<bool> {
 }
 
 /// Creates `dir` and its missing parents with mode 0700 (created with the mode, so
-/// there is no window with wider permissions). An existing directory is left as is.
+/// there is no window with wider permissions). An existing directory that group or
+/// others may enter is made 0700 too: one made by `mkdir` or systemd's
+/// `StateDirectory=` is 0755, and the database (every tenant's audit), the sessions'
+/// directories and the listen file are created inside it with modes that count on
+/// the data dir to keep other users out.
 pub fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let mode = std::fs::metadata(dir)
+        .with_context(|| format!("cannot read the mode of {}", dir.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot make {} private (0700)", dir.display()))?;
+        tracing::warn!(
+            dir = %dir.display(),
+            was = format_args!("{:o}", mode & 0o7777),
+            "the data dir was open to other users; made it 0700"
+        );
+    }
+    Ok(())
 }
