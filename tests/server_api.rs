@@ -4191,6 +4191,60 @@ fn root_a_data_dir_open_to_others_is_made_private() {
 }
 
 #[test]
+fn root_an_output_offset_past_any_file_reads_nothing() {
+    require_root!();
+    // 2^63 and more is no file offset to the kernel: the seek failed with EINVAL and
+    // the client got a 500 (and the log an error) for its own request.
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({})));
+    let base = format!("/v1/sessions/{id}/processes");
+    let (status, p) = d.request(
+        "POST",
+        &base,
+        Some(&key),
+        Some(json!({"cmd": "echo hello"})),
+    );
+    assert_eq!(status, 201, "{p}");
+    let output = format!("{base}/{}/output", p["process_id"]);
+    assert!(common::eventually(5000, || {
+        d.raw("GET", &output, Some(&key), None, None).1 == b"hello\n"
+    }));
+    for offset in [
+        "6",
+        "9223372036854775807",
+        "9223372036854775808",
+        "18446744073709551615",
+    ] {
+        for stream in ["stdout", "stderr"] {
+            let (status, body) = d.raw(
+                "GET",
+                &format!("{output}?stream={stream}&offset={offset}"),
+                Some(&key),
+                None,
+                None,
+            );
+            let text = String::from_utf8_lossy(&body);
+            assert_eq!((status, text.as_ref()), (200, ""), "offset {offset}");
+        }
+    }
+    // Past 2^64-1 it is no offset at all: a bad query, not the daemon's failure.
+    let (status, body) = d.request(
+        "GET",
+        &format!("{output}?offset=18446744073709551616"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (400, &json!("bad_request")),
+        "{body}"
+    );
+    assert!(!d.log_text().contains("os error 22"), "{}", d.log_text());
+    delete_session(&d, &key, &id);
+}
+
+#[test]
 fn root_refused_requests_add_little_to_the_audit_log() {
     require_root!();
     // A refused exec is audited with its command: a hundred arguments of 1 KiB of

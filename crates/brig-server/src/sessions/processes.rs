@@ -535,7 +535,7 @@ async fn get_process(
 pub struct OutputQuery {
     /// "stdout" (default) or "stderr".
     pub stream: Option<String>,
-    /// Byte offset to start from.
+    /// Byte offset to start from (0 to 2^64-1; past the end of the output, nothing).
     pub offset: Option<u64>,
 }
 
@@ -580,7 +580,8 @@ async fn process_output(
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
 }
 
-/// A process's output file, positioned at `offset`; `None` if it has none yet.
+/// A process's output file, positioned at `offset`; `None` if it has none yet, or
+/// nothing at or past `offset`.
 fn open_at(
     root: &crate::rootfs::SandboxRoot,
     tag: &str,
@@ -592,6 +593,13 @@ fn open_at(
         Err(crate::rootfs::RootfsError::NotFound(_)) => return Ok(None),
         Err(e) => return Err(super::files::rootfs_error(e)),
     };
+    // Nothing to read there yet, and not asked of the kernel: it refuses a seek past
+    // i64::MAX, and a read where offset + length would pass it (EINVAL), which made
+    // an offset a client chose a 500, or a body cut short.
+    let len = file.metadata().map_err(ApiError::internal)?.len();
+    if offset >= len {
+        return Ok(None);
+    }
     file.seek(SeekFrom::Start(offset))
         .map_err(ApiError::internal)?;
     Ok(Some(file))
