@@ -16,15 +16,8 @@ use crate::EXIT_BRIG_ERROR;
 #[derive(Args, Clone)]
 pub struct StoreArgs {
     /// Where images are stored.
-    #[arg(long, global = true, value_name = "DIR", env = "BRIG_STORE", default_value = brig_image::store::DEFAULT_STORE, value_parser = absolute_dir)]
+    #[arg(long, global = true, value_name = "DIR", env = "BRIG_STORE", default_value = brig_image::store::DEFAULT_STORE, value_parser = brig_image::store::absolute_store_path)]
     pub store: PathBuf,
-}
-
-/// A relative store is taken from the current directory here: the store's paths
-/// (its layers' mount points) end up in sandbox specs, whose host paths must be
-/// absolute. The store may not exist yet, so it is not canonicalized.
-fn absolute_dir(text: &str) -> Result<PathBuf, String> {
-    std::path::absolute(text).map_err(|e| format!("'{text}': {e}"))
 }
 
 #[derive(Args)]

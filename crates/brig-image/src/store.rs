@@ -38,6 +38,14 @@ use crate::{tree, ImageConfig};
 /// The default store, for brig running as root.
 pub const DEFAULT_STORE: &str = "/var/lib/brig";
 
+/// A `--store` argument as an absolute path (a clap value parser for every command
+/// that takes one): the store's paths (its layers' mount points) end up in sandbox
+/// specs, whose host paths must be absolute. The store may not exist yet, so it is
+/// not canonicalized.
+pub fn absolute_store_path(text: &str) -> std::result::Result<PathBuf, String> {
+    std::path::absolute(text).map_err(|e| format!("'{text}': {e}"))
+}
+
 /// A layer's record, stored beside its file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -29,7 +29,7 @@ pub struct ServeArgs {
         value_name = "DIR",
         env = "BRIG_STORE",
         default_value = "/var/lib/brig",
-        value_parser = absolute_dir
+        value_parser = brig_image::store::absolute_store_path
     )]
     pub store: PathBuf,
     /// Serve without API keys: every request without a key is tenant "default".
@@ -178,12 +178,6 @@ pub enum LogFormat {
 
 fn size(text: &str) -> Result<u64, String> {
     brig_policy::parse_size(text).map_err(|e| e.to_string())
-}
-
-/// The store's paths (its layers' mount points) end up in sandbox specs, whose host
-/// paths must be absolute; the store may not exist yet, so it is not canonicalized.
-fn absolute_dir(text: &str) -> Result<PathBuf, String> {
-    std::path::absolute(text).map_err(|e| format!("'{text}': {e}"))
 }
 
 fn cpus_millis(text: &str) -> Result<u32, String> {

@@ -416,7 +416,11 @@ async fn collect_outputs(
     let (task_state, tenant, cwd) = (state.clone(), session.tenant.clone(), cwd.to_string());
     // Files the quota has no room for are not copied at all: a sparse file costs
     // its writer next to nothing, and its copy would be written in full.
-    let (mut room, _) = crate::filestore::disk_room(state, &session.tenant).await?;
+    let mut room = if paths.is_empty() {
+        0
+    } else {
+        crate::filestore::disk_room(state, &session.tenant).await?.0
+    };
     let taken = tokio::task::spawn_blocking(move || {
         let mut taken = Vec::with_capacity(paths.len());
         for path in paths {
