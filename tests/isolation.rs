@@ -505,6 +505,98 @@ fn root_seccomp_blocks_escapes_from_inside() {
     assert_eq!(out, "0\n");
 }
 
+#[test]
+fn root_a_sandbox_cannot_evict_the_page_cache_it_shares() {
+    require_root!();
+    // posix_fadvise(DONTNEED) drops a file's clean pages from the page cache, whoever
+    // else reads them: a sandbox evicted the host's Python, which every sandbox shares,
+    // and made their starts 2.8x slower. Here the shared file is a host file bound
+    // read-only; the host's system dirs and image layers are shared the same way.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared");
+    std::fs::write(&path, vec![7u8; 4 << 20]).unwrap();
+    // Written back, so that its pages are clean: the advice drops only those.
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    // Bytes of the file in the page cache (mincore over a mapping of it), after an
+    // optional posix_fadvise(DONTNEED) from the host.
+    let cached = |path: &std::path::Path, drop_first: bool| {
+        let out = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import ctypes, mmap, os, sys\n\
+                 fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+                 if sys.argv[2] == 'drop': os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)\n\
+                 size = os.fstat(fd).st_size; pages = (size + 4095) // 4096\n\
+                 libc = ctypes.CDLL(None, use_errno=True)\n\
+                 libc.mmap.restype = ctypes.c_void_p\n\
+                 libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+                 libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]\n\
+                 addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)\n\
+                 vec = (ctypes.c_ubyte * pages)()\n\
+                 assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()\n\
+                 print(sum(b & 1 for b in vec) * 4096)\n",
+            ])
+            .arg(path)
+            .arg(if drop_first { "drop" } else { "keep" })
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim()
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("{text} {}", String::from_utf8_lossy(&out.stderr)))
+    };
+    std::fs::read(&path).unwrap();
+    assert_eq!(cached(&path, false), 4 << 20);
+    let bind = format!("{}:/shared:ro", dir.path().display());
+    let (out, code) = py(
+        &["--bind", &bind],
+        "import mmap, os\n\
+         fd = os.open('/shared/shared', os.O_RDONLY)\n\
+         m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)\n\
+         total = sum(m[i] for i in range(0, len(m), 4096))\n\
+         for advice in (21, 20):  # MADV_PAGEOUT, MADV_COLD\n    m.madvise(advice)\n\
+         m.close()\n\
+         print('madvised')\n\
+         print('fadvise', os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))\n",
+    );
+    assert_eq!((out.as_str(), code), ("madvised\nfadvise None\n", 0));
+    assert_eq!(
+        cached(&path, false),
+        4 << 20,
+        "the sandbox evicted a shared file"
+    );
+    // The same advice from the host does evict: the file could have been dropped.
+    assert_eq!(cached(&path, true), 0);
+}
+
+#[test]
+fn root_open_file_description_locks_are_refused_and_posix_locks_work() {
+    require_root!();
+    // An OFD lock belongs to an open file, which can sit in a unix socket's queue held
+    // by no process, where brig's count of a sandbox's locks cannot see it (see
+    // `brig_jail::locks`). They are refused as on kernels before 3.15; POSIX locks,
+    // flock and SQLite work.
+    let (out, code) = py(
+        &[],
+        "import fcntl, sqlite3, struct\n\
+         f = open('/tmp/f', 'w')\n\
+         lock = struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 1, 0)\n\
+         for cmd in ('F_OFD_GETLK', 'F_OFD_SETLK', 'F_OFD_SETLKW'):\n\
+         \x20   try: fcntl.fcntl(f, getattr(fcntl, cmd), lock); print(cmd, 'worked')\n\
+         \x20   except OSError as e: print(cmd, e.errno)\n\
+         fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB); fcntl.flock(open('/tmp/g', 'w'), fcntl.LOCK_EX)\n\
+         db = sqlite3.connect('/tmp/db'); db.execute('create table t(x)'); db.execute('insert into t values (1)'); db.commit()\n\
+         print('sqlite', db.execute('select x from t').fetchall())\n",
+    );
+    assert_eq!(
+        (out.as_str(), code),
+        (
+            "F_OFD_GETLK 22\nF_OFD_SETLK 22\nF_OFD_SETLKW 22\nsqlite [(1,)]\n",
+            0
+        )
+    );
+}
+
 // 5. Landlock -----------------------------------------------------------------
 
 #[test]

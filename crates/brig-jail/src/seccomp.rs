@@ -17,6 +17,8 @@
 //! | `socket`, `socketpair` with a family other than `AF_UNIX`, `AF_INET`, `AF_INET6` (netlink included: see `ALLOWED_FAMILIES`) | `EAFNOSUPPORT` |
 //! | `clone` with a namespace flag (`CLONE_NEWNS`, `NEWUTS`, `NEWIPC`, `NEWUSER`, `NEWPID`, `NEWNET`, `NEWCGROUP`, `NEWTIME`) | `EPERM` |
 //! | `ioctl` with `TIOCSTI` or `TIOCLINUX` | `EPERM` |
+//! | `fcntl` with `F_OFD_GETLK`, `F_OFD_SETLK` or `F_OFD_SETLKW` | `EINVAL`, as on a kernel without open file description locks (see `DENIED_FCNTLS`) |
+//! | `fadvise64` with `POSIX_FADV_DONTNEED` | success without effect (see `FADVISE_DONTNEED`) |
 //! | `personality` with anything but 0, 8 (`PER_LINUX32`), 0x20000, 0x20008 or 0xffffffff (query) | `EPERM` |
 //! | namespaces and mounts: `unshare`, `setns`, `mount`, `umount2`, `pivot_root`, `chroot`, `fsopen`, `fsconfig`, `fsmount`, `fspick`, `open_tree`, `move_mount`, `mount_setattr`, `open_by_handle_at`, `name_to_handle_at` | `EPERM` |
 //! | kernel attack surface: `io_uring_setup`, `io_uring_enter`, `io_uring_register`, `userfaultfd`, `bpf`, `perf_event_open`, `keyctl`, `add_key`, `request_key`, `fanotify_init`, `lookup_dcookie`, `kcmp` | `EPERM` |
@@ -77,7 +79,8 @@
 //! to a copy of it written nearer (a `ret`) or to a `ja`, whose offset is 32-bit. Today's
 //! program is shorter than that, but the generator does not rely on it.
 //!
-//! Only `clone`, `ioctl`, `personality`, `socket` and `socketpair` look at arguments. For
+//! Only `clone`, `ioctl`, `fcntl`, `fadvise64`, `personality`, `socket` and `socketpair` look
+//! at arguments. For
 //! every other syscall the result depends on the syscall number alone, and the search uses
 //! only instructions the kernel's cache emulation understands (`ld` of nr and arch, `jeq`,
 //! `jge`, `jset`, `ja`, `ret`), so the kernel's seccomp action cache (5.11+) allows it
@@ -262,6 +265,29 @@ const ALLOWED_FAMILIES: &[libc::c_int] = &[libc::AF_UNIX, libc::AF_INET, libc::A
 /// can do the same on a virtual console.
 const DENIED_IOCTLS: &[u32] = &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
 
+/// Locks on an open file description. Record locks are kernel memory charged to no cgroup
+/// (Linux 6.8 took their accounting out again), so brig bounds how many a sandbox holds by
+/// counting them per process (`crate::locks`). A POSIX lock belongs to a process's table of
+/// descriptors, where that count finds it; an OFD lock belongs to the open file, which can
+/// outlive every descriptor of the sandbox while it travels in a unix socket's queue, held
+/// by no process. Refused with EINVAL, as on kernels before 3.15: the programs that use them
+/// (QEMU, Samba) probe with `F_OFD_GETLK` and fall back to POSIX locks; SQLite and the
+/// usual `lockf`/`fcntl` callers never asked for them.
+const DENIED_FCNTLS: &[u32] = &[
+    libc::F_OFD_GETLK as u32,
+    libc::F_OFD_SETLK as u32,
+    libc::F_OFD_SETLKW as u32,
+];
+
+/// `posix_fadvise(POSIX_FADV_DONTNEED)` drops clean pages of a file from the page cache,
+/// whoever else uses them and whatever cgroup pays for them: from a sandbox it evicted the
+/// host's Python, shared by every other sandbox, and made their starts 2.8x slower. It is
+/// answered with success and not done: the advice is a hint a kernel may ignore, and the
+/// sandbox's own cached pages are reclaimed under its memory limit anyway. (`madvise`'s
+/// `MADV_PAGEOUT` and `MADV_COLD` need no rule: the kernel only pages out file pages the
+/// caller could open for writing.)
+const FADVISE_DONTNEED: u32 = libc::POSIX_FADV_DONTNEED as u32;
+
 /// Builds the filter for `policy`; `None` when seccomp is off.
 pub fn build(policy: &SeccompPolicy) -> Result<Option<SeccompProgram>, JailError> {
     if policy.mode == SeccompMode::Off {
@@ -369,6 +395,10 @@ enum Check {
     CloneFlags,
     /// EPERM for the terminal-injection requests (arg 1).
     IoctlRequest,
+    /// EINVAL for the open file description locks (the command, arg 1).
+    FcntlCmd,
+    /// Success without the call for `POSIX_FADV_DONTNEED` (the advice, arg 3).
+    FadviseAdvice,
     /// EPERM unless arg 0 is one of Docker's personalities.
     Personality,
     /// EAFNOSUPPORT unless the domain (arg 0) is an allowed family.
@@ -390,6 +420,8 @@ fn verdicts(allow_ptrace: bool) -> Result<BTreeMap<u32, Verdict>, JailError> {
         // clone(flags, ...) takes the flags first on both architectures (s390 is the odd one).
         (libc::SYS_clone, Verdict::Check(Check::CloneFlags)),
         (libc::SYS_ioctl, Verdict::Check(Check::IoctlRequest)),
+        (libc::SYS_fcntl, Verdict::Check(Check::FcntlCmd)),
+        (libc::SYS_fadvise64, Verdict::Check(Check::FadviseAdvice)),
         (libc::SYS_personality, Verdict::Check(Check::Personality)),
         (libc::SYS_socket, Verdict::Check(Check::SocketFamily)),
         (libc::SYS_socketpair, Verdict::Check(Check::SocketFamily)),
@@ -460,8 +492,8 @@ const DATA_NR: u32 = 0;
 const DATA_ARCH: u32 = 4;
 
 /// The offset of argument `n`'s low half. The kernel reads clone's flags, ioctl's request,
-/// personality's argument and socket's domain as 32-bit ints, so only the low half is
-/// compared: a value with junk in the high half must not slip past a 64-bit comparison.
+/// fcntl's command, fadvise's advice, personality's argument and socket's domain as 32-bit
+/// ints, so only the low half is compared: a value with junk in the high half must not slip past a 64-bit comparison.
 const fn data_arg_low(n: u32) -> u32 {
     16 + 8 * n
 }
@@ -604,6 +636,11 @@ impl Assembler {
                 self.load(data_arg_low(0))
             }
             Check::IoctlRequest => self.one_of(1, DENIED_IOCTLS.iter().copied(), eperm, allow),
+            Check::FcntlCmd => {
+                self.one_of(1, DENIED_FCNTLS.iter().copied(), errno(libc::EINVAL), allow)
+            }
+            // An errno of 0 returns 0 without running the call.
+            Check::FadviseAdvice => self.one_of(3, [FADVISE_DONTNEED].into_iter(), errno(0), allow),
             Check::Personality => {
                 self.one_of(0, ALLOWED_PERSONALITIES.iter().copied(), allow, eperm)
             }
@@ -885,8 +922,8 @@ mod tests {
         assert_eq!(s.instructions, p.filter.len());
         assert!(s.instructions < BPF_MAXINSNS);
         // Unconditional, ptrace group, clone/ioctl/personality,
-        // clone3/io_setup/socket/socketpair.
-        let expected = DENIED.len() + arch::DENIED.len() + PTRACE.len() + 3 + 4;
+        // clone3/io_setup/socket/socketpair, fcntl/fadvise64.
+        let expected = DENIED.len() + arch::DENIED.len() + PTRACE.len() + 3 + 4 + 2;
         assert_eq!(s.denied_syscalls, expected);
         let json = serde_json::to_value(s).unwrap();
         assert_eq!(json["arch"], std::env::consts::ARCH);
@@ -927,6 +964,8 @@ mod tests {
             libc::SYS_io_setup,
             libc::SYS_socket,
             libc::SYS_socketpair,
+            libc::SYS_fcntl,
+            libc::SYS_fadvise64,
         ]);
         let unique: std::collections::BTreeSet<_> = all.iter().collect();
         assert_eq!(unique.len(), all.len());
@@ -1024,6 +1063,53 @@ mod tests {
     }
 
     #[test]
+    fn open_file_description_locks_are_einval_and_posix_locks_pass() {
+        let p = program(false);
+        let fcntl = |cmd: u64| call(&p, libc::SYS_fcntl, [3, cmd, 0, 0, 0, 0]);
+        for cmd in [libc::F_OFD_GETLK, libc::F_OFD_SETLK, libc::F_OFD_SETLKW] {
+            assert_eq!(fcntl(cmd as u64), errno(libc::EINVAL), "{cmd}");
+            // The command is an unsigned int: junk in the high half changes nothing.
+            assert_eq!(fcntl(1 << 32 | cmd as u64), errno(libc::EINVAL), "{cmd}");
+        }
+        for cmd in [
+            libc::F_GETFD,
+            libc::F_SETFD,
+            libc::F_GETFL,
+            libc::F_SETFL,
+            libc::F_GETLK,
+            libc::F_SETLK,
+            libc::F_SETLKW,
+            libc::F_DUPFD_CLOEXEC,
+        ] {
+            assert_eq!(fcntl(cmd as u64), ALLOW, "{cmd}");
+        }
+    }
+
+    #[test]
+    fn fadvise_dontneed_succeeds_without_running() {
+        let p = program(false);
+        let fadvise = |advice: u64| call(&p, libc::SYS_fadvise64, [3, 0, 0, advice, 0, 0]);
+        // SECCOMP_RET_ERRNO with 0: the call returns 0 and the kernel never sees it.
+        assert_eq!(
+            fadvise(libc::POSIX_FADV_DONTNEED as u64),
+            libc::SECCOMP_RET_ERRNO
+        );
+        assert_eq!(
+            fadvise(1 << 32 | libc::POSIX_FADV_DONTNEED as u64),
+            libc::SECCOMP_RET_ERRNO
+        );
+        for advice in [
+            libc::POSIX_FADV_NORMAL,
+            libc::POSIX_FADV_RANDOM,
+            libc::POSIX_FADV_SEQUENTIAL,
+            libc::POSIX_FADV_WILLNEED,
+            libc::POSIX_FADV_NOREUSE,
+        ] {
+            assert_eq!(fadvise(advice as u64), ALLOW, "{advice}");
+        }
+    }
+
+    #[test]
     fn only_dockers_personalities_are_allowed() {
         let p = program(false);
         for value in [0, 8, 0x20000, 0x20008, 0xffff_ffff] {
@@ -1075,14 +1161,16 @@ mod tests {
         }
     }
 
-    /// Everything but the five argument-filtered syscalls must have a result that depends on
-    /// the syscall number alone, so that the kernel's action cache can allow it for free.
+    /// Everything but the argument-filtered syscalls must have a result that depends on the
+    /// syscall number alone, so that the kernel's action cache can allow it for free.
     #[test]
-    fn only_five_syscalls_look_at_arguments() {
+    fn only_seven_syscalls_look_at_arguments() {
         let p = program(false);
         let filtered = [
             libc::SYS_clone,
             libc::SYS_ioctl,
+            libc::SYS_fcntl,
+            libc::SYS_fadvise64,
             libc::SYS_personality,
             libc::SYS_socket,
             libc::SYS_socketpair,
@@ -1188,6 +1276,24 @@ mod tests {
                 jump(BPF_JMP_JEQ_K, libc::SYS_io_setup as u32, 0, 1),
                 stmt(BPF_RET_K, errno(libc::ENOSYS)),
             ]);
+            // fcntl: the three OFD commands -> EINVAL.
+            p.extend([
+                jump(BPF_JMP_JEQ_K, libc::SYS_fcntl as u32, 0, 6),
+                stmt(BPF_LD_W_ABS, data_arg_low(1)),
+                jump(BPF_JMP_JEQ_K, libc::F_OFD_GETLK as u32, 2, 0),
+                jump(BPF_JMP_JEQ_K, libc::F_OFD_SETLK as u32, 1, 0),
+                jump(BPF_JMP_JEQ_K, libc::F_OFD_SETLKW as u32, 0, 1),
+                stmt(BPF_RET_K, errno(libc::EINVAL)),
+                stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW),
+            ]);
+            // fadvise64: DONTNEED -> 0.
+            p.extend([
+                jump(BPF_JMP_JEQ_K, libc::SYS_fadvise64 as u32, 0, 4),
+                stmt(BPF_LD_W_ABS, data_arg_low(3)),
+                jump(BPF_JMP_JEQ_K, libc::POSIX_FADV_DONTNEED as u32, 0, 1),
+                stmt(BPF_RET_K, errno(0)),
+                stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW),
+            ]);
             let families = ALLOWED_FAMILIES.len() as u8;
             p.extend([
                 jump(BPF_JMP_JEQ_K, libc::SYS_socket as u32, 1, 0),
@@ -1222,6 +1328,8 @@ mod tests {
             libc::SYS_clone3 | libc::SYS_io_setup => Verdict::Errno(libc::ENOSYS),
             libc::SYS_clone => Verdict::Check(Check::CloneFlags),
             libc::SYS_ioctl => Verdict::Check(Check::IoctlRequest),
+            libc::SYS_fcntl => Verdict::Check(Check::FcntlCmd),
+            libc::SYS_fadvise64 => Verdict::Check(Check::FadviseAdvice),
             libc::SYS_personality => Verdict::Check(Check::Personality),
             libc::SYS_socket | libc::SYS_socketpair => Verdict::Check(Check::SocketFamily),
             _ => Verdict::Allow,
@@ -1247,6 +1355,22 @@ mod tests {
                 )
             }
             Verdict::Check(Check::IoctlRequest) => eperm_if(DENIED_IOCTLS.contains(&low()?[1])),
+            Verdict::Check(Check::FcntlCmd) => {
+                let cmd = low()?[1];
+                let ofd = [libc::F_OFD_GETLK, libc::F_OFD_SETLK, libc::F_OFD_SETLKW];
+                if ofd.iter().any(|&c| c as u32 == cmd) {
+                    errno(libc::EINVAL)
+                } else {
+                    ALLOW
+                }
+            }
+            Verdict::Check(Check::FadviseAdvice) => {
+                if low()?[3] == libc::POSIX_FADV_DONTNEED as u32 {
+                    errno(0)
+                } else {
+                    ALLOW
+                }
+            }
             Verdict::Check(Check::Personality) => {
                 eperm_if(!ALLOWED_PERSONALITIES.contains(&low()?[0]))
             }
@@ -1282,6 +1406,8 @@ mod tests {
             Verdict::Check(Check::IoctlRequest),
             Verdict::Check(Check::Personality),
             Verdict::Check(Check::SocketFamily),
+            Verdict::Check(Check::FcntlCmd),
+            Verdict::Check(Check::FadviseAdvice),
         ];
         let patterns = arg_patterns();
         for round in 0..200 {
@@ -1293,7 +1419,7 @@ mod tests {
             let mut table = BTreeMap::new();
             for _ in 0..entries {
                 // Runs of one to four numbers with the same verdict.
-                let (start, verdict) = (random(spread), kinds[random(8) as usize]);
+                let (start, verdict) = (random(spread), kinds[random(kinds.len() as u32) as usize]);
                 for nr in start..start + 1 + random(4) {
                     table.insert(nr, verdict);
                 }
@@ -1384,6 +1510,8 @@ mod tests {
             values.extend([value, value + 1, value.wrapping_sub(1), 1 << 32 | value]);
         }
         values.extend([0x0040_0000, 0x0400_0000, 0x6]);
+        // 0..=48 covers the socket families, fcntl's commands (the OFD ones are 36 to 38) and
+        // fadvise's advice (0 to 5).
         for family in 0..=48 {
             values.extend([family, 1 << 32 | family]);
         }
@@ -1393,7 +1521,10 @@ mod tests {
             arg0[0] = value;
             let mut arg1 = [0; 6];
             arg1[1] = value;
-            patterns.extend([arg0, arg1, [value; 6]]);
+            // fadvise's advice is argument 3.
+            let mut arg3 = [0; 6];
+            arg3[3] = value;
+            patterns.extend([arg0, arg1, arg3, [value; 6]]);
         }
         patterns
     }
