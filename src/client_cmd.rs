@@ -1192,7 +1192,7 @@ fn exec_cmd(client: &Client, args: ExecArgs) -> Result<u8> {
 }
 
 /// The exit status for an exec result (`exit_code`, `signal`, `timed_out`,
-/// `oom_killed`, `error`) and, for abnormal ends, a one-line explanation; the same
+/// `oom_killed`, `file_locks_exceeded`, `error`) and, for abnormal ends, a one-line explanation; the same
 /// rules as `brig run`.
 pub(crate) fn exit_status(result: &Value, timeout_ms: Option<u64>) -> (u8, Option<String>) {
     let exit_code = result["exit_code"].as_i64();
@@ -1208,6 +1208,12 @@ pub(crate) fn exit_status(result: &Value, timeout_ms: Option<u64>) -> (u8, Optio
     }
     if result["oom_killed"].as_bool() == Some(true) {
         return (128 + 9, Some("killed: out of memory".into()));
+    }
+    if result["file_locks_exceeded"].as_bool() == Some(true) {
+        return (
+            128 + 9,
+            Some("killed: the session held more file locks than its budget (one per 4 KiB of its memory limit)".into()),
+        );
     }
     let error = result["error"].as_str().map(str::to_string);
     match (exit_code, signal) {
@@ -2029,6 +2035,12 @@ mod tests {
             (code, message.unwrap().as_str()),
             (137, "killed: out of memory")
         );
+        let (code, message) = exit_status(
+            &json!({"exit_code": null, "signal": 9, "file_locks_exceeded": true}),
+            None,
+        );
+        assert_eq!(code, 137);
+        assert!(message.unwrap().contains("file locks"));
         let (code, message) = exit_status(
             &json!({"exit_code": 127, "error": "command not found: x"}),
             None,

@@ -294,6 +294,13 @@ fn exit_status(outcome: &Outcome, spec: &SandboxSpec) -> (u8, Option<String>) {
                 Some(format!("killed: out of memory{limit}")),
             )
         }
+        (None, Some(sig)) if outcome.file_locks_exceeded && sig == libc::SIGKILL => (
+            128 + sig as u8,
+            Some(format!(
+                "killed: the sandbox held more than {} file locks (one per 4 KiB of its memory limit)",
+                spec.limits.file_lock_budget().unwrap_or(0)
+            )),
+        ),
         (None, Some(sig)) => (128 + sig as u8, None),
         (None, None) => (
             EXIT_BRIG_ERROR,

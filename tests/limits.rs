@@ -163,3 +163,87 @@ fn root_nofile_above_host_hard_limit_is_refused() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("hard limit"));
 }
+
+/// Takes `locks` POSIX locks in each of `processes` processes (ranges that do not
+/// touch, 2,000 per file, so each is a lock object of its own), says so, then holds
+/// them for `hold` seconds and reports how each process ended.
+fn lock_taker(processes: u32, locks: u32, hold: f64) -> String {
+    format!(
+        r#"
+import fcntl, os, sys, time
+def take(tag):
+    files = []
+    for i in range({locks}):
+        if i % 2000 == 0:
+            files.append(open(f"/tmp/locks-{{tag}}-{{i}}", "w"))
+        fcntl.lockf(files[-1], fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 2 * (i % 2000))
+    print("locked", tag, flush=True)
+    time.sleep({hold})
+    return files
+children = []
+for tag in range({processes}):
+    pid = os.fork()
+    if pid == 0:
+        take(tag)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    _, status = os.waitpid(pid, 0)
+    print("ended", os.WTERMSIG(status) if os.WIFSIGNALED(status) else "normally", flush=True)
+"#
+    )
+}
+
+#[test]
+fn root_a_sandbox_over_its_lock_budget_loses_the_processes_holding_them() {
+    require_root!();
+    // Each lock is ~200 bytes of kernel memory no cgroup is charged for: a 64 MiB
+    // sandbox took 1.5 GB of the host's with them. Its budget is one lock per 4 KiB
+    // of its memory limit, 16,384 here.
+    let started = std::time::Instant::now();
+    let (v, code) = run_json(
+        &["--memory", "64M", "--timeout", "60s"],
+        &["python3", "-c", &lock_taker(1, 40_000, 50.0)],
+    );
+    // Killed while it takes them or once it holds them.
+    let stdout = v["stdout"].as_str().unwrap();
+    assert!(stdout.ends_with("ended 9\n"), "{v}");
+    assert_eq!(v["file_locks_exceeded"], true, "{v}");
+    assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
+    assert_eq!(code, 0, "{v}");
+
+    // Spread over four processes, each under the budget, the sandbox is over it.
+    let (v, _) = run_json(
+        &["--memory", "64M", "--timeout", "60s"],
+        &["python3", "-c", &lock_taker(4, 6_000, 50.0)],
+    );
+    let stdout = v["stdout"].as_str().unwrap();
+    assert_eq!(stdout.matches("ended 9").count(), 4, "{v}");
+    assert_eq!(v["file_locks_exceeded"], true, "{v}");
+
+    // The command itself: killed, and told why.
+    let out = run(
+        &["--memory", "64M", "--timeout", "60s"],
+        &[
+            "python3",
+            "-c",
+            "import fcntl, time\n\
+             f = open('/tmp/l', 'w')\n\
+             for i in range(30000): fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 2 * i)\n\
+             time.sleep(50)",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(137));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("file locks"), "{stderr}");
+
+    // Within the budget nothing happens, however long the locks are held.
+    let (v, code) = run_json(
+        &["--memory", "64M"],
+        &["python3", "-c", &lock_taker(2, 6_000, 1.5)],
+    );
+    let stdout = v["stdout"].as_str().unwrap();
+    assert_eq!(stdout.matches("ended normally").count(), 2, "{v}");
+    assert_eq!(v["file_locks_exceeded"], false, "{v}");
+    assert_eq!(code, 0);
+}

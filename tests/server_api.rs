@@ -66,6 +66,7 @@ fn exec(d: &Daemon, key: &str, id: &str, body: Value) -> Value {
             "signal",
             "timed_out",
             "oom_killed",
+            "file_locks_exceeded",
             "stdout",
             "stderr",
             "stdout_truncated",
@@ -824,6 +825,69 @@ fn root_exec_reports_oom_killed() {
     assert_eq!(r["signal"], 9, "{r}");
     // The session lives on.
     assert_eq!(sh(&d, &key, &id, "echo alive"), "alive\n");
+    delete_session(&d, &key, &id);
+}
+
+#[test]
+fn root_a_session_over_its_lock_budget_loses_the_processes_holding_them() {
+    require_root!();
+    // Record locks are kernel memory no cgroup is charged for (a 64 MiB sandbox took
+    // 1.5 GB of the host's with them): a session may hold one per 4 KiB of its memory
+    // limit, 16,384 here, and the daemon kills its processes that hold locks when it
+    // holds more.
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({"limits": {"memory": "64M"}})));
+    let take = |locks: u32, hold: u32| {
+        json!({"argv": ["python3", "-c", format!(
+            "import fcntl, time\n\
+             files = []\n\
+             for i in range({locks}):\n\
+             \x20   if i % 2000 == 0: files.append(open(f'/tmp/l{{i}}', 'w'))\n\
+             \x20   fcntl.lockf(files[-1], fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 2 * (i % 2000))\n\
+             print('locked', flush=True)\n\
+             time.sleep({hold})\n\
+             print('held')"
+        )], "timeout_ms": 60_000})
+    };
+    // Within the budget, held past several counts: nothing happens.
+    let r = exec(&d, &key, &id, take(10_000, 2));
+    assert_eq!(r["stdout"], "locked\nheld\n", "{r}");
+    assert_eq!(r["file_locks_exceeded"], false, "{r}");
+    // Over it: killed within a count or two, and told why.
+    let started = std::time::Instant::now();
+    let r = exec(&d, &key, &id, take(40_000, 50));
+    // Killed while it takes them or once it holds them.
+    assert!(!r["stdout"].as_str().unwrap().contains("held"), "{r}");
+    assert_eq!(r["signal"], 9, "{r}");
+    assert_eq!(r["file_locks_exceeded"], true, "{r}");
+    assert_eq!(r["oom_killed"], false, "{r}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{r}");
+    // The session lives on, and the kill is in the audit and the metrics.
+    assert_eq!(sh(&d, &key, &id, "echo alive"), "alive\n");
+    let (_, found) = d.request(
+        "GET",
+        &format!("/v1/audit?session_id={id}&action=session.file_locks_exceeded"),
+        Some(&key),
+        None,
+    );
+    let event = &found["events"][0];
+    assert_eq!(event["detail"]["budget"], 16_384, "{found}");
+    assert!(
+        event["detail"]["held"].as_u64().unwrap() > 16_384,
+        "{found}"
+    );
+    assert_eq!(
+        event["detail"]["killed"].as_array().unwrap().len(),
+        1,
+        "{found}"
+    );
+    let (_, text) = d.raw("GET", "/metrics", None, None, None);
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.lines().any(|l| l == "brig_file_lock_kills_total 1"),
+        "{text}"
+    );
     delete_session(&d, &key, &id);
 }
 

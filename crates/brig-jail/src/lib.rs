@@ -27,6 +27,7 @@ mod idmap;
 pub mod ids;
 mod init;
 pub mod landlock;
+pub mod locks;
 pub mod loopdev;
 mod mounts;
 mod net;

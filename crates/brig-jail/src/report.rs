@@ -16,6 +16,9 @@ pub struct Outcome {
     pub signal: Option<i32>,
     pub timed_out: bool,
     pub oom_killed: bool,
+    /// Processes were killed for holding more file (record) locks than the sandbox's
+    /// budget (`Limits::file_lock_budget`).
+    pub file_locks_exceeded: bool,
     /// Captured output (lossy UTF-8); empty when the sandbox used the caller's stdio.
     pub stdout: String,
     pub stderr: String,

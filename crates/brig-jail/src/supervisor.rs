@@ -583,6 +583,15 @@ fn run_sandbox(
         };
     }
     let mut watch = Watch::new(spec, started, child);
+    watch.locks = limiter
+        .cgroup
+        .clone()
+        .zip(spec.limits.file_lock_budget())
+        .map(|(cgroup, budget)| LockWatch {
+            cgroup,
+            budget,
+            next: Instant::now() + crate::locks::CHECK_INTERVAL,
+        });
     watch.run(&report_r, capture.as_ref(), &signal_fd)?;
     timeline.mark("sandbox_gone");
     // The sandbox sent its upper layer before it reported ready; the message stays
@@ -646,6 +655,7 @@ fn run_sandbox(
         signal,
         timed_out: watch.timed_out,
         oom_killed: false,
+        file_locks_exceeded: watch.locks_exceeded,
         stdout: String::from_utf8_lossy(&watch.stdout.data).into_owned(),
         stderr: String::from_utf8_lossy(&watch.stderr.data).into_owned(),
         stdout_truncated: watch.stdout.truncated,
@@ -967,6 +977,17 @@ struct Watch {
     init_cpu_us: u64,
     init_signal: Option<i32>,
     timed_out: bool,
+    /// Counting the sandbox's record locks, when it has a cgroup and a budget.
+    locks: Option<LockWatch>,
+    /// Processes were killed for holding more locks than the budget.
+    locks_exceeded: bool,
+}
+
+/// When and against what the event loop next counts the sandbox's locks.
+struct LockWatch {
+    cgroup: Cgroup,
+    budget: u64,
+    next: Instant,
 }
 
 impl Watch {
@@ -998,6 +1019,8 @@ impl Watch {
             init_cpu_us: 0,
             init_signal: None,
             timed_out: false,
+            locks: None,
+            locks_exceeded: false,
         }
     }
 
@@ -1018,6 +1041,7 @@ impl Watch {
         let mut buf = vec![0u8; 64 << 10];
         while !self.reaped || self.report_open || self.stdout.open || self.stderr.open {
             let now = Instant::now();
+            self.count_locks(now);
             let next = [self.deadline, self.grace_deadline]
                 .into_iter()
                 .flatten()
@@ -1033,7 +1057,11 @@ impl Watch {
                     continue;
                 }
             }
-            let timeout = match next {
+            let wake = [next, self.locks.as_ref().map(|l| l.next)]
+                .into_iter()
+                .flatten()
+                .min();
+            let timeout = match wake {
                 Some(at) => PollTimeout::try_from(
                     at.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1,
                 )
@@ -1101,6 +1129,27 @@ impl Watch {
             }
         }
         Ok(())
+    }
+
+    /// Counts the host's locks when due and, if there are more than the sandbox may
+    /// hold, the sandbox's own (`crate::locks`).
+    fn count_locks(&mut self, now: Instant) {
+        let Some(watch) = self.locks.as_mut().filter(|w| now >= w.next) else {
+            return;
+        };
+        watch.next = now + crate::locks::CHECK_INTERVAL;
+        let host = crate::locks::held_on_host_at_most();
+        if self.reaped || host.is_some_and(|n| n <= watch.budget) {
+            return;
+        }
+        match crate::locks::enforce(&watch.cgroup, self.child.as_raw(), watch.budget) {
+            Ok(Some(overrun)) => {
+                tracing::warn!("{overrun}");
+                self.locks_exceeded = true;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("counting the sandbox's file locks: {e}"),
+        }
     }
 
     fn on_message(&mut self, msg: ChildMessage) {

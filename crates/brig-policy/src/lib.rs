@@ -444,7 +444,23 @@ impl Default for Limits {
     }
 }
 
+/// Record locks a sandbox may hold per byte of its memory limit: one per 4 KiB page.
+/// A lock is ~200 bytes of kernel memory that no cgroup is charged for, so the budget
+/// lets locks take ~5% more of the host than the limit says. No program comes near it:
+/// SQLite holds a handful per database.
+pub const FILE_LOCK_BYTES: u64 = 4096;
+/// The least budget, for the smallest memory limits.
+pub const MIN_FILE_LOCKS: u64 = 1024;
+
 impl Limits {
+    /// How many record locks the sandbox's processes may hold together before those
+    /// that hold any are killed ([`FILE_LOCK_BYTES`]); `None` without a memory limit,
+    /// which leaves the host's memory unbounded anyway.
+    pub fn file_lock_budget(&self) -> Option<u64> {
+        self.memory_bytes
+            .map(|bytes| (bytes / FILE_LOCK_BYTES).max(MIN_FILE_LOCKS))
+    }
+
     fn validate(&self) -> Result<(), PolicyError> {
         let check = |name: &'static str, value: Option<u64>, minimum: u64| match value {
             Some(value) if value < minimum => Err(PolicyError::LimitTooSmall {
@@ -568,6 +584,18 @@ mod tests {
         assert_eq!(spec.network, NetworkMode::None);
         assert_eq!(spec.seccomp.mode, SeccompMode::Default);
         assert!(!spec.seccomp.allow_ptrace);
+    }
+
+    #[test]
+    fn the_lock_budget_follows_the_memory_limit() {
+        let mut limits = Limits::default();
+        assert_eq!(limits.file_lock_budget(), Some(131_072));
+        limits.memory_bytes = Some(64 << 20);
+        assert_eq!(limits.file_lock_budget(), Some(16_384));
+        limits.memory_bytes = Some(4 << 20);
+        assert_eq!(limits.file_lock_budget(), Some(MIN_FILE_LOCKS));
+        limits.memory_bytes = None;
+        assert_eq!(limits.file_lock_budget(), None);
     }
 
     #[test]

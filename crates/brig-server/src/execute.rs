@@ -298,6 +298,15 @@ async fn run_in(
             .unwrap_or_default();
         notes.insert(0, format!("killed: out of memory{limit}"));
     }
+    if result.file_locks_exceeded {
+        let budget = session.limits.file_lock_budget().unwrap_or(0);
+        notes.insert(
+            0,
+            format!(
+                "killed: held more than {budget} file locks (one per 4 KiB of the memory limit)"
+            ),
+        );
+    }
     let limit = state.args.output_limit_bytes;
     for (cut, name) in [
         (result.stderr_truncated, "stderr"),

@@ -115,6 +115,10 @@ fn describe() {
     metrics::describe_gauge!("brig_sessions", "sessions by state");
     metrics::describe_gauge!("brig_pool_ready", "ready pooled sandboxes by image");
     metrics::describe_counter!(
+        "brig_file_lock_kills_total",
+        "processes killed for holding more file locks than their session's budget"
+    );
+    metrics::describe_counter!(
         "brig_failures_total",
         "error responses and failures by code"
     );
@@ -133,6 +137,11 @@ pub fn exec_finished(duration: Duration, outcome: &str) {
     metrics::counter!("brig_execs_total", "outcome" => outcome.to_string()).increment(1);
     metrics::histogram!("brig_exec_duration_seconds", "outcome" => outcome.to_string())
         .record(duration.as_secs_f64());
+}
+
+/// Processes of sessions killed for holding more file locks than their budget.
+pub fn file_lock_kills(processes: u64) {
+    metrics::counter!("brig_file_lock_kills_total").increment(processes);
 }
 
 /// The number of sessions in `state` (e.g. `running`, `paused`).

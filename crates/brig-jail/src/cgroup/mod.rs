@@ -464,7 +464,7 @@ impl Cgroup {
     }
 
     /// Every process listed in any leaf.
-    fn procs(&self) -> Result<BTreeSet<i32>, JailError> {
+    pub(crate) fn procs(&self) -> Result<BTreeSet<i32>, JailError> {
         let mut pids = BTreeSet::new();
         for leaf in &self.enforced.leaves {
             let path = leaf.join("cgroup.procs");

@@ -68,6 +68,9 @@ pub struct ExecResult {
     pub signal: Option<i32>,
     pub timed_out: bool,
     pub oom_killed: bool,
+    /// Killed for holding more file (record) locks than the session's budget: one
+    /// per 4 KiB of its memory limit.
+    pub file_locks_exceeded: bool,
     pub stdout: String,
     pub stderr: String,
     pub stdout_truncated: bool,
@@ -82,6 +85,7 @@ pub struct ExecExit {
     pub signal: Option<i32>,
     pub timed_out: bool,
     pub oom_killed: bool,
+    pub file_locks_exceeded: bool,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub duration_ms: u64,
@@ -219,6 +223,7 @@ pub(crate) async fn run_holding(
     let outcome = match &result {
         Ok(r) if r.timed_out => "timeout",
         Ok(r) if r.oom_killed => "oom",
+        Ok(r) if r.file_locks_exceeded => "file_locks",
         Ok(_) => "ok",
         Err(e) => e.code,
     };
@@ -235,6 +240,7 @@ async fn run_inner(
 ) -> Result<ExecResult, ApiError> {
     let sandbox = session.sandbox();
     let oom_before = sandbox.handle.oom_kills().unwrap_or(0);
+    let lock_kills_before = session.lock_kills.load(Ordering::SeqCst);
     let (stdin_r, stdin_w) = pipe()?;
     let (stdout_r, stdout_w) = pipe()?;
     let (stderr_r, stderr_w) = pipe()?;
@@ -346,11 +352,14 @@ async fn run_inner(
     // Only a SIGKILL can be the OOM killer's: the counter is read again only then.
     let oom_killed =
         exit.signal == Some(libc::SIGKILL) && sandbox.handle.oom_kills().unwrap_or(0) > oom_before;
+    let file_locks_exceeded = exit.signal == Some(libc::SIGKILL)
+        && session.lock_kills.load(Ordering::SeqCst) > lock_kills_before;
     Ok(ExecResult {
         exit_code: exit.code,
         signal: exit.signal,
         timed_out,
         oom_killed,
+        file_locks_exceeded,
         stdout: String::from_utf8_lossy(&out).into_owned(),
         stderr: String::from_utf8_lossy(&err).into_owned(),
         stdout_truncated: out_truncated,
@@ -898,6 +907,7 @@ async fn exec_stream(
                 signal: r.signal,
                 timed_out: r.timed_out,
                 oom_killed: r.oom_killed,
+                file_locks_exceeded: r.file_locks_exceeded,
                 stdout_truncated: r.stdout_truncated,
                 stderr_truncated: r.stderr_truncated,
                 duration_ms: r.duration_ms,

@@ -12,6 +12,7 @@ pub mod agent;
 pub mod exec;
 pub mod files;
 pub mod launch;
+mod locks;
 pub mod pool;
 pub mod processes;
 pub mod snapshots;
@@ -19,7 +20,7 @@ pub mod stats;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -476,6 +477,9 @@ pub struct Session {
     /// stdin of background processes, by process id (lost on restart).
     pub stdin: Mutex<HashMap<u64, tokio::net::unix::pipe::Sender>>,
     pub deleted: AtomicBool,
+    /// How many times processes of the session were killed for holding more file
+    /// locks than its budget (see `locks`); an exec compares it before and after.
+    pub lock_kills: AtomicU64,
 }
 
 /// What of a session can change after create (`PATCH /v1/sessions/{id}`).
@@ -656,6 +660,7 @@ impl Sessions {
             }
         });
         pool::spawn_filler(state);
+        locks::spawn_watch(state);
         for session in state.sessions().all() {
             watch_exit(state, &session);
             // The background processes a previous daemon started: their ends are
@@ -856,6 +861,7 @@ impl Sessions {
                 gate: tokio::sync::RwLock::new(()),
                 stdin: Mutex::new(HashMap::new()),
                 deleted: AtomicBool::new(false),
+                lock_kills: AtomicU64::new(0),
             };
             tracing::info!(session = %id, "re-attached");
             self.insert(Arc::new(session));
@@ -1549,6 +1555,7 @@ async fn start_session(
         gate: tokio::sync::RwLock::new(()),
         stdin: Mutex::new(HashMap::new()),
         deleted: AtomicBool::new(false),
+        lock_kills: AtomicU64::new(0),
     });
     // Files are copied in after the row is written, and if that fails the session is
     // deleted: then the event is the handler's to record, with that outcome.
