@@ -317,7 +317,7 @@ fn finish(json: bool, result: Result<u8>) -> ExitCode {
                 None => ("client_error".to_string(), format!("{e:#}")),
             };
             if json {
-                println!("{}", json!({"error": {"code": code, "message": message}}));
+                outln!("{}", json!({"error": {"code": code, "message": message}}));
             }
             eprintln!("brig: {}", one_line(&format!("{e:#}")));
             ExitCode::from(EXIT_BRIG_ERROR)
@@ -741,9 +741,9 @@ fn session_cmd(client: &Client, command: SessionCommand) -> Result<u8> {
             let body = create_body(&args)?;
             let session = client.post_json("/v1/sessions", &body)?;
             if args.json {
-                println!("{session}");
+                outln!("{session}");
             } else {
-                println!("{}", str_field(&session, "session_id"));
+                outln!("{}", str_field(&session, "session_id"));
             }
         }
         SessionCommand::Ls { metadata, json } => {
@@ -758,7 +758,7 @@ fn session_cmd(client: &Client, command: SessionCommand) -> Result<u8> {
             }
             let list = client.get_json(&path)?;
             if json {
-                println!("{list}");
+                outln!("{list}");
                 return Ok(0);
             }
             let rows: Vec<Vec<String>> = list["sessions"]
@@ -782,13 +782,13 @@ fn session_cmd(client: &Client, command: SessionCommand) -> Result<u8> {
             let body = update_body(&args)?;
             let session = client.patch_json(&session_path(&args.id, ""), &body)?;
             if args.json {
-                println!("{session}");
+                outln!("{session}");
             }
         }
         SessionCommand::Stats { id, json } => {
             let stats = client.get_json(&session_path(&id, "/stats"))?;
             if json {
-                println!("{stats}");
+                outln!("{stats}");
             } else {
                 print!("{}", stats_table(&stats));
             }
@@ -817,7 +817,7 @@ fn session_cmd(client: &Client, command: SessionCommand) -> Result<u8> {
             }
             let snapshot =
                 client.post_json(&session_path(&id, "/snapshots"), &Value::Object(body))?;
-            println!("{}", str_field(&snapshot, "snapshot_id"));
+            outln!("{}", str_field(&snapshot, "snapshot_id"));
         }
     }
     Ok(0)
@@ -965,7 +965,7 @@ fn key_cmd(client: &Client, command: KeyCommand) -> Result<u8> {
                 body["name"] = name.into();
             }
             let key = client.post_json("/v1/keys", &body)?;
-            println!("{}", str_field(&key, "key"));
+            outln!("{}", str_field(&key, "key"));
             eprintln!(
                 "brig: key {} for tenant {}: store it now, it is not shown again",
                 str_field(&key, "key_id"),
@@ -975,7 +975,7 @@ fn key_cmd(client: &Client, command: KeyCommand) -> Result<u8> {
         KeyCommand::Ls { json } => {
             let list = client.get_json("/v1/keys")?;
             if json {
-                println!("{list}");
+                outln!("{list}");
                 return Ok(0);
             }
             let rows: Vec<Vec<String>> = list["keys"]
@@ -1064,7 +1064,7 @@ fn tenant_cmd(client: &Client, command: TenantCommand) -> Result<u8> {
         }
     };
     if let Some(json) = json {
-        println!("{json}");
+        outln!("{json}");
         return Ok(0);
     }
     let count = |t: &Value, used: &str, max: &str| {
@@ -1132,7 +1132,7 @@ fn exec_cmd(client: &Client, args: ExecArgs) -> Result<u8> {
 
     if args.json {
         let result = client.post_json(&session_path(&args.session, "/exec"), &body)?;
-        println!("{result}");
+        outln!("{result}");
         let (status, message) = exit_status(&result, timeout_ms);
         if let Some(message) = message {
             eprintln!("brig: {}", one_line(&message));

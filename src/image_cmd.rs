@@ -212,7 +212,7 @@ fn image_fail(e: &ImageError) -> ExitCode {
 }
 
 fn print_json(value: &impl serde::Serialize) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(value).expect("values serialize")
     );
@@ -263,9 +263,9 @@ fn image_main(args: ImageArgs) -> Result<ExitCode, ImageError> {
             if json {
                 print_json(&images);
             } else {
-                println!("{:<32} {:>6} {:>10}  ORIGIN", "NAME", "LAYERS", "SIZE");
+                outln!("{:<32} {:>6} {:>10}  ORIGIN", "NAME", "LAYERS", "SIZE");
                 for image in &images {
-                    println!(
+                    outln!(
                         "{:<32} {:>6} {:>10}  {}",
                         image.name,
                         image.layers.len(),
@@ -310,7 +310,7 @@ fn image_main(args: ImageArgs) -> Result<ExitCode, ImageError> {
                 lines.extend(diff.deleted.iter().map(|p| (p.as_path(), 'D')));
                 lines.sort();
                 for (path, kind) in lines {
-                    println!("{kind} {}", path.display());
+                    outln!("{kind} {}", path.display());
                 }
             }
         }

@@ -11,6 +11,15 @@ use brig_policy::{
 };
 use clap::{Args, Parser, Subcommand};
 
+/// `println!` for brig's own output: a reader that went away (`brig image ls |
+/// head`) ends brig quietly with status 141, as it would a shell tool, where
+/// `println!` panics.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::print_line(format_args!($($arg)*))
+    };
+}
+
 mod build_cmd;
 mod client_cmd;
 mod image_cmd;
@@ -309,9 +318,27 @@ fn exit_status(outcome: &Outcome, spec: &SandboxSpec) -> (u8, Option<String>) {
     }
 }
 
+/// See [`outln`].
+pub(crate) fn print_line(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(128 + 13),
+        Err(e) => {
+            eprintln!("brig: cannot write to standard output: {e}");
+            std::process::exit(EXIT_BRIG_ERROR.into())
+        }
+    }
+}
+
 fn fail(json: bool, code: &str, message: &str) -> ExitCode {
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({"error": {"code": code, "message": message}})
         );
@@ -356,7 +383,7 @@ fn run(args: RunArgs) -> ExitCode {
     }
     if args.json {
         match serde_json::to_string(&outcome) {
-            Ok(text) => println!("{text}"),
+            Ok(text) => outln!("{text}"),
             Err(e) => return fail(true, "internal", &format!("cannot encode the result: {e}")),
         }
     }

@@ -86,6 +86,34 @@ fn bad_flags_exit_125_with_one_line() {
 }
 
 #[test]
+fn a_reader_that_goes_away_ends_brig_quietly() {
+    // `brig image ls | head -0`: the pipe is closed before brig writes. println!
+    // panicked there; a shell tool ends with SIGPIPE's status and says nothing.
+    let store = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["image", "ls"],
+        vec!["image", "ls", "--json"],
+        vec!["--version"],
+    ] {
+        let mut child = brig()
+            .args(&args)
+            .env("BRIG_STORE", store.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        if args[0] == "image" {
+            assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
+            assert_eq!(stderr, "", "{args:?}");
+        }
+    }
+}
+
+#[test]
 fn root_json_result_has_the_contract_fields() {
     require_root!();
     let (v, code) = run_json(&[], &["sh", "-c", "echo out; echo err >&2; exit 5"]);
