@@ -809,6 +809,30 @@ fn root_exec_output_past_the_limit_costs_the_daemon_little_cpu() {
 }
 
 #[test]
+fn root_host_tables_sessions_could_fill_are_named_at_start() {
+    require_root!();
+    // Without systemd (this machine), kernel.pid_max and fs.file-max keep the
+    // kernel's small defaults, which sessions can fill for the whole host: the
+    // daemon says so at start, once.
+    let d = daemon(&[]);
+    let sysctl = |path: &str| -> u64 {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let log = d.log_text();
+    for (name, path, systemd) in [
+        ("kernel.pid_max", "/proc/sys/kernel/pid_max", 4_194_304),
+        ("fs.file-max", "/proc/sys/fs/file-max", i64::MAX as u64),
+    ] {
+        let warned = log.matches(&format!("{name} is {}", sysctl(path))).count();
+        assert_eq!(warned, usize::from(sysctl(path) < systemd), "{name}: {log}");
+    }
+}
+
+#[test]
 fn root_exec_reports_oom_killed() {
     require_root!();
     let d = daemon(&[]);

@@ -350,7 +350,41 @@ impl ServeArgs {
         }
         Ok(())
     }
+
+    /// What the host's shared tables (`kernel.pid_max`, `fs.file-max`, as read from
+    /// /proc/sys; `None` if unreadable) let sessions take from everyone else, as
+    /// warnings for the log. brig does not change them: they are the host's.
+    pub fn host_table_warnings(&self, pid_max: Option<u64>, file_max: Option<u64>) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let tasks = (self.max_sessions as u64).saturating_mul(self.max_session_pids);
+        if let Some(pid_max) = pid_max.filter(|&p| p < PID_MAX_SYSTEMD && p < tasks) {
+            warnings.push(format!(
+                "kernel.pid_max is {pid_max}, and sessions may start {tasks} tasks together \
+                 (--max-sessions x --max-session-pids): should they reach it, no process can \
+                 start on the host. Set kernel.pid_max={PID_MAX_SYSTEMD}, as systemd does at boot"
+            ));
+        }
+        if let Some(file_max) = file_max.filter(|&f| f < FILE_MAX_SYSTEMD) {
+            let per_session = self.max_session_memory_bytes / BYTES_PER_MAPPED_FILE;
+            warnings.push(format!(
+                "fs.file-max is {file_max}, and one session may hold about {per_session} open \
+                 files (a file a mapping keeps open costs it ~{BYTES_PER_MAPPED_FILE} bytes of \
+                 --max-session-memory, and no descriptor): should sessions reach it, only root \
+                 can open a file on the host. Set fs.file-max={FILE_MAX_SYSTEMD}, as systemd \
+                 does at boot"
+            ));
+        }
+        warnings
+    }
 }
+
+/// What systemd sets `kernel.pid_max` to at boot on 64-bit hosts (the kernel's most).
+const PID_MAX_SYSTEMD: u64 = 4_194_304;
+/// What systemd sets `fs.file-max` to at boot: no limit.
+const FILE_MAX_SYSTEMD: u64 = i64::MAX as u64;
+/// Memory-cgroup bytes a file costs a sandbox that keeps it open only through a
+/// mapping (measured on Linux 6.18: a struct file and a VMA).
+const BYTES_PER_MAPPED_FILE: u64 = 400;
 
 #[cfg(test)]
 mod tests {
@@ -360,6 +394,30 @@ mod tests {
         let mut argv = vec!["brig-serve"];
         argv.extend_from_slice(extra);
         ServeArgs::try_parse_from(argv)
+    }
+
+    #[test]
+    fn host_tables_smaller_than_what_sessions_may_take_are_warned_about() {
+        let args = parse(&[]).unwrap();
+        // This CI machine's values, without systemd.
+        let warnings = args.host_table_warnings(Some(32_768), Some(2_466_170));
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with("kernel.pid_max is 32768"),
+            "{warnings:?}"
+        );
+        assert!(warnings[0].contains("8192000 tasks"), "{warnings:?}");
+        assert!(
+            warnings[1].contains("about 42949672 open files"),
+            "{warnings:?}"
+        );
+        // What systemd sets, or what could not be read: nothing to say.
+        let quiet = args.host_table_warnings(Some(PID_MAX_SYSTEMD), Some(FILE_MAX_SYSTEMD));
+        assert!(quiet.is_empty(), "{quiet:?}");
+        assert!(args.host_table_warnings(None, None).is_empty());
+        // A pid_max no configuration of sessions can reach.
+        let few = parse(&["--max-sessions", "2", "--max-session-pids", "300"]).unwrap();
+        assert!(few.host_table_warnings(Some(32_768), None).is_empty());
     }
 
     #[test]

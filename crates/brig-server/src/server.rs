@@ -373,6 +373,18 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<AppState> {
             "--no-auth: requests without an API key are served as tenant \"{DEFAULT_TENANT}\""
         );
     }
+    let sysctl = |path: &str| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+    };
+    let host_tables = args.host_table_warnings(
+        sysctl("/proc/sys/kernel/pid_max"),
+        sysctl("/proc/sys/fs/file-max"),
+    );
+    for warning in host_tables {
+        tracing::warn!("{warning}");
+    }
     let state = Shared::new(args).await?;
     if state.args.no_auth {
         state
