@@ -21,7 +21,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cgroup::Cgroup;
 use crate::JailError;
@@ -29,6 +29,17 @@ use crate::JailError;
 /// How often the holders of sandboxes read the host's count. A sandbox making locks as
 /// fast as it can overshoots its budget by at most what its CPUs make in this time.
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// When to count a sandbox's locks again, after a count that started at `started` and
+/// took `took`. Counting reads every descriptor of every process of the sandbox, so a
+/// sandbox that holds many open files (200 processes of 1,000 each: ~0.2 s a count)
+/// and stays under its budget would have its holder spend most of a CPU on it, out of
+/// the sandbox's own CPU limit: counts of a sandbox take at most a fifth of the time.
+/// Such a sandbox is counted less often, and can overshoot its budget by what it makes
+/// in that time; its open files, which its memory limit pays for, set how long.
+pub fn next_count(started: Instant, took: Duration) -> Instant {
+    started + CHECK_INTERVAL.max(took * 5)
+}
 
 /// A process of a sandbox that held locks when its sandbox went over its budget, and
 /// was killed for it.
@@ -151,6 +162,19 @@ fn count_lock_lines(fdinfo: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slow_count_comes_back_later() {
+        let now = Instant::now();
+        assert_eq!(
+            next_count(now, Duration::from_millis(1)),
+            now + CHECK_INTERVAL
+        );
+        assert_eq!(
+            next_count(now, Duration::from_millis(200)),
+            now + Duration::from_secs(1)
+        );
+    }
 
     #[test]
     fn fdinfo_lock_lines_are_counted() {

@@ -1142,7 +1142,9 @@ impl Watch {
         if self.reaped || host.is_some_and(|n| n <= watch.budget) {
             return;
         }
-        match crate::locks::enforce(&watch.cgroup, self.child.as_raw(), watch.budget) {
+        let counted = crate::locks::enforce(&watch.cgroup, self.child.as_raw(), watch.budget);
+        watch.next = crate::locks::next_count(now, now.elapsed());
+        match counted {
             Ok(Some(overrun)) => {
                 tracing::warn!("{overrun}");
                 self.locks_exceeded = true;

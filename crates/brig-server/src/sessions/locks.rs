@@ -7,6 +7,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use brig_jail::locks::{self, Overrun};
 
@@ -47,7 +48,20 @@ fn over_budget(sessions: Vec<Arc<Session>>) -> Vec<(Arc<Session>, Overrun)> {
         let Some(cgroup) = &sandbox.handle.cgroup else {
             continue;
         };
-        match locks::enforce(cgroup, sandbox.handle.pid, budget) {
+        let started = Instant::now();
+        let counted = {
+            let mut next = session
+                .next_lock_count
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if next.is_some_and(|at| started < at) {
+                continue;
+            }
+            let counted = locks::enforce(cgroup, sandbox.handle.pid, budget);
+            *next = Some(locks::next_count(started, started.elapsed()));
+            counted
+        };
+        match counted {
             Ok(Some(overrun)) => overruns.push((session, overrun)),
             Ok(None) => {}
             Err(e) => tracing::warn!(session = %session.id, "counting its file locks: {e}"),

@@ -480,6 +480,8 @@ pub struct Session {
     /// How many times processes of the session were killed for holding more file
     /// locks than its budget (see `locks`); an exec compares it before and after.
     pub lock_kills: AtomicU64,
+    /// When its locks may be counted next (see `brig_jail::locks::next_count`).
+    pub(super) next_lock_count: Mutex<Option<std::time::Instant>>,
 }
 
 /// What of a session can change after create (`PATCH /v1/sessions/{id}`).
@@ -862,6 +864,7 @@ impl Sessions {
                 stdin: Mutex::new(HashMap::new()),
                 deleted: AtomicBool::new(false),
                 lock_kills: AtomicU64::new(0),
+                next_lock_count: Mutex::new(None),
             };
             tracing::info!(session = %id, "re-attached");
             self.insert(Arc::new(session));
@@ -1556,6 +1559,7 @@ async fn start_session(
         stdin: Mutex::new(HashMap::new()),
         deleted: AtomicBool::new(false),
         lock_kills: AtomicU64::new(0),
+        next_lock_count: Mutex::new(None),
     });
     // Files are copied in after the row is written, and if that fails the session is
     // deleted: then the event is the handler's to record, with that outcome.
