@@ -1298,6 +1298,56 @@ fn root_images_too_tall_or_with_a_layer_twice_are_refused_at_import() {
     assert_eq!(fx.image_names(), Vec::<String>::new());
 }
 
+/// A store written by a brig from before that check can hold such images: using one
+/// is refused with the reason (the daemon answered 500, `brig run` a mount failure),
+/// and it can still be removed.
+#[test]
+fn root_a_stored_image_with_a_layer_twice_is_refused_where_it_is_used() {
+    require_root!();
+    let fx = Fixture::new();
+    ok(
+        &fx.image(&["import", "good", fx.rootfs().to_str().unwrap()]),
+        "import",
+    );
+    let images = fx.store.join("images");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(images.join("good.json")).unwrap()).unwrap();
+    let layer = record["layers"][0].clone();
+    record["layers"] = json!([layer.clone(), layer]);
+    std::fs::write(images.join("old.json"), record.to_string()).unwrap();
+
+    let out = fx
+        .brig()
+        .args(["run", "--store"])
+        .arg(&fx.store)
+        .args(["--image", "old", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("twice"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+
+    let data = fx.path("daemon-data");
+    let d = common::daemon::Daemon::start_in(&data, &fx.store, &[]);
+    let key = d.admin_key().to_string();
+    let (status, body) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(&key),
+        Some(json!({"image": "old"})),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("twice"),
+        "{body}"
+    );
+    drop(d);
+
+    ok(&fx.image(&["rm", "old"]), "remove the old image");
+    assert_eq!(fx.image_names(), ["good"]);
+}
+
 /// `--store` relative to the current directory, for import as for run (whose
 /// sandbox spec takes the layers' mount points, absolute host paths only).
 #[test]

@@ -542,6 +542,9 @@ impl Store {
     /// Locks the image's layers against gc, mounting (and first verifying) any that
     /// are not mounted yet. Returns the mount points, bottom first.
     pub fn use_layers(&self, image: &ImageRecord) -> Result<LayersInUse> {
+        // Stores written before commits checked this hold such images: refused here
+        // with the reason, not by the mount that would fail on them.
+        check_stackable(&image.layers)?;
         let _store = self.shared()?;
         let mut files = Vec::with_capacity(image.layers.len());
         let mut mounts = Vec::with_capacity(image.layers.len());

@@ -1136,7 +1136,8 @@ pub async fn launch_sandbox(
             }
             Err(match code.as_str() {
                 "no_such_image" | "image_not_found" | "not_found" => ApiError::not_found(message),
-                "bad_name" | "invalid_name" | "policy" | "wrong_image_kind" => {
+                // "unsupported": an image no sandbox can stack (stored by an older brig).
+                "bad_name" | "invalid_name" | "policy" | "wrong_image_kind" | "unsupported" => {
                     ApiError::invalid(message)
                 }
                 // A snapshot larger than the disk asked for: the request's to fix.
