@@ -95,15 +95,15 @@ fn a_reader_that_goes_away_ends_brig_quietly() {
         vec!["image", "ls", "--json"],
         vec!["--version"],
     ] {
-        let mut child = brig()
+        // The read end is closed before brig starts: its first write fails.
+        let (read, write) = nix::unistd::pipe().unwrap();
+        drop(read);
+        let out = brig()
             .args(&args)
             .env("BRIG_STORE", store.path())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
+            .stdout(std::process::Stdio::from(write))
+            .output()
             .unwrap();
-        drop(child.stdout.take());
-        let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
         if args[0] == "image" {
