@@ -165,6 +165,21 @@ pub const REFUSAL_CODES: &[&str] = &[
 const REFUSALS_PER_SECOND: f64 = 20.0;
 /// Refusals recorded one by one after a quiet spell, before the rate holds.
 const REFUSAL_BURST: f64 = 100.0;
+/// The same for requests without a valid key, all clients together: anyone who can
+/// reach the port makes them, and at the tenants' rate they could write ~1.7 GB a
+/// day for the retention to keep (30 days: 50 GB). At this one, with the summaries,
+/// ~150 MB a day.
+const KEYLESS_REFUSALS_PER_SECOND: f64 = 2.0;
+const KEYLESS_REFUSAL_BURST: f64 = 20.0;
+
+/// (rate, burst) of `tenant`'s budget: `""` is every request without a valid key.
+fn refusal_budget(tenant: &str) -> (f64, f64) {
+    if tenant.is_empty() {
+        (KEYLESS_REFUSALS_PER_SECOND, KEYLESS_REFUSAL_BURST)
+    } else {
+        (REFUSALS_PER_SECOND, REFUSAL_BURST)
+    }
+}
 /// How often the summaries of refusals left out are written.
 pub const REFUSAL_SUMMARY_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -190,17 +205,18 @@ impl RefusalBudget {
         let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
         // Tenants are those of valid keys, plus `""`: the map stays small, and
         // `take_summaries` forgets those whose budget is full again.
+        let (rate, burst) = refusal_budget(tenant);
         let bucket = tenants
             .entry(tenant.to_string())
             .or_insert_with(|| RefusalBucket {
-                tokens: REFUSAL_BURST,
+                tokens: burst,
                 refilled: now,
                 left_out: Default::default(),
                 first_left_out: String::new(),
                 last_left_out: String::new(),
             });
         let elapsed = now.saturating_duration_since(bucket.refilled).as_secs_f64();
-        bucket.tokens = (bucket.tokens + elapsed * REFUSALS_PER_SECOND).min(REFUSAL_BURST);
+        bucket.tokens = (bucket.tokens + elapsed * rate).min(burst);
         bucket.refilled = now;
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
@@ -238,8 +254,9 @@ impl RefusalBudget {
                     }),
                 ));
             }
+            let (rate, burst) = refusal_budget(tenant);
             let elapsed = now.saturating_duration_since(bucket.refilled).as_secs_f64();
-            bucket.tokens + elapsed * REFUSALS_PER_SECOND < REFUSAL_BURST
+            bucket.tokens + elapsed * rate < burst
         });
         summaries
     }
@@ -701,23 +718,31 @@ mod tests {
                 budget.admit("", code, start)
             })
             .count();
+        assert_eq!(admitted, KEYLESS_REFUSAL_BURST as usize);
+        // Another tenant has its own budget, a larger one.
+        let admitted = (0..250)
+            .filter(|_| budget.admit("b", "not_found", start))
+            .count();
         assert_eq!(admitted, REFUSAL_BURST as usize);
-        // Another tenant has its own budget.
-        assert!(budget.admit("b", "not_found", start));
-        let summaries = budget.take_summaries(start);
-        assert_eq!(summaries.len(), 1, "{summaries:?}");
+        let mut summaries = budget.take_summaries(start);
+        summaries.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(summaries.len(), 2, "{summaries:?}");
         let (tenant, detail) = &summaries[0];
         assert_eq!(tenant, "");
-        assert_eq!(detail["left_out"], 150);
-        assert_eq!(detail["codes"]["not_found"], 75);
-        assert_eq!(detail["codes"]["unauthorized"], 75);
+        assert_eq!(detail["left_out"], 230);
+        assert_eq!(detail["codes"]["not_found"], 115);
+        assert_eq!(detail["codes"]["unauthorized"], 115);
+        assert_eq!(summaries[1].1["left_out"], 150);
         assert!(detail["first"].as_str().unwrap() <= detail["last"].as_str().unwrap());
         // Nothing left out since: no summary. The budget refills at its rate.
         assert!(budget.take_summaries(start).is_empty());
         let later = start + Duration::from_millis(500);
-        let admitted = (0..50).filter(|_| budget.admit("", "x", later)).count();
+        let admitted = (0..50).filter(|_| budget.admit("b", "x", later)).count();
         assert_eq!(admitted, (REFUSALS_PER_SECOND / 2.0) as usize);
         assert_eq!(budget.take_summaries(later)[0].1["left_out"], 40);
+        let admitted = (0..50).filter(|_| budget.admit("", "x", later)).count();
+        assert_eq!(admitted, (KEYLESS_REFUSALS_PER_SECOND / 2.0) as usize);
+        assert_eq!(budget.take_summaries(later)[0].1["left_out"], 49);
         // Full again: forgotten.
         let much_later = later + Duration::from_secs(60);
         assert!(budget.take_summaries(much_later).is_empty());
