@@ -42,6 +42,10 @@ const CHECKPOINT_WRITES: u64 = 128;
 /// every frame copied at the start of a write, which is when SQLite rewinds the WAL,
 /// so the file would grow without bound.
 const WAL_RESTART_FRAMES: i64 = 4 << 10;
+/// How much of the database each connection reads through a memory map (address
+/// space, not memory: pages come in as they are read). Pages past it are read as
+/// without a map.
+const MMAP_BYTES: i64 = 1 << 30;
 
 /// The schema, one entry per version (`PRAGMA user_version` counts the entries
 /// applied). Never edit an entry once released: append a new one.
@@ -348,6 +352,16 @@ fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    // The kernel may drop a page-cache page that no process maps long before memory
+    // is short: proactive reclaim (DAMON, as on this VM) pages out whole physical
+    // regions it samples as cold, hot pages of ours among them. A read of such a page
+    // of the database, or a WAL write over part of one (the kernel reads the rest
+    // first), then waits for the disk: ~100 us each here, and 6 to 54 of them per
+    // pooled create and first exec of a daemon up for minutes. Mapped pages are not reclaimed that way, and reads
+    // through the map keep the database's pages mapped; a WAL cut back once
+    // checkpointed is only ever appended to, so its writes read nothing.
+    conn.pragma_update(None, "mmap_size", MMAP_BYTES)?;
+    conn.pragma_update(None, "journal_size_limit", 0)?;
     // Without the query planner stability guarantee, SQLite marks a statement whose
     // plan might depend on a bound value (a parameter used twice, as in the tenant
     // sums) to be compiled again at every new binding: 100-200 us of parsing and
@@ -1552,14 +1566,22 @@ mod tests {
         }
         let before = wal_frames(&db).await;
         assert!(before >= 50, "the writes are in the WAL: {before} frames");
+        let wal = db.path().with_extension("db-wal");
+        let wal_bytes = || std::fs::metadata(&wal).unwrap().len();
+        let (header, frame) = (32, 24 + 4096);
+        assert!(wal_bytes() >= header + 50 * frame);
         db.call(checkpoint).await.unwrap();
         // Started over by the checkpointer's own frame: the next request's write appends
         // to a WAL whose header is written and synced already.
         assert_eq!(wal_frames(&db).await, 1);
+        // ... and cut back to that frame, so that it appends past the end of the file
+        // rather than over old pages the kernel may have dropped (see open_connection).
+        assert_eq!(wal_bytes(), header + frame);
         db.quick(|conn| conn.execute("INSERT INTO tenants (name) VALUES ('after')", []))
             .await
             .unwrap();
         assert_eq!(wal_frames(&db).await, 2, "appended, not started over");
+        assert_eq!(wal_bytes(), header + 2 * frame);
         let version: i64 = db
             .call(|conn| conn.pragma_query_value(None, "user_version", |r| r.get(0)))
             .await
@@ -1574,6 +1596,27 @@ mod tests {
             .await
             .unwrap();
         assert!(names >= 51);
+    }
+
+    /// Pages read through a map stay mapped, which proactive reclaim leaves alone
+    /// (see open_connection): the database is read through one on every connection.
+    #[tokio::test]
+    async fn every_connection_reads_the_database_through_a_map() {
+        let (_dir, db) = temp_db();
+        let mapped = || {
+            std::fs::read_to_string("/proc/self/maps")
+                .unwrap()
+                .lines()
+                .filter(|line| line.ends_with(&*db.path().to_string_lossy()))
+                .count()
+        };
+        let size = |conn: &mut Connection| {
+            conn.query_row("SELECT COUNT(*) FROM tenants", [], |r| r.get::<_, i64>(0))?;
+            conn.pragma_query_value(None, "mmap_size", |r| r.get::<_, i64>(0))
+        };
+        assert_eq!(db.quick(size).await.unwrap(), MMAP_BYTES);
+        assert_eq!(db.call(size).await.unwrap(), MMAP_BYTES);
+        assert!(mapped() > 0, "the database file is not mapped");
     }
 
     #[tokio::test]
