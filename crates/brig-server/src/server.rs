@@ -367,26 +367,25 @@ pub fn init_logging(format: LogFormat) {
 /// interrupted uploads, start the live sessions. The state is then complete.
 pub async fn start(args: ServeArgs) -> anyhow::Result<AppState> {
     args.validate()?;
-    if args.no_auth {
-        tracing::warn!(
-            listen = %args.listen,
-            "--no-auth: requests without an API key are served as tenant \"{DEFAULT_TENANT}\""
-        );
-    }
+    // Takes the data dir's lock: a daemon refused it says that one line and nothing else.
+    let state = Shared::new(args).await?;
     let sysctl = |path: &str| {
         std::fs::read_to_string(path)
             .ok()
             .and_then(|text| text.trim().parse::<u64>().ok())
     };
-    let host_tables = args.host_table_warnings(
+    let host_tables = state.args.host_table_warnings(
         sysctl("/proc/sys/kernel/pid_max"),
         sysctl("/proc/sys/fs/file-max"),
     );
     for warning in host_tables {
         tracing::warn!("{warning}");
     }
-    let state = Shared::new(args).await?;
     if state.args.no_auth {
+        tracing::warn!(
+            listen = %state.args.listen,
+            "--no-auth: requests without an API key are served as tenant \"{DEFAULT_TENANT}\""
+        );
         state
             .db
             .ensure_tenant(DEFAULT_TENANT)
