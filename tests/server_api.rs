@@ -3447,7 +3447,11 @@ fn root_a_sandbox_stopping_its_inits_commands_cannot_hold_requests_past_their_bo
     assert_eq!(status, 201, "{body}");
     std::thread::sleep(Duration::from_millis(300));
     // More execs than the tenant's cap, one after another: each ends at its
-    // timeout, and says why.
+    // timeout, and says why. Mostly the command is stopped before its execve, which
+    // init waits for, so init answers nothing: the case this test is for. When the
+    // attacker gets the CPU too late (a loaded machine), the command is stopped
+    // after its execve instead, and killed at its timeout as any other.
+    let init_held = std::cell::Cell::new(0);
     let timed_out_at = |limit: Duration| {
         let started = Instant::now();
         let body = r#"{"argv": ["echo", "hi"], "timeout_ms": 1000}"#;
@@ -3455,10 +3459,11 @@ fn root_a_sandbox_stopping_its_inits_commands_cannot_hold_requests_past_their_bo
         assert_eq!(status, 200, "{result}");
         assert_eq!(result["timed_out"], true, "{result}");
         assert_eq!(result["exit_code"], Value::Null, "{result}");
-        assert!(
-            result["stderr"].as_str().unwrap().contains("SIGSTOP"),
-            "{result}"
-        );
+        if result["stderr"].as_str().unwrap().contains("SIGSTOP") {
+            init_held.set(init_held.get() + 1);
+        } else {
+            assert_eq!(result["signal"], 9, "{result}");
+        }
         started.elapsed()
     };
     for _ in 0..3 {
@@ -3494,6 +3499,10 @@ fn root_a_sandbox_stopping_its_inits_commands_cannot_hold_requests_past_their_bo
     );
     let took = timed_out_at(Duration::from_secs(10));
     assert!(took < Duration::from_secs(4), "{took:?}");
+    assert!(
+        init_held.get() > 0,
+        "init was never held: the attack did not run"
+    );
     // None holds a slot: the tenant's other session runs its execs.
     assert_eq!(sh(&d, &key, &other, "echo ok"), "ok\n");
     delete_session(&d, &key, &id);
