@@ -3462,10 +3462,14 @@ fn root_a_sandbox_stopping_its_inits_commands_cannot_hold_requests_past_their_bo
         let limit = Duration::from_secs(10);
         let (status, result) = bounded_request(d.addr(), &key, "POST", &exec_path, body, limit);
         assert_eq!(status, 200, "{result}");
+        // Once held, init stays held: the stopped command never reaches its execve.
+        let held_before = init_held.get();
         if result["stderr"].as_str().unwrap().contains("SIGSTOP") {
             assert_eq!(result["timed_out"], true, "{result}");
             assert_eq!(result["exit_code"], Value::Null, "{result}");
             init_held.set(true);
+        } else if held_before {
+            panic!("init answered again after it was held: {result}");
         } else if result["timed_out"] == true {
             assert_eq!(result["signal"], 9, "{result}");
         } else {
