@@ -32,10 +32,14 @@ mkdir -p "$results"
 work=$(mktemp -d /tmp/brig-bench-warm.XXXXXX)
 daemon_pid=""
 floor_pid=""
+session=""
 
 cleanup() {
   set +e
   [ -n "$floor_pid" ] && kill "$floor_pid" 2>/dev/null
+  # A live session outlives its daemon (by design): it is deleted first.
+  [ -n "$session" ] && curl -sf -X DELETE -H "Authorization: Bearer $key" \
+    "$url/v1/sessions/$session" >/dev/null
   if [ -n "$daemon_pid" ]; then
     kill "$daemon_pid" 2>/dev/null
     wait "$daemon_pid" 2>/dev/null
@@ -61,7 +65,7 @@ for _ in $(seq 100); do
   sleep 0.05
 done
 key=$(cat "$work/data/admin.key")
-# The session whose init the direct execs go to (deleted with the daemon's data).
+# The session whose init the direct execs go to (deleted by cleanup).
 session=$(curl -sf -X POST -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
   -d '{}' "$url/v1/sessions" | python3 -c 'import json,sys; print(json.load(sys.stdin)["session_id"])')
 socket=$(ls "$work/data/sessions/$session"/agent-*.sock)
