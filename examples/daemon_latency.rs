@@ -2,7 +2,7 @@
 //! `bench/daemon_load.py`'s `create` and `rtt` patterns, over one kept-alive
 //! connection (ureq, the HTTP client brig's own CLI uses), so that what is timed
 //! is the server and the sandbox rather than the client. On this 2-vCPU VM
-//! Python's http.client and json spend about 0.2-0.5 ms of each request in the
+//! Python's http.client and json spend 0.3-0.55 ms of each request in the
 //! client (BENCHMARKS.md, session 24), and a create -> first exec is two requests.
 //!
 //!     cargo run --release --example daemon_latency -- URL KEY create N pooled|busy
