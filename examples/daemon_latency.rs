@@ -25,6 +25,15 @@ struct Client {
 
 impl Client {
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        let text = self.call_text(method, path, body)?;
+        Ok(if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text)?
+        })
+    }
+
+    fn call_text(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<String> {
         let uri = format!("{}{}", self.url, path);
         let mut request = ureq::http::Request::builder().method(method).uri(&uri);
         if self.key != "-" {
@@ -44,11 +53,7 @@ impl Client {
         if status >= 300 {
             anyhow::bail!("{method} {path}: {status} {text}");
         }
-        Ok(if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text)?
-        })
+        Ok(text)
     }
 
     fn exec_echo(&self, session: &str) -> anyhow::Result<()> {
@@ -65,16 +70,7 @@ impl Client {
     }
 
     fn pool_ready(&self) -> anyhow::Result<f64> {
-        let uri = format!("{}/metrics", self.url);
-        let mut request = ureq::http::Request::builder().method("GET").uri(&uri);
-        if self.key != "-" {
-            request = request.header("Authorization", format!("Bearer {}", self.key));
-        }
-        let text = self
-            .agent
-            .run(request.body(())?)?
-            .body_mut()
-            .read_to_string()?;
+        let text = self.call_text("GET", "/metrics", None)?;
         Ok(text
             .lines()
             .filter(|line| line.starts_with("brig_pool_ready"))
@@ -94,18 +90,22 @@ fn median(samples: &[f64]) -> f64 {
     }
 }
 
+/// Milliseconds rounded to the microsecond, as daemon_load.py prints them.
+fn to_us(ms: f64) -> f64 {
+    (ms * 1000.0).round() / 1000.0
+}
+
 fn summary(samples: &[f64]) -> serde_json::Map<String, Value> {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
     let pick = |q: f64| sorted[((q * sorted.len() as f64) as usize).min(sorted.len() - 1)];
-    let round = |ms: f64| (ms * 1000.0).round() / 1000.0;
     let mut out = serde_json::Map::new();
     out.insert("n".into(), json!(samples.len()));
-    out.insert("median_ms".into(), json!(round(median(samples))));
-    out.insert("p95_ms".into(), json!(round(pick(0.95))));
-    out.insert("p99_ms".into(), json!(round(pick(0.99))));
-    out.insert("min_ms".into(), json!(round(sorted[0])));
-    out.insert("max_ms".into(), json!(round(sorted[sorted.len() - 1])));
+    out.insert("median_ms".into(), json!(to_us(median(samples))));
+    out.insert("p95_ms".into(), json!(to_us(pick(0.95))));
+    out.insert("p99_ms".into(), json!(to_us(pick(0.99))));
+    out.insert("min_ms".into(), json!(to_us(sorted[0])));
+    out.insert("max_ms".into(), json!(to_us(sorted[sorted.len() - 1])));
     out
 }
 
@@ -153,13 +153,10 @@ fn create(client: &Client, n: usize, pattern: &str) -> anyhow::Result<Value> {
     }
     let mut out = summary(&totals);
     out.insert("pooled".into(), json!(pooled));
-    out.insert(
-        "create_median_ms".into(),
-        json!((median(&creates) * 1000.0).round() / 1000.0),
-    );
+    out.insert("create_median_ms".into(), json!(to_us(median(&creates))));
     out.insert(
         "first_exec_median_ms".into(),
-        json!((median(&first_execs) * 1000.0).round() / 1000.0),
+        json!(to_us(median(&first_execs))),
     );
     Ok(Value::Object(out))
 }
