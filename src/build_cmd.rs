@@ -158,6 +158,9 @@ pub fn build(
                 placeholders: &placeholders,
                 force_owner: None,
                 replace: true,
+                // A step writes no more than its tmpfs holds; sparse files count
+                // whole, as packing reads them.
+                max_bytes: Some(spec.limits.disk_bytes),
             },
             &counter,
         )?;

@@ -145,6 +145,9 @@ pub fn snapshot(
             placeholders: &placeholders,
             force_owner,
             replace,
+            // All the tmpfs can hold without holes: a sparse file counts whole,
+            // which is what packing reads.
+            max_bytes: Some(spec.limits.disk_bytes),
         },
         &Bars::new(false),
     )

@@ -34,6 +34,13 @@ pub enum ImageError {
     Interrupted,
     #[error("{0}")]
     Unsupported(String),
+    /// A tree holds more than it may (a snapshot beyond its bound).
+    #[error("{0}")]
+    TooLarge(String),
+    /// A tree changed while brig copied it (a snapshot of a sandbox that was not
+    /// kept still).
+    #[error("{0}")]
+    Changed(String),
 }
 
 impl ImageError {
@@ -51,6 +58,8 @@ impl ImageError {
             ImageError::Tool { .. } => "tool_failed",
             ImageError::Interrupted => "interrupted",
             ImageError::Unsupported(_) => "unsupported",
+            ImageError::TooLarge(_) => "too_large",
+            ImageError::Changed(_) => "tree_changed",
         }
     }
 

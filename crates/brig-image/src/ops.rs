@@ -68,13 +68,13 @@ pub fn import(
     Ok(record)
 }
 
-/// What to snapshot: a finished sandbox's writes on top of the image it ran from.
+/// What to snapshot: a sandbox's writes on top of the image it ran from.
 pub struct Snapshot<'a> {
     pub base: &'a ImageRecord,
     /// The new image's name.
     pub name: &'a str,
     /// The sandbox's overlay upper directory, as a detached mount (brig-jail hands
-    /// it over when the spec asks to capture writes).
+    /// it over when the spec asks to capture writes). Only read, by descriptors.
     pub writes: BorrowedFd<'a>,
     /// Paths brig itself created or mounted over (see brig-jail's placeholders):
     /// left out when they are empty and the image did not have them.
@@ -83,6 +83,18 @@ pub struct Snapshot<'a> {
     /// sandbox wrote belongs to that id, which stood for the image's root.
     pub force_owner: Option<(u32, u32)>,
     pub replace: bool,
+    /// The most the regular files written may add up to, at their apparent sizes
+    /// (what packing reads): the sandbox's disk limit, or a quota's room.
+    pub max_bytes: Option<u64>,
+}
+
+/// A sandbox's writes copied out of its reach (see [`tree::copy_beneath`]): what
+/// [`commit_snapshot`] or [`commit_scratch`] turn into an image. Once staged, the
+/// sandbox may run again: nothing it does reaches the copy. Dropped uncommitted,
+/// the copy goes.
+pub struct Staged {
+    work: crate::store::WorkDir,
+    tree: PathBuf,
 }
 
 /// Stores what a sandbox wrote as a new layer on top of its image, giving a new
@@ -92,24 +104,51 @@ pub fn snapshot(
     request: &Snapshot<'_>,
     progress: &dyn Progress,
 ) -> Result<ImageRecord> {
+    let staged = stage_snapshot(store, request, progress)?;
+    commit_snapshot(store, request, staged, progress)
+}
+
+/// The first half of [`snapshot`]: copies the sandbox's writes (the only part that
+/// needs the sandbox kept still).
+pub fn stage_snapshot(
+    store: &Store,
+    request: &Snapshot<'_>,
+    progress: &dyn Progress,
+) -> Result<Staged> {
+    validate_name(request.name)?;
+    request.base.check_root()?;
+    if !request.replace && store.has_image(request.name) {
+        return Err(ImageError::ImageExists(request.name.to_string()));
+    }
+    let work = store.work_dir("snapshot")?;
+    let tree = work.path().join("upper");
+    progress.phase("copy", None);
+    let options = tree::CopyOptions {
+        force_owner: request.force_owner,
+        exclude: Vec::new(),
+        max_bytes: request.max_bytes,
+        shown_as: String::new(),
+    };
+    tree::copy_beneath(request.writes, &tree, &options, progress)?;
+    Ok(Staged { work, tree })
+}
+
+/// The second half of [`snapshot`]: packs the staged copy into the new image.
+pub fn commit_snapshot(
+    store: &Store,
+    request: &Snapshot<'_>,
+    staged: Staged,
+    progress: &dyn Progress,
+) -> Result<ImageRecord> {
     let Snapshot {
         base,
         name,
-        writes,
         placeholders,
         force_owner,
         replace,
+        ..
     } = *request;
-    validate_name(name)?;
-    base.check_root()?;
-    if !replace && store.has_image(name) {
-        return Err(ImageError::ImageExists(name.to_string()));
-    }
-    let work = store.work_dir("snapshot")?;
-    // mkfs.erofs needs a path it can resolve: attach a clone of the directory in
-    // the work dir for as long as the snapshot takes.
-    let attached = Attached::new(writes, &work.path().join("upper"))?;
-    let writes = attached.path.as_path();
+    let writes = staged.tree.as_path();
     tree::clean_upper(writes)?;
     let base_layers = store.use_layers(base)?;
     prune_placeholders(writes, placeholders, &base_layers.mounts)?;
@@ -121,7 +160,7 @@ pub fn snapshot(
             force_owner,
             exclude: Vec::new(),
         };
-        let record = store.commit_layer(writes, &options, work.path(), progress)?;
+        let record = store.commit_layer(writes, &options, staged.work.path(), progress)?;
         layers.push(record.digest);
     }
     let record = ImageRecord {
@@ -132,7 +171,7 @@ pub fn snapshot(
         origin: format!("snapshot of {}", base.name),
         kind: Default::default(),
     };
-    store.commit_image(&record, replace, work.path())?;
+    store.commit_image(&record, replace, staged.work.path())?;
     Ok(record)
 }
 
@@ -149,19 +188,30 @@ pub struct ScratchSnapshot<'a> {
     pub force_owner: Option<(u32, u32)>,
     /// Says where it came from, in the image's `origin`.
     pub origin: &'a str,
+    /// The most the regular files of all the directories may add up to (see
+    /// [`Snapshot::max_bytes`]).
+    pub max_bytes: Option<u64>,
 }
 
 /// Stores a sandbox's private directories as one layer whose tree holds each by
 /// name, giving an image of kind [`ImageKind::Scratch`]: not a root, but what fills
 /// a new sandbox's directories of the same names (`Filesystem::seed`). The layer
 /// holds their whole content (no base, no whiteouts), so deletions need nothing.
-/// The directories are read where they are (attached in the work directory), not
-/// copied first: the caller keeps the sandbox still meanwhile.
 pub fn snapshot_scratch(
     store: &Store,
     request: &ScratchSnapshot<'_>,
     progress: &dyn Progress,
 ) -> Result<ImageRecord> {
+    let staged = stage_scratch(store, request, progress)?;
+    commit_scratch(store, request, staged, progress)
+}
+
+/// The first half of [`snapshot_scratch`]: copies the directories.
+pub fn stage_scratch(
+    store: &Store,
+    request: &ScratchSnapshot<'_>,
+    progress: &dyn Progress,
+) -> Result<Staged> {
     validate_name(request.name)?;
     if store.has_image(request.name) {
         return Err(ImageError::ImageExists(request.name.to_string()));
@@ -172,20 +222,43 @@ pub fn snapshot_scratch(
         .mode(0o755)
         .create(&tree)
         .context(|| format!("create {}", tree.display()))?;
-    let mut attached = Vec::with_capacity(request.dirs.len());
+    progress.phase("copy", None);
+    let mut left = request.max_bytes;
     for (name, fd) in request.dirs {
         if name.is_empty() || name.contains('/') || name.starts_with('.') {
             return Err(ImageError::BadName(format!("{name:?}")));
         }
-        attached.push(Attached::new(*fd, &tree.join(name))?);
+        let options = tree::CopyOptions {
+            force_owner: request.force_owner,
+            exclude: request
+                .exclude
+                .iter()
+                .filter_map(|path| path.strip_prefix(name).ok())
+                .filter(|rest| !rest.as_os_str().is_empty())
+                .map(Path::to_path_buf)
+                .collect(),
+            max_bytes: left,
+            shown_as: format!("/{name}"),
+        };
+        let copied = tree::copy_beneath(*fd, &tree.join(name), &options, progress)?;
+        left = left.map(|max| max.saturating_sub(copied.bytes));
     }
+    Ok(Staged { work, tree })
+}
+
+/// The second half of [`snapshot_scratch`]: packs the staged copy.
+pub fn commit_scratch(
+    store: &Store,
+    request: &ScratchSnapshot<'_>,
+    staged: Staged,
+    progress: &dyn Progress,
+) -> Result<ImageRecord> {
     let _lock = store.shared()?;
     let options = PackOptions {
         force_owner: request.force_owner,
-        exclude: request.exclude.to_vec(),
+        exclude: Vec::new(),
     };
-    let layer = store.commit_layer(&tree, &options, work.path(), progress)?;
-    drop(attached);
+    let layer = store.commit_layer(&staged.tree, &options, staged.work.path(), progress)?;
     let record = ImageRecord {
         name: request.name.to_string(),
         layers: vec![layer.digest],
@@ -194,7 +267,7 @@ pub fn snapshot_scratch(
         origin: request.origin.to_string(),
         kind: ImageKind::Scratch,
     };
-    store.commit_image(&record, false, work.path())?;
+    store.commit_image(&record, false, staged.work.path())?;
     Ok(record)
 }
 
@@ -311,59 +384,6 @@ fn prune_placeholders(upper: &Path, placeholders: &[String], base: &[PathBuf]) -
         }
     }
     Ok(())
-}
-
-/// Two detached copies of a detached mount of a sandbox's writes, which this
-/// process cannot clone directly: the kernel lets only its own mount namespace
-/// clone a detached mount, and a sandbox's init made this one in the sandbox's. So
-/// it is attached here for a moment (which uses it up: attached and then unmounted,
-/// it cannot be attached again), cloned twice, and unmounted. One copy is for
-/// [`snapshot`] or [`snapshot_scratch`] (which use it up likewise), the other for
-/// the sandbox to keep for its next snapshot.
-pub fn copy_detached(store: &Store, tree: BorrowedFd<'_>) -> Result<(OwnedFd, OwnedFd)> {
-    use rustix::mount::{open_tree, OpenTreeFlags};
-    let work = store.work_dir("copy")?;
-    let attached = Attached::new(tree, &work.path().join("tree"))?;
-    let clone = || {
-        open_tree(
-            rustix::fs::CWD,
-            &attached.path,
-            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-        )
-        .context(|| format!("clone {}", attached.path.display()))
-    };
-    Ok((clone()?, clone()?))
-}
-
-/// A directory descriptor attached at a path (a bind mount), detached on drop.
-struct Attached {
-    path: PathBuf,
-}
-
-impl Attached {
-    /// `tree` is a detached mount (from open_tree with OPEN_TREE_CLONE).
-    fn new(tree: BorrowedFd<'_>, path: &Path) -> Result<Attached> {
-        use rustix::mount::{move_mount, MoveMountFlags};
-        std::fs::create_dir(path).context(|| format!("create {}", path.display()))?;
-        move_mount(
-            tree,
-            "",
-            rustix::fs::CWD,
-            path,
-            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-        .context(|| format!("attach the sandbox's writes at {}", path.display()))?;
-        Ok(Attached {
-            path: path.to_path_buf(),
-        })
-    }
-}
-
-impl Drop for Attached {
-    fn drop(&mut self) {
-        let _ = rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::DETACH);
-        let _ = std::fs::remove_dir(&self.path);
-    }
 }
 
 fn is_empty_dir(path: &Path) -> bool {

@@ -22,9 +22,8 @@
 //!   (an image root); `scratch` -> `scratch {names}` + one fd per name: the private
 //!   directories a session on the host's system dirs writes (`tmp`, `workspace`).
 //!   Both are detached mounts taken while the root was built (see
-//!   `mounts::Writes`), for snapshots. `keep_writes {names}` + one fd per name ->
-//!   `done`: fresh copies to keep instead (a tree handed out is used up once
-//!   attached).
+//!   `mounts::Writes`), for snapshots. The daemon only reads them by
+//!   descriptors (never attaching them), so init keeps handing out the same ones.
 //! - `shutdown` -> init kills everything and exits.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -84,13 +83,6 @@ pub enum AgentRequest {
     Ping,
     Upper,
     Scratch,
-    /// Replace the kept trees `upper` and `scratch` hand out with the descriptors
-    /// that come with it, named as those replies name them (`upper` for the upper
-    /// layer). A tree handed out is used up once the daemon has attached it (see
-    /// `brig_image::ops::copy_detached`), so the daemon gives a fresh copy back.
-    KeepWrites {
-        names: Vec<String>,
-    },
     Shutdown,
 }
 
@@ -517,46 +509,9 @@ impl AgentState {
                     },
                 ),
             },
-            AgentRequest::KeepWrites { names } => {
-                let reply = self.keep_writes(&names, fds);
-                self.reply(id, &reply);
-            }
             AgentRequest::Shutdown => {
                 let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
                 sys::exit_now(0);
-            }
-        }
-    }
-
-    fn keep_writes(&mut self, names: &[String], mut fds: Vec<OwnedFd>) -> AgentReply {
-        let count = fds.len();
-        let kept = match &mut self.agent.writes {
-            Writes::Upper(upper) if names == ["upper"] && count == 1 => {
-                *upper = fds.remove(0);
-                true
-            }
-            Writes::Scratch(dirs)
-                if count == dirs.len()
-                    && names.len() == dirs.len()
-                    && dirs
-                        .iter()
-                        .zip(names)
-                        .all(|((dir, _), name)| dir.name() == name) =>
-            {
-                for ((_, kept), fd) in dirs.iter_mut().zip(fds) {
-                    *kept = fd;
-                }
-                true
-            }
-            _ => false,
-        };
-        if kept {
-            AgentReply::Done
-        } else {
-            AgentReply::Error {
-                message: format!(
-                    "keep_writes: {names:?} with {count} descriptors is not what this sandbox keeps"
-                ),
             }
         }
     }

@@ -70,6 +70,7 @@
 //! directory's subtree. As in the kernel, the opaque xattr of a layer's root
 //! directory is ignored. Paths are absolute-style (`/`, `/etc/passwd`).
 
+mod copy;
 mod digest;
 mod merge;
 mod scan;
@@ -84,6 +85,7 @@ use std::path::{Path, PathBuf};
 
 use crate::Result;
 
+pub use copy::{copy_beneath, CopyOptions, CopyStats};
 pub use digest::{digest, digest_excluding};
 pub use merge::{diff, merged, Diff};
 pub use upper::clean_upper;

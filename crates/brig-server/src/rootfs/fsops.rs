@@ -115,42 +115,10 @@ pub(super) fn stat_fd(fd: BorrowedFd<'_>) -> Result<Info, Errno> {
     Ok(info(&st))
 }
 
-/// Kernel filesystems whose files are interfaces to the kernel, not data: the
-/// daemon runs as host root with every capability, so reading or writing them
-/// for a sandbox (its procfs shows `/proc/<pid>/mem` and `environ` of the
-/// non-dumpable init; a writable cgroupfs or sysfs would reconfigure the
-/// host) would lend it privileges it does not have. Values from
-/// `<linux/magic.h>`.
-const KERNEL_FILESYSTEMS: &[(u32, &str)] = &[
-    (0x9fa0, "proc"),
-    (0x6265_6572, "sysfs"),
-    (0x0027_e0eb, "cgroup"),
-    (0x6367_7270, "cgroup2"),
-    (0x6462_6720, "debugfs"),
-    (0x7472_6163, "tracefs"),
-    (0x7363_6673, "securityfs"),
-    (0xcafe_4a11, "bpf"),
-    (0x6265_6570, "configfs"),
-    (0x6165_676c, "pstore"),
-    (0xde5e_81e4, "efivarfs"),
-    (0xf97c_ff8c, "selinuxfs"),
-    (0x4341_5d53, "smackfs"),
-    (0x4249_4e4d, "binfmt_misc"),
-    (0x0000_1cd1, "devpts"),
-    (0x6573_5543, "fusectl"),
-    (0x6e73_6673, "nsfs"),
-];
-
-/// The name of the kernel filesystem `fd` is on, if it is one of those.
+/// The name of the kernel filesystem `fd` is on, if it is one (see
+/// [`brig_jail::resolve::kernel_fs`]).
 pub(super) fn kernel_fs(fd: BorrowedFd<'_>) -> Result<Option<&'static str>, Errno> {
-    let st = rustix::fs::fstatfs(fd)?;
-    // `f_type` is a C long on most targets; magics are 32-bit values.
-    #[allow(clippy::unnecessary_cast)]
-    let magic = st.f_type as u64 as u32;
-    Ok(KERNEL_FILESYSTEMS
-        .iter()
-        .find(|(m, _)| *m == magic)
-        .map(|(_, name)| *name))
+    brig_jail::resolve::kernel_fs(fd)
 }
 
 /// Whether the sandbox's user (host ids `owner`) has the `want` permission

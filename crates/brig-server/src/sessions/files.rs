@@ -183,6 +183,12 @@ async fn change<T: Send + 'static>(
     session: &Session,
     f: impl FnOnce(SandboxRoot) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
+    let Some(_changing) = session.cut.begin_change() else {
+        return Err(ApiError::conflict(format!(
+            "a snapshot of session {} is being taken; change its files once it is done",
+            session.id
+        )));
+    };
     let sandbox = session.sandbox();
     let result = in_sandbox(session, &sandbox, f).await;
     if session.deleted.load(Ordering::SeqCst) {

@@ -9,6 +9,7 @@
 //! still alive and cleans up the rest.
 
 pub mod agent;
+mod cut;
 pub mod exec;
 pub mod files;
 pub mod launch;
@@ -474,6 +475,8 @@ pub struct Session {
     pub limits: brig_policy::Limits,
     /// Execs hold it shared; pause, snapshot, restore and delete exclusively.
     pub gate: tokio::sync::RwLock<()>,
+    /// Changes through the files API and a snapshot's copy exclude each other.
+    pub cut: cut::Cut,
     /// stdin of background processes, by process id (lost on restart).
     pub stdin: Mutex<HashMap<u64, tokio::net::unix::pipe::Sender>>,
     pub deleted: AtomicBool,
@@ -861,6 +864,7 @@ impl Sessions {
                 paused: AtomicBool::new(state == "paused"),
                 pooled: false,
                 gate: tokio::sync::RwLock::new(()),
+                cut: cut::Cut::default(),
                 stdin: Mutex::new(HashMap::new()),
                 deleted: AtomicBool::new(false),
                 lock_kills: AtomicU64::new(0),
@@ -1557,6 +1561,7 @@ async fn start_session(
         paused: AtomicBool::new(false),
         pooled: pool_row.is_some(),
         gate: tokio::sync::RwLock::new(()),
+        cut: cut::Cut::default(),
         stdin: Mutex::new(HashMap::new()),
         deleted: AtomicBool::new(false),
         lock_kills: AtomicU64::new(0),

@@ -308,7 +308,9 @@ async fn take(
             .await
             .map_err(super::exec::sandbox_gone)?;
         match reply {
-            AgentReply::Done if fds.len() == 1 => Ok(Writes::Upper(fds)),
+            AgentReply::Done if fds.len() == 1 => Ok(Writes::Upper(
+                fds.into_iter().next().expect("one descriptor"),
+            )),
             AgentReply::Scratch { names } if names.len() == fds.len() && !fds.is_empty() => {
                 Ok(Writes::Scratch(names.into_iter().zip(fds).collect()))
             }
@@ -320,31 +322,40 @@ async fn take(
         }
     }
     .await;
-    let writes = match writes {
-        Ok(writes) => renew(state, session, sandbox, writes).await,
+    // The copy is the only step that needs the session still: its processes
+    // frozen, and changes through the files API refused (or waited for) meanwhile.
+    let staged = match writes {
+        Ok(writes) => match session.cut.begin_copy(CHANGES_DRAIN).await {
+            Some(_copying) => match freeze(session, true).await {
+                Ok(()) => {
+                    // What copying reads is bounded: the room left in the quota, or
+                    // the session's own disk limit (all it can hold without holes).
+                    let claimable = max.saturating_sub(used).max(session.disk_bytes);
+                    stage(state, session, sandbox, writes, image, claimable).await
+                }
+                Err(e) => Err(e),
+            },
+            None => Err(ApiError::conflict(format!(
+                "files of session {} are being changed through the files API; take the \
+                 snapshot once that ends",
+                session.id
+            ))),
+        },
         Err(e) => Err(e),
     };
-    // Frozen, so the layer is one consistent moment of the session's files.
-    freeze(session, true).await?;
-    // What packing reads is bounded before it starts: the room left in the quota,
-    // or the session's own disk limit (all it can hold without holes).
-    let claimable = max.saturating_sub(used).max(session.disk_bytes);
-    let packed = pack(state, session, sandbox, writes, image, claimable).await;
-    // Only the packing needs the session frozen: it is thawed before the quota is
-    // checked, so that check never keeps it waiting, and a refused snapshot leaves
-    // it as it was.
-    let thawed = if was_paused {
-        Ok(())
-    } else {
-        freeze(session, false).await
+    // Packing reads the private copy alone: the session runs again meanwhile, and a
+    // refused snapshot leaves it as it was.
+    let thawed = freeze(session, was_paused).await;
+    let staged = match (staged, thawed) {
+        (Ok(staged), Ok(())) => staged,
+        (Ok(_), Err(e)) | (Err(e), _) => return Err(e),
     };
-    let packed = match (packed, thawed) {
-        (Ok(packed), Ok(())) => packed,
-        (Ok(_), Err(e)) => {
+    let packed = match commit(state, staged, image).await {
+        Ok(packed) => packed,
+        Err(e) => {
             discard(state, image).await;
             return Err(e);
         }
-        (Err(e), _) => return Err(e),
     };
     let info = SnapshotInfo {
         snapshot_id: snapshot_id.clone(),
@@ -394,102 +405,122 @@ struct Packed {
     layers: Vec<(String, u64)>,
 }
 
-/// Turns what the session wrote into image `image` (the session is frozen).
-async fn pack(
+/// How long a snapshot waits for changes under way through the files API to end
+/// before it is refused (new ones are refused meanwhile).
+const CHANGES_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What the session wrote, copied out of its reach, with what packing it needs.
+struct Staged {
+    copy: brig_image::ops::Staged,
+    writes: Writes,
+    base: Option<String>,
+    placeholders: Vec<String>,
+    origin: String,
+}
+
+/// Copies what the session wrote into the store's work space (the session is
+/// still), at most `claimable` bytes at apparent sizes: no packing, digest or
+/// cleanup ever reads the session's own tree, which its tenant can change.
+async fn stage(
     state: &AppState,
     session: &Session,
     sandbox: &super::launch::Launched,
-    writes: Result<Writes, ApiError>,
+    writes: Writes,
     image: &str,
     claimable: u64,
-) -> Result<Packed, ApiError> {
-    let writes = writes?;
-    // Sparse files take no disk but are read whole: a terabyte of holes would
-    // keep the daemon packing for half an hour, the session frozen meanwhile.
-    let (writes, claimed) = tokio::task::spawn_blocking(move || {
-        let shown: Vec<String>;
-        let dirs: Vec<(&str, std::os::fd::BorrowedFd<'_>)> = match &writes {
-            Writes::Upper(fds) => fds.iter().map(|fd| ("", fd.as_fd())).collect(),
-            Writes::Scratch(dirs) => {
-                shown = dirs.iter().map(|(name, _)| format!("/{name}")).collect();
-                dirs.iter()
-                    .zip(&shown)
-                    .map(|((_, fd), shown)| (shown.as_str(), fd.as_fd()))
-                    .collect()
-            }
-        };
-        let claimed = crate::rootfs::claimed_bytes(&dirs, claimable);
-        drop(dirs);
-        (writes, claimed)
-    })
-    .await
-    .map_err(ApiError::internal)?;
-    // A name packing would fail on is the caller's to fix, like a bad path.
-    let claimed = claimed.map_err(|e| match e {
-        crate::rootfs::RootfsError::InvalidPath(message) => ApiError::invalid(message),
-        e => super::files::rootfs_error(e),
-    })?;
-    if claimed > claimable {
-        return Err(ApiError::quota(format!(
-            "the session's files claim more than {claimable} bytes (sparse files count at \
-             their full size, which is what a snapshot reads), more than the tenant's disk \
-             quota has room for"
-        )));
-    }
+) -> Result<Staged, ApiError> {
     let store_dir = state.args.store.clone();
+    let base = sandbox.image.clone();
     let placeholders = sandbox.placeholders.clone();
-    let base_name = sandbox.image.clone();
     let origin = format!("snapshot of session {}", session.id);
     let image = image.to_string();
     tokio::task::spawn_blocking(move || {
         let store = brig_image::store::Store::open(&store_dir)?;
-        let (record, base_layers) = match (base_name, writes) {
-            (Some(base_name), Writes::Upper(mut upper)) => {
-                let writes = upper.pop().expect("one descriptor, checked above");
-                let base = store.image(&base_name)?;
-                let base_layers = base.layers.len();
-                let record = brig_image::ops::snapshot(
-                    &store,
-                    &brig_image::ops::Snapshot {
-                        base: &base,
-                        name: &image,
-                        writes: writes.as_fd(),
-                        placeholders: &placeholders,
-                        // One mapped id: what the sandbox wrote belongs to it, and it
-                        // stands for the image's root (see `brig run --snapshot-to`).
-                        force_owner: Some((0, 0)),
-                        replace: false,
-                    },
-                    &brig_image::Silent,
-                )?;
-                (record, base_layers)
-            }
-            (_, Writes::Scratch(dirs)) => {
-                let dirs: Vec<(&str, std::os::fd::BorrowedFd<'_>)> = dirs
-                    .iter()
-                    .map(|(name, fd)| (name.as_str(), fd.as_fd()))
-                    .collect();
-                let record = brig_image::ops::snapshot_scratch(
-                    &store,
-                    &brig_image::ops::ScratchSnapshot {
-                        name: &image,
-                        dirs: &dirs,
-                        exclude: &scratch_exclusions(&placeholders),
-                        // Everything there is the session user's: a fork's copy
-                        // is its own user's, whatever is stored.
-                        force_owner: Some((0, 0)),
-                        origin: &origin,
-                    },
-                    &brig_image::Silent,
-                )?;
-                (record, 0)
-            }
-            (None, Writes::Upper(_)) => {
-                return Err(brig_image::ImageError::Unsupported(
-                    "an upper layer without a base image".into(),
-                ))
-            }
-        };
+        let copy = with_request(
+            &store,
+            base.as_deref(),
+            &writes,
+            &image,
+            &placeholders,
+            &origin,
+            claimable,
+            |store, request| match request {
+                Request::Upper(request) => {
+                    brig_image::ops::stage_snapshot(store, &request, &brig_image::Silent)
+                }
+                Request::Scratch(request) => {
+                    brig_image::ops::stage_scratch(store, &request, &brig_image::Silent)
+                }
+            },
+        )?;
+        Ok(Staged {
+            copy,
+            writes,
+            base,
+            placeholders,
+            origin,
+        })
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(|e| staging_error(e, claimable))
+}
+
+/// A failed copy, for the caller: the bounds and a changing tree are theirs to fix.
+fn staging_error(e: brig_image::ImageError, claimable: u64) -> ApiError {
+    use brig_image::ImageError;
+    match e {
+        ImageError::TooLarge(_) => ApiError::quota(format!(
+            "the session's files claim more than {claimable} bytes (sparse files count at \
+             their full size, which is what a snapshot reads), more than the tenant's disk \
+             quota has room for"
+        )),
+        ImageError::Changed(message) => ApiError::conflict(message),
+        // A name or a depth a layer cannot hold is the caller's to fix, like a bad path.
+        ImageError::BadSource(message) => ApiError::invalid(message),
+        e => ApiError::internal(format!("snapshot: {e}")),
+    }
+}
+
+/// Packs a staged copy into image `image`: the size of its new layer and the
+/// layers it holds. The image is removed again if measuring fails.
+async fn commit(state: &AppState, staged: Staged, image: &str) -> Result<Packed, ApiError> {
+    let store_dir = state.args.store.clone();
+    let image = image.to_string();
+    tokio::task::spawn_blocking(move || {
+        let store = brig_image::store::Store::open(&store_dir)?;
+        let Staged {
+            copy,
+            writes,
+            base,
+            placeholders,
+            origin,
+        } = staged;
+        let (record, base_layers) = with_request(
+            &store,
+            base.as_deref(),
+            &writes,
+            &image,
+            &placeholders,
+            &origin,
+            0,
+            |store, request| match request {
+                Request::Upper(request) => {
+                    let base_layers = request.base.layers.len();
+                    let record = brig_image::ops::commit_snapshot(
+                        store,
+                        &request,
+                        copy,
+                        &brig_image::Silent,
+                    )?;
+                    Ok((record, base_layers))
+                }
+                Request::Scratch(request) => Ok((
+                    brig_image::ops::commit_scratch(store, &request, copy, &brig_image::Silent)?,
+                    0,
+                )),
+            },
+        )?;
         let measured = (|| {
             let layers = held_layers(&store, &record)?;
             // The new top layer, unless the session wrote nothing (same layers as
@@ -507,7 +538,70 @@ async fn pack(
     })
     .await
     .map_err(ApiError::internal)?
-    .map_err(|e| ApiError::internal(format!("snapshot: {e}")))
+    .map_err(|e: brig_image::ImageError| ApiError::internal(format!("snapshot: {e}")))
+}
+
+/// brig-image's request for a snapshot of `writes`.
+enum Request<'a> {
+    Upper(brig_image::ops::Snapshot<'a>),
+    Scratch(brig_image::ops::ScratchSnapshot<'a>),
+}
+
+/// Builds the request for a snapshot of `writes` into image `image` (on top of
+/// image `base` for an upper layer) and hands it to `f`.
+#[allow(clippy::too_many_arguments)]
+fn with_request<T>(
+    store: &brig_image::store::Store,
+    base: Option<&str>,
+    writes: &Writes,
+    image: &str,
+    placeholders: &[String],
+    origin: &str,
+    max_bytes: u64,
+    f: impl FnOnce(&brig_image::store::Store, Request<'_>) -> brig_image::Result<T>,
+) -> brig_image::Result<T> {
+    match (base, writes) {
+        (Some(base), Writes::Upper(upper)) => {
+            let base = store.image(base)?;
+            f(
+                store,
+                Request::Upper(brig_image::ops::Snapshot {
+                    base: &base,
+                    name: image,
+                    writes: upper.as_fd(),
+                    placeholders,
+                    // One mapped id: what the sandbox wrote belongs to it, and it
+                    // stands for the image's root (see `brig run --snapshot-to`).
+                    force_owner: Some((0, 0)),
+                    replace: false,
+                    max_bytes: Some(max_bytes),
+                }),
+            )
+        }
+        (_, Writes::Scratch(dirs)) => {
+            let dirs: Vec<(&str, std::os::fd::BorrowedFd<'_>)> = dirs
+                .iter()
+                .map(|(name, fd)| (name.as_str(), fd.as_fd()))
+                .collect();
+            let exclude = scratch_exclusions(placeholders);
+            f(
+                store,
+                Request::Scratch(brig_image::ops::ScratchSnapshot {
+                    name: image,
+                    dirs: &dirs,
+                    exclude: &exclude,
+                    // Everything there is the session user's: a fork's copy is its
+                    // own user's, whatever is stored.
+                    force_owner: Some((0, 0)),
+                    origin,
+                    max_bytes: Some(max_bytes),
+                }),
+            )
+        }
+        (None, Writes::Upper(_)) => Err(brig_image::ImageError::Unsupported(
+            "an upper layer without a base image".into(),
+        )),
+    }
 }
 
 /// The layers of a snapshot's image that its tenant's disk quota counts, with their
@@ -613,59 +707,10 @@ pub async fn remove_orphans(state: &crate::state::Shared) -> anyhow::Result<()> 
 
 /// What a session hands over for its snapshot (see brig-jail's `mounts::Writes`).
 enum Writes {
-    /// Its image root's upper layer (one descriptor).
-    Upper(Vec<OwnedFd>),
+    /// Its image root's upper layer.
+    Upper(OwnedFd),
     /// Its private directories by name (`tmp`, `workspace`).
     Scratch(Vec<(String, OwnedFd)>),
-}
-
-/// Packing uses up the trees init handed out (see `brig_image::ops::copy_detached`):
-/// packs copies of them instead, and gives init fresh copies to keep for the session's
-/// next snapshot. Init must be running (not frozen) to take them.
-async fn renew(
-    state: &AppState,
-    session: &Session,
-    sandbox: &super::launch::Launched,
-    writes: Writes,
-) -> Result<Writes, ApiError> {
-    let upper = matches!(writes, Writes::Upper(_));
-    let (names, trees): (Vec<String>, Vec<OwnedFd>) = match writes {
-        Writes::Upper(trees) => (vec!["upper".to_string()], trees),
-        Writes::Scratch(named) => named.into_iter().unzip(),
-    };
-    let store_dir = state.args.store.clone();
-    let copies = tokio::task::spawn_blocking(move || {
-        let store = brig_image::store::Store::open(&store_dir)?;
-        trees
-            .iter()
-            .map(|tree| brig_image::ops::copy_detached(&store, tree.as_fd()))
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .await
-    .map_err(ApiError::internal)?
-    .map_err(|e| ApiError::internal(format!("snapshot: {e}")))?;
-    let (to_pack, to_keep): (Vec<OwnedFd>, Vec<OwnedFd>) = copies.into_iter().unzip();
-    let keep = AgentRequest::KeepWrites {
-        names: names.clone(),
-    };
-    let fds: Vec<_> = to_keep.iter().map(|fd| fd.as_fd()).collect();
-    let kept = tokio::time::timeout(super::agent::ANSWER_TIMEOUT, async {
-        let mut agent = super::agent::Agent::connect(&sandbox.control_socket)?;
-        agent.send(&keep, &fds).await?;
-        agent.recv().await
-    })
-    .await
-    .unwrap_or_else(|_| Err(super::agent::not_answering()));
-    if !matches!(kept, Ok((AgentReply::Done, _))) {
-        // An init started by an older daemon: this snapshot is fine, the next fails.
-        tracing::warn!(session = %session.id, reply = ?kept.map(|(reply, _)| reply),
-            "the sandbox did not take a copy of its writes for its next snapshot");
-    }
-    Ok(if upper {
-        Writes::Upper(to_pack)
-    } else {
-        Writes::Scratch(names.into_iter().zip(to_pack).collect())
-    })
 }
 
 /// What a host snapshot leaves out, relative to its tree: the daemon's own files
