@@ -13,27 +13,32 @@
 //! | any syscall from a foreign ABI (i386 `int 0x80` on x86_64, arm32 on aarch64) | kill the process |
 //! | x32 syscalls (x86_64: `nr & 0x4000_0000`) | kill the process |
 //! | `clone3` | `ENOSYS`, so libc falls back to `clone`, whose flags the filter can read |
+//! | `mincore`, `cachestat` | `ENOSYS`: they tell which pages of a file are cached, and other sandboxes share the cache (see `RESIDENCY_PROBES`) |
 //! | `io_setup` | `ENOSYS`, as on a kernel without native AIO: its contexts count against one host-wide limit (`fs.aio-max-nr`, 65536 events), which one sandbox could take whole; programs fall back to threads |
 //! | `socket`, `socketpair` with a family other than `AF_UNIX`, `AF_INET`, `AF_INET6` (netlink included: see `ALLOWED_FAMILIES`) | `EAFNOSUPPORT` |
 //! | `clone` with a namespace flag (`CLONE_NEWNS`, `NEWUTS`, `NEWIPC`, `NEWUSER`, `NEWPID`, `NEWNET`, `NEWCGROUP`, `NEWTIME`) | `EPERM` |
 //! | `ioctl` with `TIOCSTI` or `TIOCLINUX` | `EPERM` |
 //! | `fcntl` with `F_OFD_GETLK`, `F_OFD_SETLK` or `F_OFD_SETLKW` | `EINVAL`, as on a kernel without open file description locks (see `DENIED_FCNTLS`) |
 //! | `fadvise64` with `POSIX_FADV_DONTNEED` | success without effect (see `FADVISE_DONTNEED`) |
+//! | `madvise` with `MADV_COLD` or `MADV_PAGEOUT` | success without effect (see `MADVISE_RECLAIM`) |
+//! | `preadv2`, `pwritev2` with `RWF_NOWAIT` in the flags | `EOPNOTSUPP`, as for a file that does not support it (see `RWF_NOWAIT`) |
 //! | `personality` with anything but 0, 8 (`PER_LINUX32`), 0x20000, 0x20008 or 0xffffffff (query) | `EPERM` |
 //! | namespaces and mounts: `unshare`, `setns`, `mount`, `umount2`, `pivot_root`, `chroot`, `fsopen`, `fsconfig`, `fsmount`, `fspick`, `open_tree`, `move_mount`, `mount_setattr`, `open_by_handle_at`, `name_to_handle_at` | `EPERM` |
 //! | kernel attack surface: `io_uring_setup`, `io_uring_enter`, `io_uring_register`, `userfaultfd`, `bpf`, `perf_event_open`, `keyctl`, `add_key`, `request_key`, `fanotify_init`, `lookup_dcookie`, `kcmp` | `EPERM` |
 //! | the machine: `kexec_load`, `kexec_file_load`, `init_module`, `finit_module`, `delete_module`, `reboot`, `swapon`, `swapoff`, `acct`, `syslog`, `quotactl`, `quotactl_fd`, `vhangup`, `nfsservctl`, `sethostname`, `setdomainname` | `EPERM` |
 //! | clocks: `settimeofday`, `clock_settime`, `clock_adjtime`, `adjtimex` | `EPERM` |
 //! | NUMA policy: `get_mempolicy`, `set_mempolicy`, `set_mempolicy_home_node`, `mbind`, `move_pages`, `migrate_pages` | `EPERM` |
+//! | `process_madvise`, even with `allow_ptrace` (it pages out like `madvise`) | `EPERM` |
 //! | x86_64 only: `iopl`, `ioperm`, `create_module`, `query_module`, `get_kernel_syms`, `uselib`, `ustat`, `sysfs`, `_sysctl`, and the never-implemented `afs_syscall`, `getpmsg`, `putpmsg`, `security`, `tuxcall`, `vserver` | `EPERM` |
-//! | unless `allow_ptrace`: `ptrace`, `process_vm_readv`, `process_vm_writev`, `pidfd_getfd`, `process_madvise` | `EPERM` |
+//! | unless `allow_ptrace`: `ptrace`, `process_vm_readv`, `process_vm_writev`, `pidfd_getfd` | `EPERM` |
 //! | everything else | allow |
 //!
 //! This covers the syscalls Docker's default profile refuses to a container without added
 //! capabilities, plus io_uring, `name_to_handle_at`, native AIO and the socket families.
 //! Docker's profile is an allowlist, so it also refuses calls newer than it (`statmount`,
-//! `listmount`, `lsm_*`, `cachestat`, `mseal`, ...), which this denylist lets through: they
-//! read what the sandbox can already see or act on its own memory. `adjtimex` and
+//! `listmount`, `lsm_*`, `mseal`, ...), which this denylist lets through: they read what
+//! the sandbox can already see or act on its own memory. (`cachestat` is refused here too,
+//! for what it tells of the shared page cache.) `adjtimex` and
 //! `clock_adjtime` are denied outright: only their `modes` field tells a read from a write,
 //! and it lives in user memory, which a seccomp filter cannot read.
 //!
@@ -64,7 +69,7 @@
 //! the ranges until a leaf can sort out the rest with at most two comparisons (a `jeq` for
 //! a single number, two `jge` for a run), which is never longer than the tree it replaces.
 //! Every `ret` and argument check is written once and jumped to, and the program comes to
-//! under a hundred instructions, where seccompiler's took 464.
+//! 111 instructions, where seccompiler's took 464 (for fewer checks).
 //!
 //! Both numbers matter at start-up: when the filter is attached the kernel compiles it
 //! (the cost grows with its length) and runs it once per syscall number to fill its action
@@ -73,18 +78,19 @@
 //!
 //! The program is generated here rather than by seccompiler, which compiles a linear chain
 //! of one comparison per syscall, gives a filter a single match action (this one needs
-//! EPERM, ENOSYS, EAFNOSUPPORT and kill) and knows nothing of x32.
+//! EPERM, ENOSYS, EINVAL, EAFNOSUPPORT, EOPNOTSUPP, success and kill) and knows nothing of
+//! x32.
 //!
 //! Conditional jumps have 8-bit offsets. A jump to code more than 255 instructions on goes
 //! to a copy of it written nearer (a `ret`) or to a `ja`, whose offset is 32-bit. Today's
 //! program is shorter than that, but the generator does not rely on it.
 //!
-//! Only `clone`, `ioctl`, `fcntl`, `fadvise64`, `personality`, `socket` and `socketpair` look
-//! at arguments. For
-//! every other syscall the result depends on the syscall number alone, and the search uses
-//! only instructions the kernel's cache emulation understands (`ld` of nr and arch, `jeq`,
-//! `jge`, `jset`, `ja`, `ret`), so the kernel's seccomp action cache (5.11+) allows it
-//! without running the filter at all.
+//! Only `clone`, `ioctl`, `fcntl`, `fadvise64`, `madvise`, `personality`, `socket`,
+//! `socketpair`, `preadv2` and `pwritev2` look at arguments. For every other syscall the
+//! result depends on the syscall number alone, and the search uses only instructions the
+//! kernel's cache emulation understands (`ld` of nr and arch, `jeq`, `jge`, `jset`, `ja`,
+//! `ret`), so the kernel's seccomp action cache (5.11+) allows it without running the
+//! filter at all.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -118,6 +124,9 @@ pub struct SeccompSummary {
     pub kills_x32: bool,
     /// Length of the BPF program.
     pub instructions: usize,
+    /// Calls answered with success without being run, because they would act on pages
+    /// other sandboxes share.
+    pub ignored_advice: &'static [&'static str],
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -222,6 +231,11 @@ const DENIED: &[i64] = &[
     libc::SYS_mbind,
     libc::SYS_move_pages,
     libc::SYS_migrate_pages,
+    // It takes MADV_COLD and MADV_PAGEOUT for the caller's own memory, as madvise does (see
+    // MADVISE_RECLAIM), or for another process's. No debugger needs it and programs advise
+    // their own memory with madvise, so it is refused whatever the advice, with
+    // allow_ptrace too.
+    libc::SYS_process_madvise,
 ];
 
 /// Reading or writing another process's memory; denied unless the policy allows ptrace.
@@ -230,7 +244,6 @@ const PTRACE: &[i64] = &[
     libc::SYS_process_vm_readv,
     libc::SYS_process_vm_writev,
     libc::SYS_pidfd_getfd,
-    libc::SYS_process_madvise,
 ];
 
 /// Namespace flags refused in clone(). CLONE_NEWTIME shares its bit with the exit signal
@@ -284,9 +297,43 @@ const DENIED_FCNTLS: &[u32] = &[
 /// host's Python, shared by every other sandbox, and made their starts 2.8x slower. It is
 /// answered with success and not done: the advice is a hint a kernel may ignore, and the
 /// sandbox's own cached pages are reclaimed under its memory limit anyway. (`madvise`'s
-/// `MADV_PAGEOUT` and `MADV_COLD` need no rule: the kernel only pages out file pages the
-/// caller could open for writing.)
+/// `MADV_PAGEOUT` and `MADV_COLD` do the same to files a sandbox owns: see
+/// `MADVISE_RECLAIM`.)
 const FADVISE_DONTNEED: u32 = libc::POSIX_FADV_DONTNEED as u32;
+
+/// `madvise` advice that reclaims (`MADV_PAGEOUT`) or deactivates (`MADV_COLD`) the pages
+/// of a mapping, file pages included when the caller owns the file or could open it for
+/// writing. An image's layers are mounted once and idmapped to each sandbox's uid, so every
+/// sandbox owns every image file: one sandbox evicted 5,852 of 6,204 cached pages of a
+/// numpy library every other sandbox maps, the slowdown `FADVISE_DONTNEED` is refused for.
+/// Answered with success and not done, like that advice: a hint the kernel may ignore.
+const MADVISE_RECLAIM: &[u32] = &[libc::MADV_COLD as u32, libc::MADV_PAGEOUT as u32];
+
+/// What the filter answers with success without running the call (the summary lists them).
+const IGNORED_ADVICE: &[&str] = &[
+    "fadvise64(POSIX_FADV_DONTNEED)",
+    "madvise(MADV_COLD)",
+    "madvise(MADV_PAGEOUT)",
+];
+
+/// `preadv2`'s and `pwritev2`'s flag that fails with EAGAIN instead of waiting for a page
+/// that is not cached: one call tells whether someone read that page of a shared file
+/// lately. Refused with EOPNOTSUPP, what the kernel answers for a file that cannot do it,
+/// so callers take their blocking path (glibc's emulation on old kernels says the same);
+/// other flags pass. Every 64-bit ABI passes the flags sixth, after the offset's two halves.
+const RWF_NOWAIT: u32 = libc::RWF_NOWAIT as u32;
+
+/// cachestat's number, the same on x86_64 and aarch64 (libc does not have it for glibc yet).
+const SYS_CACHESTAT: i64 = 451;
+
+/// Calls whose whole purpose is to tell which pages of a file are in the page cache:
+/// `mincore` (of a mapping) and `cachestat` (of a file). The kernel answers for files the
+/// caller owns or could write, which in an image sandbox is every shared layer file: one
+/// sandbox could watch what the others read. Refused with ENOSYS, what a kernel without
+/// them answers: libunwind, the common user of `mincore` (to check addresses while
+/// unwinding), falls back to `msync` on any error, and `cachestat` is new (6.5), so its
+/// callers expect ENOSYS.
+const RESIDENCY_PROBES: &[i64] = &[libc::SYS_mincore, SYS_CACHESTAT];
 
 /// Builds the filter for `policy`; `None` when seccomp is off.
 pub fn build(policy: &SeccompPolicy) -> Result<Option<SeccompProgram>, JailError> {
@@ -310,6 +357,7 @@ pub fn build(policy: &SeccompPolicy) -> Result<Option<SeccompProgram>, JailError
         kills_foreign_arch: true,
         kills_x32: arch::X32_SYSCALL_BIT.is_some(),
         instructions: filter.len(),
+        ignored_advice: IGNORED_ADVICE,
     };
     tracing::debug!(?summary, "seccomp filter built");
     Ok(Some(SeccompProgram { filter, summary }))
@@ -399,6 +447,10 @@ enum Check {
     FcntlCmd,
     /// Success without the call for `POSIX_FADV_DONTNEED` (the advice, arg 3).
     FadviseAdvice,
+    /// Success without the call for `MADV_COLD` and `MADV_PAGEOUT` (the advice, arg 2).
+    MadviseAdvice,
+    /// EOPNOTSUPP if the flags (arg 5) have `RWF_NOWAIT`.
+    RwFlags,
     /// EPERM unless arg 0 is one of Docker's personalities.
     Personality,
     /// EAFNOSUPPORT unless the domain (arg 0) is an allowed family.
@@ -422,6 +474,9 @@ fn verdicts(allow_ptrace: bool) -> Result<BTreeMap<u32, Verdict>, JailError> {
         (libc::SYS_ioctl, Verdict::Check(Check::IoctlRequest)),
         (libc::SYS_fcntl, Verdict::Check(Check::FcntlCmd)),
         (libc::SYS_fadvise64, Verdict::Check(Check::FadviseAdvice)),
+        (libc::SYS_madvise, Verdict::Check(Check::MadviseAdvice)),
+        (libc::SYS_preadv2, Verdict::Check(Check::RwFlags)),
+        (libc::SYS_pwritev2, Verdict::Check(Check::RwFlags)),
         (libc::SYS_personality, Verdict::Check(Check::Personality)),
         (libc::SYS_socket, Verdict::Check(Check::SocketFamily)),
         (libc::SYS_socketpair, Verdict::Check(Check::SocketFamily)),
@@ -430,6 +485,11 @@ fn verdicts(allow_ptrace: bool) -> Result<BTreeMap<u32, Verdict>, JailError> {
     for (nr, verdict) in unconditional
         .map(|&nr| (nr, Verdict::Errno(libc::EPERM)))
         .chain(special)
+        .chain(
+            RESIDENCY_PROBES
+                .iter()
+                .map(|&nr| (nr, Verdict::Errno(libc::ENOSYS))),
+        )
     {
         let key = u32::try_from(nr)
             .ok()
@@ -492,8 +552,9 @@ const DATA_NR: u32 = 0;
 const DATA_ARCH: u32 = 4;
 
 /// The offset of argument `n`'s low half. The kernel reads clone's flags, ioctl's request,
-/// fcntl's command, fadvise's advice, personality's argument and socket's domain as 32-bit
-/// ints, so only the low half is compared: a value with junk in the high half must not slip past a 64-bit comparison.
+/// fcntl's command, fadvise's and madvise's advice, personality's argument, socket's domain
+/// and preadv2's flags as 32-bit ints, so only the low half is compared: a value with junk
+/// in the high half must not slip past a 64-bit comparison.
 const fn data_arg_low(n: u32) -> u32 {
     16 + 8 * n
 }
@@ -641,6 +702,14 @@ impl Assembler {
             }
             // An errno of 0 returns 0 without running the call.
             Check::FadviseAdvice => self.one_of(3, [FADVISE_DONTNEED].into_iter(), errno(0), allow),
+            Check::MadviseAdvice => {
+                self.one_of(2, MADVISE_RECLAIM.iter().copied(), errno(0), allow)
+            }
+            Check::RwFlags => {
+                let (refuse, pass) = (self.ret(errno(libc::EOPNOTSUPP)), self.ret(allow));
+                self.jump(BPF_JMP_JSET_K, RWF_NOWAIT, refuse, pass);
+                self.load(data_arg_low(5))
+            }
             Check::Personality => {
                 self.one_of(0, ALLOWED_PERSONALITIES.iter().copied(), allow, eperm)
             }
@@ -922,9 +991,25 @@ mod tests {
         assert_eq!(s.instructions, p.filter.len());
         assert!(s.instructions < BPF_MAXINSNS);
         // Unconditional, ptrace group, clone/ioctl/personality,
-        // clone3/io_setup/socket/socketpair, fcntl/fadvise64.
-        let expected = DENIED.len() + arch::DENIED.len() + PTRACE.len() + 3 + 4 + 2;
+        // clone3/io_setup/socket/socketpair, fcntl/fadvise64, madvise/preadv2/pwritev2, and
+        // the residency probes.
+        let expected = DENIED.len()
+            + arch::DENIED.len()
+            + PTRACE.len()
+            + 3
+            + 4
+            + 2
+            + 3
+            + RESIDENCY_PROBES.len();
         assert_eq!(s.denied_syscalls, expected);
+        assert_eq!(
+            s.ignored_advice,
+            [
+                "fadvise64(POSIX_FADV_DONTNEED)",
+                "madvise(MADV_COLD)",
+                "madvise(MADV_PAGEOUT)"
+            ]
+        );
         let json = serde_json::to_value(s).unwrap();
         assert_eq!(json["arch"], std::env::consts::ARCH);
     }
@@ -943,8 +1028,12 @@ mod tests {
             assert_eq!(call0(&strict, nr), errno(libc::EPERM), "nr {nr}");
             assert_eq!(call0(&lenient, nr), ALLOW, "nr {nr}");
         }
-        // kcmp stays denied: it is not needed to trace.
+        // kcmp stays denied: it is not needed to trace. process_madvise too: it pages out.
         assert_eq!(call0(&lenient, libc::SYS_kcmp), errno(libc::EPERM));
+        assert_eq!(
+            call0(&lenient, libc::SYS_process_madvise),
+            errno(libc::EPERM)
+        );
         assert_eq!(call0(&lenient, libc::SYS_mount), errno(libc::EPERM));
     }
 
@@ -966,7 +1055,11 @@ mod tests {
             libc::SYS_socketpair,
             libc::SYS_fcntl,
             libc::SYS_fadvise64,
+            libc::SYS_madvise,
+            libc::SYS_preadv2,
+            libc::SYS_pwritev2,
         ]);
+        all.extend(RESIDENCY_PROBES);
         let unique: std::collections::BTreeSet<_> = all.iter().collect();
         assert_eq!(unique.len(), all.len());
     }
@@ -993,6 +1086,9 @@ mod tests {
         let p = program(false);
         assert_eq!(call0(&p, libc::SYS_clone3), errno(libc::ENOSYS));
         assert_eq!(call0(&p, libc::SYS_io_setup), errno(libc::ENOSYS));
+        for &nr in RESIDENCY_PROBES {
+            assert_eq!(call0(&p, nr), errno(libc::ENOSYS), "nr {nr}");
+        }
         for &nr in DENIED.iter().chain(arch::DENIED) {
             assert_eq!(call0(&p, nr), errno(libc::EPERM), "nr {nr}");
             assert_eq!(call(&p, nr, [u64::MAX; 6]), errno(libc::EPERM), "nr {nr}");
@@ -1110,6 +1206,57 @@ mod tests {
     }
 
     #[test]
+    fn madvise_cold_and_pageout_succeed_without_running() {
+        let p = program(false);
+        let madvise = |advice: u64| call(&p, libc::SYS_madvise, [0x1000, 0x1000, advice, 0, 0, 0]);
+        for advice in [libc::MADV_COLD, libc::MADV_PAGEOUT] {
+            let advice = advice as u64;
+            assert_eq!(madvise(advice), libc::SECCOMP_RET_ERRNO, "{advice}");
+            // The advice is an int: junk in the high half changes nothing.
+            assert_eq!(
+                madvise(7 << 32 | advice),
+                libc::SECCOMP_RET_ERRNO,
+                "{advice}"
+            );
+        }
+        for advice in [
+            libc::MADV_NORMAL,
+            libc::MADV_RANDOM,
+            libc::MADV_SEQUENTIAL,
+            libc::MADV_WILLNEED,
+            libc::MADV_DONTNEED,
+            libc::MADV_FREE,
+            libc::MADV_HUGEPAGE,
+            libc::MADV_DONTDUMP,
+        ] {
+            assert_eq!(madvise(advice as u64), ALLOW, "{advice}");
+        }
+    }
+
+    #[test]
+    fn nowait_reads_and_writes_are_eopnotsupp_and_other_flags_pass() {
+        let p = program(false);
+        let nowait = libc::RWF_NOWAIT as u64;
+        for nr in [libc::SYS_preadv2, libc::SYS_pwritev2] {
+            let rw = |flags: u64| call(&p, nr, [3, 0x1000, 1, 0, 0, flags]);
+            for flags in [
+                nowait,
+                nowait | libc::RWF_HIPRI as u64,
+                nowait | libc::RWF_DSYNC as u64,
+                // The flags are an int: the high half does not hide the bit.
+                0xff << 32 | nowait,
+            ] {
+                assert_eq!(rw(flags), errno(libc::EOPNOTSUPP), "nr {nr} {flags:#x}");
+            }
+            for flags in [0, libc::RWF_HIPRI, libc::RWF_DSYNC, libc::RWF_SYNC] {
+                assert_eq!(rw(flags as u64), ALLOW, "nr {nr} {flags:#x}");
+            }
+            // Only argument 5 holds the flags: the bit elsewhere is an offset or a length.
+            assert_eq!(call(&p, nr, [3, 0x1000, nowait, nowait, nowait, 0]), ALLOW);
+        }
+    }
+
+    #[test]
     fn only_dockers_personalities_are_allowed() {
         let p = program(false);
         for value in [0, 8, 0x20000, 0x20008, 0xffff_ffff] {
@@ -1164,16 +1311,19 @@ mod tests {
     /// Everything but the argument-filtered syscalls must have a result that depends on the
     /// syscall number alone, so that the kernel's action cache can allow it for free.
     #[test]
-    fn only_seven_syscalls_look_at_arguments() {
+    fn only_ten_syscalls_look_at_arguments() {
         let p = program(false);
         let filtered = [
             libc::SYS_clone,
             libc::SYS_ioctl,
             libc::SYS_fcntl,
             libc::SYS_fadvise64,
+            libc::SYS_madvise,
             libc::SYS_personality,
             libc::SYS_socket,
             libc::SYS_socketpair,
+            libc::SYS_preadv2,
+            libc::SYS_pwritev2,
         ];
         for nr in 0..512 {
             let constant = run(&p.filter, arch::AUDIT_ARCH, nr, None);
@@ -1272,8 +1422,10 @@ mod tests {
                 ]);
             }
             p.extend([
-                jump(BPF_JMP_JEQ_K, libc::SYS_clone3 as u32, 1, 0),
-                jump(BPF_JMP_JEQ_K, libc::SYS_io_setup as u32, 0, 1),
+                jump(BPF_JMP_JEQ_K, libc::SYS_clone3 as u32, 3, 0),
+                jump(BPF_JMP_JEQ_K, libc::SYS_io_setup as u32, 2, 0),
+                jump(BPF_JMP_JEQ_K, libc::SYS_mincore as u32, 1, 0),
+                jump(BPF_JMP_JEQ_K, SYS_CACHESTAT as u32, 0, 1),
                 stmt(BPF_RET_K, errno(libc::ENOSYS)),
             ]);
             // fcntl: the three OFD commands -> EINVAL.
@@ -1292,6 +1444,24 @@ mod tests {
                 stmt(BPF_LD_W_ABS, data_arg_low(3)),
                 jump(BPF_JMP_JEQ_K, libc::POSIX_FADV_DONTNEED as u32, 0, 1),
                 stmt(BPF_RET_K, errno(0)),
+                stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW),
+            ]);
+            // madvise: MADV_COLD, MADV_PAGEOUT -> 0.
+            p.extend([
+                jump(BPF_JMP_JEQ_K, libc::SYS_madvise as u32, 0, 5),
+                stmt(BPF_LD_W_ABS, data_arg_low(2)),
+                jump(BPF_JMP_JEQ_K, libc::MADV_COLD as u32, 1, 0),
+                jump(BPF_JMP_JEQ_K, libc::MADV_PAGEOUT as u32, 0, 1),
+                stmt(BPF_RET_K, errno(0)),
+                stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW),
+            ]);
+            // preadv2, pwritev2: RWF_NOWAIT -> EOPNOTSUPP.
+            p.extend([
+                jump(BPF_JMP_JEQ_K, libc::SYS_preadv2 as u32, 1, 0),
+                jump(BPF_JMP_JEQ_K, libc::SYS_pwritev2 as u32, 0, 4),
+                stmt(BPF_LD_W_ABS, data_arg_low(5)),
+                jump(BPF_JMP_JSET_K, libc::RWF_NOWAIT as u32, 0, 1),
+                stmt(BPF_RET_K, errno(libc::EOPNOTSUPP)),
                 stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW),
             ]);
             let families = ALLOWED_FAMILIES.len() as u8;
@@ -1325,11 +1495,15 @@ mod tests {
             || (!allow_ptrace && PTRACE.contains(&nr));
         let verdict = match nr {
             _ if unconditional => Verdict::Errno(libc::EPERM),
-            libc::SYS_clone3 | libc::SYS_io_setup => Verdict::Errno(libc::ENOSYS),
+            libc::SYS_clone3 | libc::SYS_io_setup | libc::SYS_mincore | 451 => {
+                Verdict::Errno(libc::ENOSYS)
+            }
             libc::SYS_clone => Verdict::Check(Check::CloneFlags),
             libc::SYS_ioctl => Verdict::Check(Check::IoctlRequest),
             libc::SYS_fcntl => Verdict::Check(Check::FcntlCmd),
             libc::SYS_fadvise64 => Verdict::Check(Check::FadviseAdvice),
+            libc::SYS_madvise => Verdict::Check(Check::MadviseAdvice),
+            libc::SYS_preadv2 | libc::SYS_pwritev2 => Verdict::Check(Check::RwFlags),
             libc::SYS_personality => Verdict::Check(Check::Personality),
             libc::SYS_socket | libc::SYS_socketpair => Verdict::Check(Check::SocketFamily),
             _ => Verdict::Allow,
@@ -1371,6 +1545,21 @@ mod tests {
                     ALLOW
                 }
             }
+            Verdict::Check(Check::MadviseAdvice) => {
+                let advice = low()?[2] as libc::c_int;
+                if advice == libc::MADV_COLD || advice == libc::MADV_PAGEOUT {
+                    errno(0)
+                } else {
+                    ALLOW
+                }
+            }
+            Verdict::Check(Check::RwFlags) => {
+                if low()?[5] & libc::RWF_NOWAIT as u32 != 0 {
+                    errno(libc::EOPNOTSUPP)
+                } else {
+                    ALLOW
+                }
+            }
             Verdict::Check(Check::Personality) => {
                 eperm_if(!ALLOWED_PERSONALITIES.contains(&low()?[0]))
             }
@@ -1408,6 +1597,8 @@ mod tests {
             Verdict::Check(Check::SocketFamily),
             Verdict::Check(Check::FcntlCmd),
             Verdict::Check(Check::FadviseAdvice),
+            Verdict::Check(Check::MadviseAdvice),
+            Verdict::Check(Check::RwFlags),
         ];
         let patterns = arg_patterns();
         for round in 0..200 {
@@ -1510,8 +1701,9 @@ mod tests {
             values.extend([value, value + 1, value.wrapping_sub(1), 1 << 32 | value]);
         }
         values.extend([0x0040_0000, 0x0400_0000, 0x6]);
-        // 0..=48 covers the socket families, fcntl's commands (the OFD ones are 36 to 38) and
-        // fadvise's advice (0 to 5).
+        // 0..=48 covers the socket families, fcntl's commands (the OFD ones are 36 to 38),
+        // fadvise's advice (0 to 5), madvise's (0 to 25) and preadv2's flags (RWF_NOWAIT is 8,
+        // alone and with its neighbours).
         for family in 0..=48 {
             values.extend([family, 1 << 32 | family]);
         }
@@ -1521,10 +1713,14 @@ mod tests {
             arg0[0] = value;
             let mut arg1 = [0; 6];
             arg1[1] = value;
-            // fadvise's advice is argument 3.
+            // madvise's advice is argument 2, fadvise's 3, preadv2's flags 5.
+            let mut arg2 = [0; 6];
+            arg2[2] = value;
             let mut arg3 = [0; 6];
             arg3[3] = value;
-            patterns.extend([arg0, arg1, arg3, [value; 6]]);
+            let mut arg5 = [0; 6];
+            arg5[5] = value;
+            patterns.extend([arg0, arg1, arg2, arg3, arg5, [value; 6]]);
         }
         patterns
     }

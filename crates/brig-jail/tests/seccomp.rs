@@ -413,6 +413,69 @@ fn cases() -> Vec<Case> {
             json!([-1, 0, 0, 0, 0]),
             eperm,
         ),
+        // The shared page cache: no eviction, no residency probes. madvise at the unaligned
+        // address 1 fails EINVAL wherever the kernel sees it.
+        case(
+            "madvise_pageout",
+            SYS_madvise,
+            json!([bad, 4096, MADV_PAGEOUT]),
+            Ok,
+        )
+        .unconfined(Errno(EINVAL)),
+        case(
+            "madvise_cold",
+            SYS_madvise,
+            json!([bad, 4096, MADV_COLD]),
+            Ok,
+        )
+        .unconfined(Errno(EINVAL)),
+        case(
+            "madvise_dontneed",
+            SYS_madvise,
+            json!([bad, 4096, MADV_DONTNEED]),
+            Errno(EINVAL),
+        ),
+        case(
+            "mincore",
+            SYS_mincore,
+            json!([bad, 4096, "buf"]),
+            Errno(ENOSYS),
+        )
+        .unconfined(Errno(EINVAL)),
+        // cachestat, not in libc's tables yet: 451 on x86_64 and aarch64.
+        case(
+            "cachestat",
+            451,
+            json!([-1, "buf", "buf", 0]),
+            Errno(ENOSYS),
+        ),
+        case(
+            "preadv2_nowait",
+            SYS_preadv2,
+            json!([-1, "buf", 1, 0, 0, RWF_NOWAIT]),
+            Errno(EOPNOTSUPP),
+        )
+        .unconfined(Errno(EBADF)),
+        case(
+            "pwritev2_nowait",
+            SYS_pwritev2,
+            json!([-1, "buf", 1, 0, 0, RWF_NOWAIT | RWF_DSYNC]),
+            Errno(EOPNOTSUPP),
+        )
+        .unconfined(Errno(EBADF)),
+        // Other flags reach the kernel.
+        case(
+            "preadv2_hipri",
+            SYS_preadv2,
+            json!([-1, "buf", 1, 0, 0, RWF_HIPRI]),
+            Errno(EBADF),
+        ),
+        case(
+            "pwritev2_plain",
+            SYS_pwritev2,
+            json!([-1, "buf", 1, 0, 0, 0]),
+            Errno(EBADF),
+        ),
         // Sockets.
         case(
             "socket_inet",
@@ -632,6 +695,13 @@ fn allow_ptrace_lets_debuggers_work() {
         ),
         case("mount", SYS_mount, json!([0, 0, 0, 0, 0]), eperm),
         case("kcmp", SYS_kcmp, json!(["pid", "pid", 0, 0, 0]), eperm),
+        // It pages out as madvise does, debugger or not.
+        case(
+            "process_madvise",
+            SYS_process_madvise,
+            json!([-1, 0, 0, 0, 0]),
+            eperm,
+        ),
         case(
             "unshare_newuser",
             SYS_unshare,
