@@ -1869,6 +1869,126 @@ fn root_twenty_concurrent_sandboxes_share_one_mount_per_layer() {
     }
 }
 
+/// Maps the file named by its argument, touches every page, then advises
+/// `MADV_PAGEOUT` and `MADV_COLD` over the mapping; prints each result (0 or an errno).
+/// Image sandboxes have no Python, hence C.
+const PAGEOUT_C: &str = "#include <errno.h>\n\
+    #include <fcntl.h>\n\
+    #include <stdio.h>\n\
+    #include <sys/mman.h>\n\
+    #include <sys/stat.h>\n\
+    int main(int argc, char **argv) {\n\
+        struct stat st;\n\
+        int fd = argc > 1 ? open(argv[1], O_RDONLY) : -1;\n\
+        if (fd < 0 || fstat(fd, &st) != 0) { perror(\"open\"); return 1; }\n\
+        volatile char *map = mmap(0, st.st_size, PROT_READ, MAP_SHARED, fd, 0);\n\
+        if (map == MAP_FAILED) { perror(\"mmap\"); return 1; }\n\
+        unsigned sum = 0;\n\
+        for (off_t at = 0; at < st.st_size; at += 4096) sum += map[at];\n\
+        /* 21 is MADV_PAGEOUT, 20 MADV_COLD (Linux 5.4). */\n\
+        int pageout = madvise((void *)map, st.st_size, 21) == 0 ? 0 : errno;\n\
+        int cold = madvise((void *)map, st.st_size, 20) == 0 ? 0 : errno;\n\
+        printf(\"pageout %d\\ncold %d\\n\", pageout, cold);\n\
+        return sum == 1;\n\
+    }\n";
+
+/// Compiles `source` with gcc into `binary`; false (the test is skipped) without gcc.
+fn compile_c(source: &str, binary: &Path) -> bool {
+    let file = binary.with_extension("c");
+    fs::write(&file, source).unwrap();
+    match Command::new("gcc")
+        .arg("-O1")
+        .arg("-o")
+        .arg(binary)
+        .arg(&file)
+        .output()
+    {
+        Ok(out) => {
+            assert!(
+                out.status.success(),
+                "gcc: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            true
+        }
+        Err(err) => {
+            eprintln!("skipped: no gcc ({err})");
+            false
+        }
+    }
+}
+
+/// Bytes of `path` in the host's page cache, as the host sees it (fincore, as root).
+fn cached_bytes(path: &Path) -> u64 {
+    let out = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(path)
+        .output()
+        .expect("fincore (util-linux)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("fincore: {text} {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn root_an_image_sandbox_cannot_page_out_the_layers_it_shares() {
+    require_root!();
+    // A layer is mounted once on the host and shared by every sandbox, idmapped so that
+    // the sandbox owns its files. The kernel pages out (MADV_PAGEOUT) or deactivates
+    // (MADV_COLD) the file pages of a mapping whose file the caller owns: without brig's
+    // filter one sandbox evicted most of a shared numpy library, for every other one.
+    let fx = Fixture::new();
+    let root = fx.rootfs_copy("pageout");
+    if !compile_c(PAGEOUT_C, &root.join("bin/pageout")) {
+        return;
+    }
+    fs::remove_file(root.join("bin/pageout.c")).unwrap();
+    const SIZE: usize = 4 << 20;
+    let data: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8 + 1).collect();
+    let big = write_file(&root.join("data/big"), &data);
+    fs::set_permissions(big, fs::Permissions::from_mode(0o644)).unwrap();
+    fx.import("shared", &root);
+    fx.sh("shared", &[], "true");
+    let layer = fx.layers("shared").remove(0);
+    let host_view = fx.mount_point(&layer).join("data/big");
+    assert_eq!(fs::read(&host_view).unwrap(), data);
+    assert_eq!(
+        cached_bytes(&host_view),
+        SIZE as u64,
+        "the host read it all"
+    );
+
+    let result = fx.run_json(&["--image", "shared"], &["/bin/pageout", "/data/big"]);
+    assert_eq!(result["stdout"], "pageout 0\ncold 0\n", "{result}");
+    assert_eq!(result["exit_code"], 0, "{result}");
+    // What brig reports: the advice is ignored, not refused.
+    let ignored = &result["enforced"]["seccomp"]["filter"]["ignored_advice"];
+    assert!(
+        ignored
+            .as_array()
+            .is_some_and(|a| a.contains(&json!("madvise(MADV_PAGEOUT)"))),
+        "{result}"
+    );
+    assert_eq!(
+        cached_bytes(&host_view),
+        SIZE as u64,
+        "the sandbox evicted a shared layer's file from the page cache"
+    );
+    // The same advice from an owner outside any sandbox does evict: the pages could
+    // have gone.
+    let out = Command::new(root.join("bin/pageout"))
+        .arg(&host_view)
+        .output()
+        .unwrap();
+    assert_eq!(ok(&out, "pageout on the host"), "pageout 0\ncold 0\n");
+    let left = cached_bytes(&host_view);
+    assert!(
+        left < SIZE as u64 / 2,
+        "the host's pageout left {left} bytes"
+    );
+}
+
 /// An image is untrusted: its layers, mounted on the host, honour neither setuid
 /// bits nor device nodes.
 fn assert_layer_mount_options(mount: &HostMount) {

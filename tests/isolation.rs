@@ -570,6 +570,55 @@ fn root_a_sandbox_cannot_evict_the_page_cache_it_shares() {
 }
 
 #[test]
+fn root_a_sandbox_cannot_probe_which_pages_of_shared_files_are_cached() {
+    require_root!();
+    // mincore (of a mapping), cachestat (of a file) and preadv2/pwritev2 with RWF_NOWAIT
+    // (EAGAIN for a page not cached) tell which pages of a file are in the page cache:
+    // of a file other sandboxes read, what they read lately. The kernel answers the first
+    // two for files the caller owns or could write, which in an image sandbox is every
+    // layer file (idmapped to the sandbox); here the shared file is a host file bound
+    // writable. They are refused as by a kernel without them; plain preadv2 still reads.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let path = dir.path().join("shared");
+    std::fs::write(&path, "shared!").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let bind = format!("{}:/shared:rw", dir.path().display());
+    let (out, code) = py(
+        &["--bind", &bind],
+        "import ctypes, errno, mmap, os\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         libc.syscall.restype = ctypes.c_long\n\
+         libc.mmap.restype = ctypes.c_void_p\n\
+         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+         libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]\n\
+         def name(e): return 'EOPNOTSUPP' if e == errno.EOPNOTSUPP else errno.errorcode[e]\n\
+         def result(r): return 'answered' if r == 0 else name(ctypes.get_errno())\n\
+         fd = os.open('/shared/shared', os.O_RDWR)\n\
+         addr = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)\n\
+         print('mincore', result(libc.mincore(addr, 4096, ctypes.create_string_buffer(1))))\n\
+         span, stat = (ctypes.c_uint64 * 2)(0, 0), (ctypes.c_uint64 * 5)()\n\
+         print('cachestat', result(libc.syscall(ctypes.c_long(451), fd, span, stat, 0)))\n\
+         for call_name, call in (('preadv2', lambda flags: os.preadv(fd, [bytearray(7)], 0, flags)),\n\
+         \x20                       ('pwritev2', lambda flags: os.pwritev(fd, [b'shared!'], 0, flags))):\n\
+         \x20   try: print(call_name, 'nowait', call(os.RWF_NOWAIT))\n\
+         \x20   except OSError as e: print(call_name, 'nowait', name(e.errno))\n\
+         buf = bytearray(7)\n\
+         print('preadv2', os.preadv(fd, [buf], 0, 0), bytes(buf))\n\
+         print('preadv2 hipri', os.preadv(fd, [buf], 0, os.RWF_HIPRI))\n",
+    );
+    assert_eq!(
+        (out.as_str(), code),
+        (
+            "mincore ENOSYS\ncachestat ENOSYS\npreadv2 nowait EOPNOTSUPP\n\
+             pwritev2 nowait EOPNOTSUPP\npreadv2 7 b'shared!'\npreadv2 hipri 7\n",
+            0
+        )
+    );
+}
+
+#[test]
 fn root_open_file_description_locks_are_refused_and_posix_locks_work() {
     require_root!();
     // An OFD lock belongs to an open file, which can sit in a unix socket's queue held
