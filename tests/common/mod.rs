@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod daemon;
+pub mod sessions;
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};

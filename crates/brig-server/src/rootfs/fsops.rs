@@ -1,9 +1,13 @@
 //! Descriptor-level helpers shared by the rootfs operations.
 
 use std::fs::File;
+use std::mem::MaybeUninit;
+use std::ops::ControlFlow;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
+use rustix::fs::{
+    AtFlags, FileType, Mode, OFlags, RawDir, ResolveFlags, SeekFrom, StatxAttributes, StatxFlags,
+};
 use rustix::io::Errno;
 
 /// How API paths are resolved from the sandbox's root: `..` stops at the
@@ -139,25 +143,68 @@ pub(super) fn permits(info: &Info, owner: (u32, u32), want: u32) -> bool {
     bits & want == want
 }
 
-/// Up to `limit` names in the directory `dir` (which must be open for
-/// reading), without `.` and `..`; the flag says whether more were left.
-pub(super) fn read_names(dir: BorrowedFd<'_>, limit: usize) -> Result<(Vec<Vec<u8>>, bool), Errno> {
-    // `read_from` opens "." again: the stream has its own offset, starts at
-    // the beginning, and `dir` stays usable for `*at()` calls.
-    let mut stream = Dir::read_from(dir)?;
-    let mut names = Vec::new();
-    while let Some(entry) = stream.read() {
-        let entry = entry?;
+/// Bytes of directory entries one `getdents` call fills: room for 14 of the
+/// longest names (an entry of a 255-byte name takes 280). A walk holds one
+/// such buffer per level it is in, whatever the size of the directories.
+const DIR_BUFFER: usize = 4096;
+
+/// Why [`each_name`] stopped before the end of the directory.
+pub(super) enum Stopped<E> {
+    /// Reading the directory failed.
+    Listing(Errno),
+    /// `each` failed.
+    By(E),
+}
+
+/// Calls `each` with every name in the directory `dir` (open for reading),
+/// without `.` and `..`, from its start, until `each` breaks or fails. Names
+/// are read a buffer at a time, never held: a directory of a million names
+/// costs what one of ten does. `dir`'s offset moves, which no `*at()` call
+/// cares about. A name added or removed meanwhile may or may not be seen;
+/// every other is seen once.
+pub(super) fn each_name<E>(
+    dir: BorrowedFd<'_>,
+    mut each: impl FnMut(&[u8]) -> Result<ControlFlow<()>, E>,
+) -> Result<(), Stopped<E>> {
+    rustix::fs::seek(dir, SeekFrom::Start(0)).map_err(Stopped::Listing)?;
+    let mut buffer = vec![MaybeUninit::uninit(); DIR_BUFFER];
+    let mut names = RawDir::new(dir, &mut buffer);
+    while let Some(entry) = names.next() {
+        let entry = match entry {
+            Ok(entry) => entry,
+            // The directory was removed while read: it has no names left.
+            Err(Errno::NOENT) => break,
+            Err(e) => return Err(Stopped::Listing(e)),
+        };
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
             continue;
         }
+        if each(name).map_err(Stopped::By)?.is_break() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Up to `limit` names in the directory `dir` (which must be open for
+/// reading), without `.` and `..`; the flag says whether more were left.
+pub(super) fn read_names(dir: BorrowedFd<'_>, limit: usize) -> Result<(Vec<Vec<u8>>, bool), Errno> {
+    let mut names = Vec::new();
+    let mut more = false;
+    let read = each_name(dir, |name| {
         if names.len() >= limit {
-            return Ok((names, true));
+            more = true;
+            return Ok::<_, std::convert::Infallible>(ControlFlow::Break(()));
         }
         names.push(name.to_vec());
+        Ok(ControlFlow::Continue(()))
+    });
+    match read {
+        Ok(()) => Ok((names, more)),
+        Err(Stopped::Listing(e)) => Err(e),
+        Err(Stopped::By(never)) => match never {},
     }
-    Ok((names, false))
 }
 
 /// Opens the regular file `name` in `parent` for reading, checking first with

@@ -48,6 +48,7 @@ mod tests;
 
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::ops::ControlFlow;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,7 +60,7 @@ pub use error::RootfsError;
 pub use tar_in::{ExtractLimits, ExtractSummary};
 
 use error::{errno, show};
-use fsops::{Info, NodeId, OpenRefusal, BENEATH, IN_ROOT, PATH_DIR, R, READ_DIR, X};
+use fsops::{Info, NodeId, OpenRefusal, Stopped, BENEATH, IN_ROOT, PATH_DIR, R, READ_DIR, X};
 use path::Final;
 
 /// More symlinks than Linux follows in one resolution (40).
@@ -69,7 +70,9 @@ const MAX_SYMLINKS: usize = 40;
 const MAX_DEPTH: usize = 256;
 /// Entries returned by one listing.
 pub const MAX_LIST_ENTRIES: usize = 100_000;
-/// Entries of one directory held in memory while archiving or removing it.
+/// Entries of one directory an archive, or the count of what a snapshot
+/// claims, goes through. Not held (names are read a buffer at a time), but a
+/// sandbox could add names as fast as they are read.
 const MAX_DIR_ENTRIES: usize = 1 << 20;
 /// Entries one recursive removal removes at most: a sandbox that adds names as
 /// fast as they go would otherwise keep the daemon's thread for ever. Above most
@@ -920,14 +923,11 @@ fn remove_tree(
         loop {
             #[cfg(test)]
             tests::hooks::listing(shown);
-            // Batches, read again from the start: entries removed are gone,
-            // so a huge directory needs no huge list.
-            let (batch, _) =
-                fsops::read_names(dir.as_fd(), 4096).map_err(|e| fail(e, "listing", shown))?;
-            if batch.is_empty() {
-                break;
-            }
-            for child in batch {
+            // Passes over the names, streamed and removed as they come, until one
+            // finds none: entries the sandbox adds during a pass may be missed by it.
+            let mut found = false;
+            fsops::each_name(dir.as_fd(), |child| {
+                found = true;
                 if *budget == 0 {
                     return Err(RootfsError::NotEmpty(format!(
                         "{}: removal stopped after {MAX_REMOVED_ENTRIES} entries, the most \
@@ -939,10 +939,17 @@ fn remove_tree(
                 *budget -= 1;
                 let len = shown.len();
                 shown.push(b'/');
-                shown.extend_from_slice(&child);
-                let result = remove_child(dir.as_fd(), &child, shown, depth, budget);
+                shown.extend_from_slice(child);
+                let result = remove_child(dir.as_fd(), child, shown, depth, budget);
                 shown.truncate(len);
-                result?;
+                result.map(|()| ControlFlow::Continue(()))
+            })
+            .map_err(|stopped| match stopped {
+                Stopped::Listing(e) => fail(e, "listing", shown),
+                Stopped::By(e) => e,
+            })?;
+            if !found {
+                break;
             }
         }
         match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
