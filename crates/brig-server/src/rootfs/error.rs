@@ -31,7 +31,8 @@ pub enum RootfsError {
     #[error("{0}")]
     Escapes(String),
     /// A mount point, which the daemon never removes, replaces or descends
-    /// into when removing.
+    /// into when removing; or a file a sandbox process holds a lease on
+    /// (`fcntl(F_SETLEASE)`), which the daemon does not wait for.
     #[error("{0}")]
     Busy(String),
     /// The sandbox's user could not read this (mode bits of the file and its

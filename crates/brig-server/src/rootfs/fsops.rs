@@ -240,7 +240,12 @@ pub(super) fn open_regular(
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
             BENEATH,
         )
-        .map_err(OpenRefusal::Errno)?;
+        .map_err(|e| match e {
+            // Where the probe resolved: the open would break a lease, and
+            // O_NONBLOCK spares the thread the kernel's wait for it to go.
+            Errno::WOULDBLOCK => OpenRefusal::Leased,
+            e => OpenRefusal::Errno(e),
+        })?;
         let opened = stat_fd(fd.as_fd()).map_err(OpenRefusal::Errno)?;
         if opened.id != info.id {
             continue;
@@ -260,6 +265,10 @@ pub(super) enum OpenRefusal {
     Denied,
     /// The name kept pointing at another inode between probe and open.
     Changing,
+    /// A process holds a lease on the file (`fcntl(F_SETLEASE)`) that opening
+    /// it breaks: the kernel signals the holder and, without `O_NONBLOCK`, lets
+    /// the open wait until it lets go or `lease-break-time` (45 s) has passed.
+    Leased,
 }
 
 pub(super) fn kind_name(file_type: FileType) -> &'static str {

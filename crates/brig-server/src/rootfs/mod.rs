@@ -1027,5 +1027,13 @@ fn refused(refusal: OpenRefusal, shown: &str) -> RootfsError {
         OpenRefusal::Changing => {
             RootfsError::NotAFile(format!("{shown}: kept changing while being opened"))
         }
+        OpenRefusal::Leased => leased(shown),
     }
+}
+
+fn leased(shown: &str) -> RootfsError {
+    RootfsError::Busy(format!(
+        "{shown}: the file is leased by a process in the sandbox (fcntl F_SETLEASE); \
+         try again once it lets go"
+    ))
 }

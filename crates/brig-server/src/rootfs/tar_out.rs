@@ -181,6 +181,8 @@ impl<W: Write> Walk<'_, W> {
             Ok(opened) => opened,
             Err(OpenRefusal::Errno(Errno::NOENT)) => return Ok(()),
             Err(OpenRefusal::Errno(e)) => return Err(errno(e, "opening", &self.shown())),
+            // Not left out: the archive would look whole without it.
+            Err(OpenRefusal::Leased) => return Err(super::leased(&self.shown())),
             Err(refusal) => {
                 tracing::debug!(path = %self.shown(), ?refusal, "not archiving a file");
                 return Ok(());
