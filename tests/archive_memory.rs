@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::Read;
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
