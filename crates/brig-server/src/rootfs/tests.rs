@@ -744,6 +744,34 @@ fn walks_see_every_name_of_directories_larger_than_their_buffer() {
     f.assert_canary_intact();
 }
 
+/// The walks recurse once per level: as deep as they go, they fit the 2 MiB
+/// stack of the daemon's blocking threads (tokio's default), in a debug build.
+#[test]
+fn walks_as_deep_as_allowed_fit_a_blocking_threads_stack() {
+    let f = fixture();
+    let deep = format!("/workspace/t{}", "/d".repeat(MAX_DEPTH - 2));
+    fs::create_dir_all(f.host(&deep)).unwrap();
+    fs::write(f.host(&format!("{deep}/f")), b"abc").unwrap();
+    let root = f.root.clone();
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || {
+            let sandbox = SandboxRoot::open(&root, owner().0, owner().1).unwrap();
+            let mut archive = Vec::new();
+            sandbox.write_tar("/workspace/t", &mut archive).unwrap();
+            let dir = fs::File::open(root.join("workspace/t")).unwrap();
+            let claimed = claimed_bytes(&[("/workspace/t", dir.as_fd())], u64::MAX).unwrap();
+            assert_eq!(claimed, 3);
+            sandbox.remove("/workspace/t", true).unwrap();
+            tar_names(&archive).len()
+        })
+        .unwrap()
+        .join()
+        .map(|entries| assert_eq!(entries, MAX_DEPTH - 1))
+        .unwrap();
+    assert_eq!(f.names("/workspace"), Vec::<String>::new());
+}
+
 // ---- reads as the sandbox's user -------------------------------------------
 
 #[test]
