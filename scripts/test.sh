@@ -66,7 +66,10 @@ before=$(leftovers)
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace --all-targets
+# Every test binary runs even after one fails, so a run reports every failure; what
+# failed tests left behind is reported too.
+tests=0
+cargo test --workspace --all-targets --no-fail-fast || tests=$?
 
 sleep 1
 new=$(comm -13 <(echo "$before") <(leftovers))
@@ -76,3 +79,4 @@ if [ -n "$new" ]; then
   exit 1
 fi
 echo "no leftovers: no brig cgroup, process, mount or loop device remains after the suite"
+exit "$tests"
