@@ -7891,13 +7891,13 @@ fn root_one_tenants_slow_forks_do_not_hold_up_another_tenants_creates() {
     let (status, snap) = take_snapshot(&d, &a, &origin);
     assert_eq!(status, 201, "{snap}");
     // How long forks take is the machine's: more of them at once (on a few cores, each
-    // then copies more slowly) until every one is seen in flight from before the other
-    // tenant's create starts until after it ends. A create that waited for them could
-    // never be seen so, and fails here.
+    // then copies more slowly) until one is seen in flight from before the other
+    // tenant's create starts until after it ends. A create that waited for the
+    // creates in flight could never be seen so, and fails here.
     let took = [2, 4, 8]
         .into_iter()
         .find_map(|forks| create_while_forks_run(&d, &a, &b, &snap, forks))
-        .expect("no round of forks was seen all in flight across the other tenant's create");
+        .expect("no fork was seen in flight across the other tenant's create");
     // Its own latency: a create takes well under a second, here with the forks'
     // copies sharing the machine's cores.
     assert!(
@@ -7909,7 +7909,7 @@ fn root_one_tenants_slow_forks_do_not_hold_up_another_tenants_creates() {
 }
 
 /// Tenant `b` creates a session while `forks` forks of `a`'s `snap` are launching:
-/// how long that took, or None unless every fork was in flight all the while.
+/// how long that took, or None unless a fork was in flight all the while.
 fn create_while_forks_run(
     d: &Daemon,
     a: &str,
@@ -7935,11 +7935,8 @@ fn create_while_forks_run(
         let deadline = Instant::now() + Duration::from_secs(120);
         let helpers = loop {
             let helpers = launch_helpers(d);
-            if helpers.len() == forks {
-                break Some(helpers);
-            }
-            if threads.iter().any(|t| t.is_finished()) {
-                break None;
+            if helpers.len() == forks || threads.iter().any(|t| t.is_finished()) {
+                break Some(helpers).filter(|h| !h.is_empty());
             }
             assert!(Instant::now() < deadline, "the forks never launched");
             std::thread::sleep(Duration::from_millis(2));
@@ -7950,14 +7947,14 @@ fn create_while_forks_run(
             let took = started.elapsed();
             let still = launch_helpers(d);
             delete_session(d, b, &bystander);
-            (helpers.is_subset(&still), took)
+            (!helpers.is_disjoint(&still), took)
         });
         for thread in threads {
             let (status, fork) = thread.join().unwrap();
             assert_eq!(status, 201, "{fork}");
             delete_session(d, a, &sid(&fork));
         }
-        eprintln!("{forks} forks: (every one in flight throughout, create took) = {outcome:?}");
+        eprintln!("{forks} forks: (one in flight throughout, create took) = {outcome:?}");
         match outcome {
             Some((true, took)) => Some(took),
             _ => None,
