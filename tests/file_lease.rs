@@ -1,6 +1,7 @@
 //! A file lease (`fcntl(F_SETLEASE)`) taken by a sandbox process on one of its
 //! files: the files API answers that the file is busy, at once, rather than a
-//! server error or a wait for the kernel's lease-break-time. Black-box, against
+//! server error or a wait for the kernel's lease-break-time; so does a snapshot,
+//! which copies every file. Black-box, against
 //! a real `brig serve` (tests/common/daemon.rs).
 
 mod common;
@@ -110,6 +111,22 @@ fn a_leased_file_is_busy_not_a_server_error() {
             read.map(|_| tar.len()).map_err(|e| e.to_string())
         });
     assert!(downloaded.is_err(), "{downloaded:?} bytes looked whole");
+    // A snapshot, which copies every file, says the same; the session runs on.
+    let started = Instant::now();
+    let (status, body) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/snapshots"),
+        Some(&key),
+        Some(json!({})),
+    );
+    assert!(started.elapsed() < Duration::from_secs(15), "{started:?}");
+    assert_eq!((status, error_code(&body)), (409, "busy"), "{body}");
+    let (_, state) = d.request("GET", &holder, Some(&key), None);
+    assert_eq!(state["state"], "running", "{state}");
+    assert_eq!(
+        d.raw("GET", &free, Some(&key), None, None),
+        (200, b"free\n".to_vec())
+    );
 
     // Once it lets go, the file reads.
     let (status, _) = d.raw(

@@ -41,6 +41,9 @@ pub enum ImageError {
     /// kept still).
     #[error("{0}")]
     Changed(String),
+    /// A file could not be read for now (leased by a sandbox's process).
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl ImageError {
@@ -60,6 +63,7 @@ impl ImageError {
             ImageError::Unsupported(_) => "unsupported",
             ImageError::TooLarge(_) => "too_large",
             ImageError::Changed(_) => "tree_changed",
+            ImageError::Busy(_) => "busy",
         }
     }
 

@@ -416,6 +416,15 @@ fn open_beneath(
         Err(Errno::LOOP | Errno::XDEV | Errno::NOTDIR | Errno::NOENT | Errno::NXIO) => {
             return Err(changed())
         }
+        // Opened non-blocking: a file a sandbox's process holds a write lease on
+        // (F_SETLEASE) would otherwise keep the copy waiting for the lease-break
+        // time while the sandbox, frozen, cannot let go.
+        Err(Errno::AGAIN) => {
+            return Err(ImageError::Busy(format!(
+                "{shown_path}: the file is leased by a process in the sandbox (fcntl \
+                 F_SETLEASE); try again once it lets go"
+            )))
+        }
         Err(e) => return Err(e).context(|| format!("open {shown_path}")),
     };
     let now = rustix::fs::fstat(&fd).context(|| format!("inspect {shown_path}"))?;

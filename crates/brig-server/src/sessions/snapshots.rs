@@ -476,6 +476,7 @@ fn staging_error(e: brig_image::ImageError, claimable: u64) -> ApiError {
              quota has room for"
         )),
         ImageError::Changed(message) => ApiError::conflict(message),
+        ImageError::Busy(message) => ApiError::new(StatusCode::CONFLICT, "busy", message),
         // A name or a depth a layer cannot hold is the caller's to fix, like a bad path.
         ImageError::BadSource(message) => ApiError::invalid(message),
         e => ApiError::internal(format!("snapshot: {e}")),
