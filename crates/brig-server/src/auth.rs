@@ -135,6 +135,9 @@ pub struct Auth {
     /// ahead of its client (up to ~1.5 MiB of escaped output) for as long as the
     /// client is connected.
     streams: Arc<Limiter>,
+    /// Snapshots being taken: each copies and packs up to a session's disk.
+    snapshots: Arc<Limiter>,
+    tenant_max_snapshots: u64,
 }
 
 #[derive(Default)]
@@ -415,6 +418,8 @@ impl Auth {
             ),
             tenant_max_processes: args.tenant_max_processes,
             streams: Limiter::new("process output streams", args.max_concurrent_execs as u64),
+            snapshots: Limiter::new("snapshots being taken", args.max_snapshots),
+            tenant_max_snapshots: args.tenant_max_snapshots,
         })
     }
 
@@ -599,6 +604,12 @@ impl Auth {
     pub fn stream_permit(&self, tenant: &str) -> Result<Permit, ApiError> {
         let tenant_max = self.quotas_now(tenant).max_concurrent_execs;
         self.streams.permit(tenant, tenant_max)
+    }
+
+    /// Counts one snapshot being taken (`--tenant-max-snapshots`,
+    /// `--max-snapshots`).
+    pub fn snapshot_permit(&self, tenant: &str) -> Result<Permit, ApiError> {
+        self.snapshots.permit(tenant, self.tenant_max_snapshots)
     }
 
     /// Counts a background process already running (one a previous daemon

@@ -81,6 +81,10 @@ pub struct ServeArgs {
     /// of the open-file limit.
     #[arg(long, value_name = "N", default_value_t = 2048)]
     pub max_processes: usize,
+    /// Snapshots being taken at once, all tenants together. Each copies and packs
+    /// up to a session's disk with the host's CPU and disk.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub max_snapshots: u64,
     /// Client connections open at once; more wait in the listen backlog until one
     /// closes. Held to a quarter of the open-file limit (raised to its hard limit at
     /// start), so connections cannot take the descriptors sandboxes need.
@@ -134,6 +138,9 @@ pub struct ServeArgs {
     /// Background processes running at once per tenant.
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub tenant_max_processes: u64,
+    /// Snapshots being taken at once per tenant.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub tenant_max_snapshots: u64,
     /// Default disk per tenant: the disk limit of each live session plus stored files.
     #[arg(long = "tenant-max-disk", value_name = "SIZE", default_value = "10G", value_parser = size)]
     pub tenant_max_disk_bytes: u64,
@@ -291,6 +298,8 @@ impl ServeArgs {
             ("--max-connections", self.max_connections as u64),
             ("--max-processes", self.max_processes as u64),
             ("--tenant-max-processes", self.tenant_max_processes),
+            ("--max-snapshots", self.max_snapshots),
+            ("--tenant-max-snapshots", self.tenant_max_snapshots),
             ("--max-session-memory", self.max_session_memory_bytes),
             ("--max-session-pids", self.max_session_pids),
             ("--volume-idle-unmount", self.volume_idle_unmount_ms),

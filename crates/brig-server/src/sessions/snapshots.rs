@@ -196,8 +196,11 @@ fn row_to_info(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotInfo> {
     params(("id" = String, Path)), request_body = CreateSnapshot,
     responses((status = 201, body = SnapshotInfo), (status = 404, body = crate::error::ErrorBody),
               (status = 409, body = crate::error::ErrorBody),
-              (status = 429, description = "No room for it in the tenant's disk quota",
-               body = crate::error::ErrorBody)),
+              (status = 429, description = "No room for it in the tenant's disk quota, or the \
+               tenant takes its maximum of snapshots at once (--tenant-max-snapshots)",
+               body = crate::error::ErrorBody),
+              (status = 503, description = "The daemon takes its maximum of snapshots at once \
+               (--max-snapshots)", body = crate::error::ErrorBody)),
     security(("bearer" = [])))]
 async fn create_snapshot(
     State(state): State<AppState>,
@@ -235,6 +238,8 @@ pub async fn snapshot(
     session: &Arc<Session>,
     name: Option<String>,
 ) -> Result<SnapshotInfo, ApiError> {
+    // Copying and packing cost the host CPU and disk: only so many at once.
+    let _taking = state.auth.snapshot_permit(&session.tenant)?;
     // A snapshot only ever adds to what the tenant uses: at its quota already, it is
     // refused before the session is paused or anything is packed.
     let used = state

@@ -1,0 +1,172 @@
+//! Snapshots being taken at once are capped, per tenant and in all: each copies and
+//! packs up to a session's disk with the host's CPU and disk, so one tenant cannot
+//! keep the host packing for everyone. Black-box, against a real `brig serve`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::daemon::Daemon;
+use serde_json::{json, Value};
+
+fn tenant_key(d: &Daemon, tenant: &str) -> String {
+    let (status, k) = d.request(
+        "POST",
+        "/v1/keys",
+        Some(d.admin_key()),
+        Some(json!({"tenant": tenant, "name": format!("{tenant}-key")})),
+    );
+    assert_eq!(status, 201, "{k}");
+    k["key"].as_str().unwrap().to_string()
+}
+
+/// A session holding `mib` MiB of incompressible data, which takes a while to copy.
+fn loaded_session(d: &Daemon, key: &str, mib: u64) -> String {
+    let (status, s) = d.request(
+        "POST",
+        "/v1/sessions",
+        Some(key),
+        Some(json!({"limits": {"disk": "1G", "memory": "1G"}})),
+    );
+    assert_eq!(status, 201, "{s}");
+    let id = s["session_id"].as_str().unwrap().to_string();
+    let cmd = format!("head -c {mib}M /dev/urandom > /workspace/data");
+    let (status, r) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(key),
+        Some(json!({"cmd": cmd, "timeout_ms": 60_000})),
+    );
+    assert_eq!((status, &r["exit_code"]), (200, &json!(0)), "{r}");
+    id
+}
+
+fn snapshot(d: &Daemon, key: &str, id: &str) -> (u16, Value) {
+    d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/snapshots"),
+        Some(key),
+        Some(json!({})),
+    )
+}
+
+/// Takes a snapshot of `busy` (a session of `busy_key`'s) and, once it is seen
+/// under way (its copy refuses a change through the files API), calls `meanwhile`.
+/// Returns what `meanwhile` returned, or `None` if the snapshot was never seen under
+/// way. Either way the snapshot is deleted.
+fn while_snapshotting<T: Send>(
+    d: &Daemon,
+    busy_key: &str,
+    busy: &str,
+    meanwhile: impl FnOnce() -> T + Send,
+) -> Option<T> {
+    let put = format!("/v1/sessions/{busy}/files?path=/workspace/probe");
+    let (result, (status, snap)) = std::thread::scope(|scope| {
+        let taking = scope.spawn(|| snapshot(d, busy_key, busy));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut result = None;
+        while !taking.is_finished() && Instant::now() < deadline {
+            let (status, _) = d.raw("PUT", &put, Some(busy_key), None, Some(b"x".to_vec()));
+            if status == 409 {
+                result = Some(meanwhile());
+                break;
+            }
+        }
+        // Dropping `meanwhile` unused if the snapshot ended first.
+        (result, taking.join().unwrap())
+    });
+    assert_eq!(status, 201, "{snap}");
+    let (status, body) = d.request(
+        "DELETE",
+        &format!("/v1/snapshots/{}", snap["snapshot_id"].as_str().unwrap()),
+        Some(busy_key),
+        None,
+    );
+    assert_eq!(status, 204, "{body}");
+    result
+}
+
+/// Runs `attempt` against sessions holding more and more data until the snapshot
+/// it races is seen under way (the premise), at most three times.
+fn with_a_snapshot_under_way(d: &Daemon, key: &str, mut attempt: impl FnMut(&str) -> bool) {
+    for mib in [160, 320, 480] {
+        let busy = loaded_session(d, key, mib);
+        let seen = attempt(&busy);
+        let (status, _) = d.request("DELETE", &format!("/v1/sessions/{busy}"), Some(key), None);
+        assert_eq!(status, 204);
+        if seen {
+            return;
+        }
+    }
+    panic!("no snapshot was ever seen under way: the caps were not raced");
+}
+
+#[test]
+fn root_a_tenant_takes_no_more_snapshots_at_once_than_its_cap() {
+    require_root!();
+    let d = Daemon::start(&["--tenant-max-snapshots", "1", "--max-snapshots", "8"]);
+    let key = tenant_key(&d, "greedy");
+    let other_key = tenant_key(&d, "other");
+    let second = loaded_session(&d, &key, 1);
+    let others = loaded_session(&d, &other_key, 1);
+    with_a_snapshot_under_way(&d, &key, |busy| {
+        let raced = while_snapshotting(&d, &key, busy, || {
+            (
+                snapshot(&d, &key, &second),
+                snapshot(&d, &other_key, &others),
+            )
+        });
+        let Some(((status, refused), (other_status, other_snap))) = raced else {
+            return false;
+        };
+        assert_eq!(status, 429, "{refused}");
+        assert_eq!(refused["error"]["code"], "quota_exceeded", "{refused}");
+        // Another tenant is not held to this one's cap.
+        assert_eq!(other_status, 201, "{other_snap}");
+        let id = other_snap["snapshot_id"].as_str().unwrap();
+        let (status, _) = d.request(
+            "DELETE",
+            &format!("/v1/snapshots/{id}"),
+            Some(&other_key),
+            None,
+        );
+        assert_eq!(status, 204);
+        true
+    });
+    // Once it is done, the tenant may take one again.
+    let (status, snap) = snapshot(&d, &key, &second);
+    assert_eq!(status, 201, "{snap}");
+    let id = snap["snapshot_id"].as_str().unwrap();
+    let (status, _) = d.request("DELETE", &format!("/v1/snapshots/{id}"), Some(&key), None);
+    assert_eq!(status, 204);
+    for (k, id) in [(&key, &second), (&other_key, &others)] {
+        let (status, _) = d.request("DELETE", &format!("/v1/sessions/{id}"), Some(k), None);
+        assert_eq!(status, 204);
+    }
+}
+
+#[test]
+fn root_the_daemon_takes_no_more_snapshots_at_once_than_its_cap() {
+    require_root!();
+    let d = Daemon::start(&["--tenant-max-snapshots", "4", "--max-snapshots", "1"]);
+    let key = tenant_key(&d, "first");
+    let other_key = tenant_key(&d, "second");
+    let others = loaded_session(&d, &other_key, 1);
+    with_a_snapshot_under_way(&d, &key, |busy| {
+        let Some((status, refused)) =
+            while_snapshotting(&d, &key, busy, || snapshot(&d, &other_key, &others))
+        else {
+            return false;
+        };
+        assert_eq!(status, 503, "{refused}");
+        assert_eq!(refused["error"]["code"], "unavailable", "{refused}");
+        true
+    });
+    let (status, _) = d.request(
+        "DELETE",
+        &format!("/v1/sessions/{others}"),
+        Some(&other_key),
+        None,
+    );
+    assert_eq!(status, 204);
+}
