@@ -33,10 +33,10 @@ use rustix::io::Errno;
 use crate::error::{ImageError, IoContext, Result};
 use crate::progress::Progress;
 
-/// Directory levels copied at most: one descriptor each, and one stack frame.
-/// Deeper than any real tree (PATH_MAX allows about 2048 one-letter levels, but
-/// packing and the digest work by path and stop at PATH_MAX anyway).
-pub const MAX_DEPTH: usize = 1024;
+/// Directory levels copied at most: one descriptor and two stack frames each. As
+/// deep as the daemon's other walks of a sandbox's tree (archives, removals), and
+/// what fits the 2 MiB stack of its blocking threads in a debug build.
+pub const MAX_DEPTH: usize = 256;
 
 /// How the source is resolved: beneath the parent, never through a symlink, a
 /// magic link or into another mount.
@@ -607,6 +607,29 @@ mod tests {
         )
         .unwrap();
         assert_eq!(&middle, b"middle");
+    }
+
+    /// The copy recurses once per level: as deep as it goes, it fits the 2 MiB
+    /// stack of the daemon's blocking threads, in a debug build.
+    #[test]
+    fn a_copy_as_deep_as_allowed_fits_a_blocking_threads_stack() {
+        let tmp = tempfile::tempdir().unwrap();
+        let source = tmp.path().join("source");
+        let deep = source.join("d/".repeat(MAX_DEPTH - 1));
+        fs::create_dir_all(&deep).unwrap();
+        fs::write(deep.join("f"), "abc").unwrap();
+        let dest = tmp.path().join("dest");
+        let copied = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || copy(&source, &dest, &CopyOptions::default()).unwrap())
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(copied.entries, MAX_DEPTH as u64);
+        let too_deep = tmp.path().join("too-deep");
+        fs::create_dir_all(too_deep.join("d/".repeat(MAX_DEPTH + 1))).unwrap();
+        let refused = copy(&too_deep, &tmp.path().join("dest2"), &Default::default()).unwrap_err();
+        assert!(matches!(refused, ImageError::BadSource(_)), "{refused}");
     }
 
     #[test]

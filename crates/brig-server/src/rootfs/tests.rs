@@ -759,9 +759,6 @@ fn walks_as_deep_as_allowed_fit_a_blocking_threads_stack() {
             let sandbox = SandboxRoot::open(&root, owner().0, owner().1).unwrap();
             let mut archive = Vec::new();
             sandbox.write_tar("/workspace/t", &mut archive).unwrap();
-            let dir = fs::File::open(root.join("workspace/t")).unwrap();
-            let claimed = claimed_bytes(&[("/workspace/t", dir.as_fd())], u64::MAX).unwrap();
-            assert_eq!(claimed, 3);
             sandbox.remove("/workspace/t", true).unwrap();
             tar_names(&archive).len()
         })
