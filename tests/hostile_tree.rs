@@ -9,9 +9,6 @@
 mod common;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-use std::time::Instant;
 
 use common::daemon::Daemon;
 use serde_json::{json, Value};
@@ -99,19 +96,12 @@ fn symlink_tar(name: &str, target: &Path) -> Vec<u8> {
     builder.into_inner().unwrap()
 }
 
-/// One files-API request of the attacker: when it started and ended, and its
-/// status.
-struct Attempt {
-    started: Instant,
-    ended: Instant,
-    status: u16,
-}
-
-/// While a snapshot is cut, the tenant deletes the directory the packer reads and
-/// puts back a symlink of the same name to a host directory, over and over: the
-/// attack that read the daemon's admin key. The snapshot (and every fork of it)
-/// must hold only the tenant's own files, and the host's marker must never reach
-/// the store.
+/// While a snapshot is cut, the tenant deletes a directory the packer has listed
+/// and puts back a symlink of the same name to a host directory: the attack that
+/// read the daemon's admin key. The swap is made at a range of delays into the
+/// snapshot, so that it lands at every stage of the cut. The snapshot (and every
+/// fork of it) must hold only the tenant's own files, and the host's marker must
+/// never reach the store.
 #[test]
 fn root_a_symlink_swapped_in_while_a_snapshot_is_cut_never_packs_host_files() {
     require_root!();
@@ -124,82 +114,54 @@ fn root_a_symlink_swapped_in_while_a_snapshot_is_cut_never_packs_host_files() {
         json!({"limits": {"disk": "512M", "memory": "512M"}}),
     );
     let swap = symlink_tar("zzz", marker.path());
-    const ROUNDS: usize = 3;
-    for round in 0..ROUNDS {
+    let delete_zzz = format!("/v1/sessions/{id}/files?path=/workspace/zzz&recursive=true");
+    let put_swap = format!("/v1/sessions/{id}/archive?path=/workspace");
+    let mut raced = 0;
+    for delay_ms in [50, 150, 300, 450, 600, 800, 1000] {
         // A large, incompressible file keeps the snapshot busy for a while.
         let r = sh(
             &d,
             &key,
             &id,
             "rm -rf /workspace/zzz && mkdir /workspace/zzz \
-             && head -c 160M /dev/urandom > /workspace/zzz/big && echo ok > /workspace/zzz/small",
+             && head -c 200M /dev/urandom > /workspace/zzz/big && echo ok > /workspace/zzz/small",
         );
         assert_eq!(r["exit_code"], 0, "{r}");
-        let done = AtomicBool::new(false);
-        let attempts = Mutex::new(Vec::new());
-        let (started, status, snapshot, ended) = std::thread::scope(|scope| {
-            scope.spawn(|| {
-                while !done.load(Ordering::SeqCst) {
-                    for (method, path, body) in [
-                        (
-                            "DELETE",
-                            format!("/v1/sessions/{id}/files?path=/workspace/zzz&recursive=true"),
-                            None,
-                        ),
-                        (
-                            "PUT",
-                            format!("/v1/sessions/{id}/archive?path=/workspace"),
-                            Some(swap.clone()),
-                        ),
-                    ] {
-                        let started = Instant::now();
-                        let (status, _) = d.raw(method, &path, Some(&key), None, body);
-                        attempts.lock().unwrap().push(Attempt {
-                            started,
-                            ended: Instant::now(),
-                            status,
-                        });
-                    }
-                }
+        let (swapped, (status, snapshot)) = std::thread::scope(|scope| {
+            let taking = scope.spawn(|| {
+                d.request(
+                    "POST",
+                    &format!("/v1/sessions/{id}/snapshots"),
+                    Some(&key),
+                    Some(json!({})),
+                )
             });
-            let started = Instant::now();
-            let (status, snapshot) = d.request(
-                "POST",
-                &format!("/v1/sessions/{id}/snapshots"),
-                Some(&key),
-                Some(json!({})),
-            );
-            let ended = Instant::now();
-            done.store(true, Ordering::SeqCst);
-            (started, status, snapshot, ended)
+            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+            let mut statuses = Vec::new();
+            if !taking.is_finished() {
+                statuses.push(d.raw("DELETE", &delete_zzz, Some(&key), None, None).0);
+                statuses.push(
+                    d.raw("PUT", &put_swap, Some(&key), None, Some(swap.clone()))
+                        .0,
+                );
+            }
+            // The premise: the swap was over before the snapshot was.
+            let swapped = !statuses.is_empty() && !taking.is_finished();
+            for status in statuses {
+                assert!([200, 201, 204, 409].contains(&status), "{status}");
+            }
+            (swapped, taking.join().unwrap())
         });
-        let attempts = attempts.into_inner().unwrap();
-        let during = attempts
-            .iter()
-            .filter(|a| a.started >= started && a.ended <= ended)
-            .count();
-        // The premise: the attacker's requests ran while the snapshot was cut.
-        assert!(
-            during > 0,
-            "round {round}: no swap ran during the snapshot ({} attempts in all)",
-            attempts.len()
-        );
-        assert!(
-            attempts
-                .iter()
-                .all(|a| [200, 201, 204, 404, 409].contains(&a.status)),
-            "round {round}: statuses {:?}",
-            attempts.iter().map(|a| a.status).collect::<Vec<_>>()
-        );
-        // The snapshot may be refused (409: the tree was being changed), never
-        // made of host files.
+        raced += usize::from(swapped);
+        // The snapshot may be refused (409: the tree was being changed), never made
+        // of host files.
         assert!(
             [201, 409].contains(&status),
-            "round {round}: {status} {snapshot}"
+            "{delay_ms} ms: {status} {snapshot}"
         );
         assert!(
             !marker.found_below(&d.store().join("layers")),
-            "round {round}: the host's marker is in a layer"
+            "{delay_ms} ms: the host's marker is in a layer"
         );
         if status == 201 {
             let snap = snapshot["snapshot_id"].as_str().unwrap().to_string();
@@ -213,11 +175,15 @@ fn root_a_symlink_swapped_in_while_a_snapshot_is_cut_never_packs_host_files() {
                     marker.text
                 ),
             );
-            assert_eq!(r["stdout"], "clean\n", "round {round}: {r}");
+            assert_eq!(r["stdout"], "clean\n", "{delay_ms} ms: {r}");
             delete(&d, &key, &format!("/v1/sessions/{fork}"));
             delete(&d, &key, &format!("/v1/snapshots/{snap}"));
         }
     }
+    assert!(
+        raced >= 2,
+        "only {raced} swaps landed while a snapshot was cut"
+    );
     delete(&d, &key, &format!("/v1/sessions/{id}"));
     assert_eq!(
         std::fs::read_to_string(marker.path().join("marker")).unwrap(),
