@@ -24,6 +24,13 @@
 //!   Both are detached mounts taken while the root was built (see
 //!   `mounts::Writes`), for snapshots. The daemon only reads them by
 //!   descriptors (never attaching them), so init keeps handing out the same ones.
+//! - `copy_in` + a pipe's read end -> `copying`: init forks a copier, which takes
+//!   the connection over (see `copier`) and then answers `copy_file {bytes}` + a
+//!   file -> `copied {bytes}` or `copy_failed`; when the copier has ended init says
+//!   `copy_ended` (how it ended) and closes the connection. Files the API writes
+//!   into a sandbox are filled this way, by a process in its cgroup: tmpfs pages
+//!   are charged to the writer's memory cgroup, so written by the daemon they were
+//!   the daemon's, past the session's memory limit and out of its accounting.
 //! - `shutdown` -> init kills everything and exits.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -83,6 +90,13 @@ pub enum AgentRequest {
     Ping,
     Upper,
     Scratch,
+    /// Start a copier reading from the descriptor that comes with it (see `copier`).
+    CopyIn,
+    /// To a copier: copy `bytes` from its source into the file that comes with it,
+    /// or everything up to the source's end when `None`.
+    CopyFile {
+        bytes: Option<u64>,
+    },
     Shutdown,
 }
 
@@ -132,10 +146,37 @@ pub enum AgentReply {
     Error {
         message: String,
     },
+    /// The copier `copy_in` asked for runs, and serves this connection from now on.
+    Copying {
+        /// In the sandbox's pid namespace.
+        pid: i32,
+    },
+    /// A `copy_file` is done: the file holds what was asked for.
+    Copied {
+        bytes: u64,
+    },
+    /// A `copy_file` failed after `bytes`; the copier has ended (its source is
+    /// closed, so whatever still writes into it learns at once).
+    CopyFailed {
+        bytes: u64,
+        /// The errno of the failed write or read; 0 when the source ended short.
+        errno: i32,
+        message: String,
+    },
+    /// From init: the copier of this connection has ended, as this says (an OOM
+    /// kill is `signal: 9`).
+    CopyEnded {
+        #[serde(flatten)]
+        exit: JobExit,
+    },
 }
 
 /// Sends one message with `fds` attached.
-fn send_packet<T: Serialize>(socket: RawFd, message: &T, fds: &[RawFd]) -> io::Result<()> {
+pub(crate) fn send_packet<T: Serialize>(
+    socket: RawFd,
+    message: &T,
+    fds: &[RawFd],
+) -> io::Result<()> {
     let bytes = serde_json::to_vec(message).map_err(io::Error::other)?;
     if bytes.len() > MAX_MESSAGE {
         return Err(io::Error::new(
@@ -155,7 +196,7 @@ fn send_packet<T: Serialize>(socket: RawFd, message: &T, fds: &[RawFd]) -> io::R
 }
 
 /// Receives one message and its descriptors; `Ok(None)` at end of stream.
-fn recv_packet<T: for<'de> Deserialize<'de>>(
+pub(crate) fn recv_packet<T: for<'de> Deserialize<'de>>(
     socket: RawFd,
     buf: &mut [u8],
 ) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
@@ -258,6 +299,9 @@ struct Job {
 
 struct Connection {
     socket: OwnedFd,
+    /// The copier serving it: init neither reads it nor answers on it until that
+    /// copier has ended.
+    copier: Option<Pid>,
 }
 
 /// What init serves with: the listening socket and what the sandbox writes.
@@ -308,7 +352,12 @@ struct AgentState {
 
 impl AgentState {
     fn poll_once(&mut self, signals: &SignalFd) {
-        let ids: Vec<u64> = self.connections.keys().copied().collect();
+        let ids: Vec<u64> = self
+            .connections
+            .iter()
+            .filter(|(_, c)| c.copier.is_none())
+            .map(|(id, _)| *id)
+            .collect();
         let mut fds = Vec::with_capacity(2 + ids.len());
         fds.push(PollFd::new(signals.as_fd(), PollFlags::POLLIN));
         let accepting = self.connections.len() < MAX_CONNECTIONS;
@@ -363,7 +412,13 @@ impl AgentState {
                     let socket = unsafe { OwnedFd::from_raw_fd(fd) };
                     let id = self.next_connection;
                     self.next_connection += 1;
-                    self.connections.insert(id, Connection { socket });
+                    self.connections.insert(
+                        id,
+                        Connection {
+                            socket,
+                            copier: None,
+                        },
+                    );
                     if self.connections.len() >= MAX_CONNECTIONS {
                         return true;
                     }
@@ -379,7 +434,9 @@ impl AgentState {
 
     fn serve_connection(&mut self, id: u64) {
         loop {
-            let Some(connection) = self.connections.get(&id) else {
+            // A connection lent to a copier is the copier's to read from now: what
+            // comes next (its first `copy_file`) must not be taken here.
+            let Some(connection) = self.connections.get(&id).filter(|c| c.copier.is_none()) else {
                 return;
             };
             let fd = connection.socket.as_raw_fd();
@@ -509,11 +566,86 @@ impl AgentState {
                     },
                 ),
             },
+            AgentRequest::CopyIn => match self.start_copier(id, fds) {
+                Ok(pid) => {
+                    if let Some(connection) = self.connections.get_mut(&id) {
+                        connection.copier = Some(pid);
+                    }
+                    // Sent by init before the copier may answer anything: the
+                    // daemon asks it nothing before this.
+                    self.reply(id, &AgentReply::Copying { pid: pid.as_raw() });
+                }
+                Err(message) => self.reply(id, &AgentReply::Error { message }),
+            },
+            AgentRequest::CopyFile { .. } => self.reply(
+                id,
+                &AgentReply::Error {
+                    message: "copy_file goes to a copier (ask copy_in first)".into(),
+                },
+            ),
             AgentRequest::Shutdown => {
                 let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
                 sys::exit_now(0);
             }
         }
+    }
+
+    /// Forks the copier of connection `id`, reading from the one descriptor in
+    /// `fds`. A plain fork: init is single-threaded. The copier starts with a
+    /// command's OOM score, so that a copy the memory limit cannot take is what the
+    /// kernel kills rather than init.
+    fn start_copier(&mut self, id: u64, mut fds: Vec<OwnedFd>) -> Result<Pid, String> {
+        if fds.len() != 1 {
+            return Err(format!(
+                "copy_in needs 1 descriptor (the source), got {}",
+                fds.len()
+            ));
+        }
+        if !self.connections.contains_key(&id) {
+            return Err("no such connection".into());
+        }
+        let fork = || {
+            // SAFETY: init is single-threaded, so the child may run any code; it
+            // never returns from `copier::serve`.
+            unsafe { nix::unistd::fork() }
+        };
+        let forked = match &mut self.agent.oom {
+            Some(oom) => oom.for_command(fork),
+            None => fork(),
+        };
+        match forked {
+            Ok(nix::unistd::ForkResult::Child) => {
+                // Init's other connections and its listener: kept open by the copier,
+                // a connection init closes would not end for the daemon.
+                let mut connections = std::mem::take(&mut self.connections);
+                let own = connections.remove(&id);
+                drop(connections);
+                // Never dropped: the copier ends with _exit.
+                let _ = nix::unistd::close(self.agent.listener.as_raw_fd());
+                match own {
+                    Some(connection) => crate::copier::serve(connection.socket, fds.remove(0)),
+                    None => sys::exit_now(1),
+                }
+            }
+            // Init's copy of the source closes here: the copier holds the only one.
+            Ok(nix::unistd::ForkResult::Parent { child }) => Ok(child),
+            Err(e) => Err(format!("fork a copier: {e}")),
+        }
+    }
+
+    /// The copier `pid` has ended: its connection hears how, and is done.
+    fn copier_ended(&mut self, pid: Pid, exit: JobExit) -> bool {
+        let Some(id) = self
+            .connections
+            .iter()
+            .find(|(_, c)| c.copier == Some(pid))
+            .map(|(id, _)| *id)
+        else {
+            return false;
+        };
+        self.reply(id, &AgentReply::CopyEnded { exit });
+        self.close(id);
+        true
     }
 
     fn exec(
@@ -613,6 +745,9 @@ impl AgentState {
                 Ok(WaitStatus::StillAlive) | Err(_) => return,
                 Ok(_) => continue,
             };
+            if self.copier_ended(pid, exit) {
+                continue;
+            }
             let Some((&job, _)) = self
                 .jobs
                 .iter()

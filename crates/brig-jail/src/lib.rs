@@ -19,6 +19,7 @@
 pub mod agent;
 pub mod caps;
 pub mod cgroup;
+mod copier;
 pub mod disk;
 mod error;
 mod etccache;

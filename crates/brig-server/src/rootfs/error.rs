@@ -46,6 +46,14 @@ pub enum RootfsError {
     ReadOnly(String),
     #[error("{0}")]
     NoSpace(String),
+    /// The session's memory is full: the files it holds are charged to it (tmpfs),
+    /// and a write past its limit is refused (ENOMEM) or killed.
+    #[error("{0}")]
+    NoMemory(String),
+    /// The sandbox cannot do what is asked (its init, started by an older brig,
+    /// lacks it).
+    #[error("{0}")]
+    Unsupported(String),
     /// A tar stream that is not a well-formed archive.
     #[error("{0}")]
     InvalidArchive(String),
@@ -74,6 +82,8 @@ impl RootfsError {
             RootfsError::TooLarge(_) => "too_large",
             RootfsError::ReadOnly(_) => "read_only",
             RootfsError::NoSpace(_) => "no_space",
+            RootfsError::NoMemory(_) => "memory_full",
+            RootfsError::Unsupported(_) => "conflict",
             RootfsError::InvalidArchive(_) => "invalid_archive",
             RootfsError::Io { .. } => "io",
         }
@@ -88,13 +98,14 @@ impl RootfsError {
             | RootfsError::AlreadyExists(_)
             | RootfsError::NotEmpty(_)
             | RootfsError::Busy(_)
-            | RootfsError::ReadOnly(_) => 409,
+            | RootfsError::ReadOnly(_)
+            | RootfsError::Unsupported(_) => 409,
             RootfsError::InvalidPath(_)
             | RootfsError::Escapes(_)
             | RootfsError::InvalidArchive(_) => 422,
             RootfsError::PermissionDenied(_) => 403,
             RootfsError::TooLarge(_) => 413,
-            RootfsError::NoSpace(_) => 507,
+            RootfsError::NoSpace(_) | RootfsError::NoMemory(_) => 507,
             RootfsError::Io { .. } => 500,
         }
     }
@@ -157,4 +168,12 @@ pub(super) fn io_error(e: io::Error, what: &str, shown: &str) -> RootfsError {
         Some(raw) => errno(Errno::from_raw_os_error(raw), what, shown),
         None => RootfsError::io(format!("{what} {shown}"), e),
     }
+}
+
+/// A file that does not fit in the session's memory, which its files are charged to.
+pub(super) fn no_memory(shown: &str) -> RootfsError {
+    RootfsError::NoMemory(format!(
+        "{shown}: the session's memory is full (its memory limit counts the files in its \
+         /tmp, /workspace and root)"
+    ))
 }

@@ -714,7 +714,18 @@ impl SandboxRoot {
         input: R,
         limits: ExtractLimits,
     ) -> Result<ExtractSummary, RootfsError> {
-        tar_in::extract_tar(self, dir, input, limits)
+        tar_in::extract_tar(self, dir, input, limits, &mut Direct::new())
+    }
+
+    /// [`SandboxRoot::extract_tar`] with the files' data written by `filler`.
+    pub fn extract_tar_with<R: Read>(
+        &self,
+        dir: &str,
+        input: R,
+        limits: ExtractLimits,
+        filler: &mut dyn Filler,
+    ) -> Result<ExtractSummary, RootfsError> {
+        tar_in::extract_tar(self, dir, input, limits, filler)
     }
 }
 
@@ -751,6 +762,18 @@ impl FileWriter {
     /// The sandbox path this writer will commit to.
     pub fn path(&self) -> &str {
         &self.shown
+    }
+
+    /// Fills the new file from `input` through `filler`: `len` bytes, or up to
+    /// the end of `input` with `None`. Returns the bytes copied (fewer than
+    /// `len` if `input` ended first).
+    pub fn fill(
+        &mut self,
+        filler: &mut dyn Filler,
+        input: &mut dyn Read,
+        len: Option<u64>,
+    ) -> Result<u64, FillError> {
+        filler.fill(&self.file, input, len, &self.shown)
     }
 
     /// Appends `data`, with errors mapped (ENOSPC/EDQUOT are `NoSpace`).
@@ -815,6 +838,95 @@ impl Drop for FileWriter {
             // sandbox renamed it away meanwhile, this removes nothing else
             // of importance (at worst an entry it put under that name).
             let _ = rustix::fs::unlinkat(&self.parent, &self.temp, AtFlags::empty());
+        }
+    }
+}
+
+/// The error of a write into `shown` that failed with `errno` in the sandbox:
+/// there, ENOMEM means the session's memory limit refused the file's pages.
+pub fn write_errno(errno: i32, shown: &str) -> RootfsError {
+    match Errno::from_raw_os_error(errno) {
+        Errno::NOMEM => error::no_memory(shown),
+        e => error::errno(e, "writing", shown),
+    }
+}
+
+/// A file that did not fit in the session's memory.
+pub fn out_of_memory(shown: &str) -> RootfsError {
+    error::no_memory(shown)
+}
+
+/// Who writes the data of the files the daemon creates. tmpfs pages are charged
+/// to the memory cgroup of the task that writes them: bytes [`Direct`] writes are
+/// the daemon's memory, so the files of a live session are filled by a process
+/// inside it instead (the session's copier, see `sessions::copy_in`), and are its
+/// memory, under its limit. Either way the file is the new one the daemon made
+/// and checked: a filler is handed its descriptor, never a path.
+pub trait Filler {
+    /// Copies `input` into `file`, a new empty file open for writing: `len`
+    /// bytes, or up to the end of `input` with `None`. Returns the bytes copied:
+    /// fewer than `len` when `input` ended first. `shown` names the file in
+    /// errors.
+    fn fill(
+        &mut self,
+        file: &File,
+        input: &mut dyn Read,
+        len: Option<u64>,
+        shown: &str,
+    ) -> Result<u64, FillError>;
+}
+
+/// Why a [`Filler`] failed: reading its input (the caller's to explain) or
+/// writing the file.
+#[derive(Debug)]
+pub enum FillError {
+    Input(io::Error),
+    Output(RootfsError),
+}
+
+/// Writes the data itself, charged to the daemon: for files that are the daemon's
+/// to pay for, and tests.
+pub struct Direct {
+    buf: Vec<u8>,
+}
+
+impl Direct {
+    pub fn new() -> Direct {
+        Direct {
+            buf: vec![0; CHUNK],
+        }
+    }
+}
+
+impl Default for Direct {
+    fn default() -> Self {
+        Direct::new()
+    }
+}
+
+impl Filler for Direct {
+    fn fill(
+        &mut self,
+        mut file: &File,
+        input: &mut dyn Read,
+        len: Option<u64>,
+        shown: &str,
+    ) -> Result<u64, FillError> {
+        let mut copied = 0u64;
+        loop {
+            let want = len.map_or(CHUNK, |len| (len - copied).min(CHUNK as u64) as usize);
+            if want == 0 {
+                return Ok(copied);
+            }
+            let n = match input.read(&mut self.buf[..want]) {
+                Ok(0) => return Ok(copied),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(FillError::Input(e)),
+            };
+            file.write_all(&self.buf[..n])
+                .map_err(|e| FillError::Output(error::io_error(e, "writing", shown)))?;
+            copied += n as u64;
         }
     }
 }

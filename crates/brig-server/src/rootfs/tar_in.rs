@@ -36,8 +36,8 @@ use super::error::{errno, show};
 use super::fsops::{self, NodeId, BENEATH, PATH_DIR};
 use super::path::{self, ArchivePathError};
 use super::{
-    check_replaceable, mount_point, with_temp_name, RootfsError, SandboxRoot, CHUNK, DIR_MODE,
-    MODE_MASK,
+    check_replaceable, mount_point, with_temp_name, FillError, Filler, RootfsError, SandboxRoot,
+    CHUNK, DIR_MODE, MODE_MASK,
 };
 
 /// What one extraction may write.
@@ -68,6 +68,7 @@ pub(super) fn extract_tar<R: Read>(
     dir: &str,
     input: R,
     limits: ExtractLimits,
+    filler: &mut dyn Filler,
 ) -> Result<ExtractSummary, RootfsError> {
     path::check(dir)?;
     let shown = show(dir.as_bytes());
@@ -87,7 +88,7 @@ pub(super) fn extract_tar<R: Read>(
         top_path: dir.trim_end_matches('/').as_bytes().to_vec(),
         limits,
         summary: ExtractSummary::default(),
-        buf: vec![0; CHUNK],
+        filler,
         extracted: HashMap::new(),
     };
     let mut archive = tar::Archive::new(&meter);
@@ -200,7 +201,8 @@ struct Extraction<'a> {
     top_path: Vec<u8>,
     limits: ExtractLimits,
     summary: ExtractSummary,
-    buf: Vec<u8>,
+    /// Writes the files' data (see [`Filler`]).
+    filler: &'a mut dyn Filler,
     /// Files and symlinks extracted so far (`/`-joined names below the
     /// directory) and their inodes: the only hard link targets allowed.
     extracted: HashMap<Vec<u8>, NodeId>,
@@ -380,17 +382,11 @@ impl Extraction<'_> {
         let mut writer = self
             .root
             .new_writer(parent, name, shown.to_string(), mode)?;
-        let mut written = 0u64;
-        loop {
-            let n = match entry.read(&mut self.buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(meter.error(e, &top_shown, Some(shown))),
-            };
-            writer.write_chunk(&self.buf[..n])?;
-            written += n as u64;
-        }
+        let written = match writer.fill(&mut *self.filler, entry, Some(expected)) {
+            Ok(written) => written,
+            Err(FillError::Input(e)) => return Err(meter.error(e, &top_shown, Some(shown))),
+            Err(FillError::Output(e)) => return Err(e),
+        };
         if written != expected {
             // Dropping the writer removes the partial file.
             return Err(RootfsError::InvalidArchive(format!(

@@ -21,12 +21,13 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::copy_in::CopyIn;
 use super::launch::Launched;
 use super::{ensure_running, lookup, workspace_path, FileRef, Session};
 use crate::audit;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiPath, ApiQuery};
-use crate::rootfs::{ExtractLimits, RootfsError, SandboxRoot};
+use crate::rootfs::{Direct, ExtractLimits, FillError, Filler, RootfsError, SandboxRoot};
 use crate::state::AppState;
 
 /// Entries an uploaded archive may hold.
@@ -191,10 +192,44 @@ async fn change<T: Send + 'static>(
     };
     let sandbox = session.sandbox();
     let result = in_sandbox(session, &sandbox, f).await;
+    changed(session, &sandbox, result)
+}
+
+/// [`change`] writing file data: `f` gets the copier of the sandbox it writes to,
+/// which writes the data (see `copy_in`: the pages are the session's memory).
+async fn change_filled<T: Send + 'static>(
+    session: &Session,
+    idle: Duration,
+    f: impl FnOnce(SandboxRoot, CopyIn) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let sandbox = session.sandbox();
+    let result = filled_in(session, &sandbox, idle, f).await;
+    changed(session, &sandbox, result)
+}
+
+/// [`in_sandbox`] with the sandbox's copier, connected as the daemon (the sandbox's
+/// user, which the operation acts as, cannot reach init's socket).
+async fn filled_in<T: Send + 'static>(
+    session: &Session,
+    sandbox: &Launched,
+    idle: Duration,
+    f: impl FnOnce(SandboxRoot, CopyIn) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let copier =
+        CopyIn::connect(&sandbox.control_socket, idle).map_err(super::exec::sandbox_gone)?;
+    in_sandbox(session, sandbox, move |root| f(root, copier)).await
+}
+
+/// The answer of a change made in `sandbox`: see [`change`].
+fn changed<T>(
+    session: &Session,
+    sandbox: &std::sync::Arc<Launched>,
+    result: Result<T, ApiError>,
+) -> Result<T, ApiError> {
     if session.deleted.load(Ordering::SeqCst) {
         return Err(ApiError::not_found(format!("no session {}", session.id)));
     }
-    if !std::sync::Arc::ptr_eq(&sandbox, &session.sandbox()) {
+    if !std::sync::Arc::ptr_eq(sandbox, &session.sandbox()) {
         return Err(ApiError::conflict(format!(
             "session {} was restored from a snapshot meanwhile: this went to the sandbox \
              the restore replaced and is not in the session; do it again",
@@ -445,7 +480,10 @@ async fn upload(
         async move {
             let (session, _transfer, reader) = start_upload(&state, &caller, &id, body)?;
             let path = query.path.clone();
-            let size = change(&session, move |root| write_file(&root, &path, reader)).await?;
+            let size = change_filled(&session, body_timeout(&state), move |root, mut copier| {
+                fill_file(&root, &path, reader, None, &mut copier)
+            })
+            .await?;
             Ok(Written {
                 path: query.path.clone(),
                 size_bytes: size,
@@ -456,10 +494,34 @@ async fn upload(
     Ok((StatusCode::CREATED, axum::Json(written)))
 }
 
-/// Writes `reader` to `path` (parents made), replacing the file atomically.
-pub fn write_file(root: &SandboxRoot, path: &str, mut reader: impl Read) -> Result<u64, ApiError> {
+/// Writes `reader` to `path` (parents made), replacing the file atomically. The
+/// daemon writes the data itself, so it is the daemon's memory: for its own small
+/// files (`/v1/execute`'s code and driver, bounded by --max-body); a caller's data
+/// goes through [`fill_file`].
+pub fn write_file(root: &SandboxRoot, path: &str, reader: impl Read) -> Result<u64, ApiError> {
+    fill_file(root, path, reader, None, &mut Direct::new())
+}
+
+/// Writes `reader` (`len` bytes if known) to `path` through `filler` (parents
+/// made), replacing the file atomically.
+pub fn fill_file(
+    root: &SandboxRoot,
+    path: &str,
+    mut reader: impl Read,
+    len: Option<u64>,
+    filler: &mut dyn Filler,
+) -> Result<u64, ApiError> {
     let mut writer = root.create_write(path, true).map_err(rootfs_error)?;
-    let copied = std::io::copy(&mut reader, writer.file()).map_err(io_to_api)?;
+    let copied = match writer.fill(filler, &mut reader, len) {
+        Ok(copied) => copied,
+        Err(FillError::Input(e)) => return Err(io_to_api(e)),
+        Err(FillError::Output(e)) => return Err(rootfs_error(e)),
+    };
+    if len.is_some_and(|len| copied != len) {
+        return Err(ApiError::internal(format!(
+            "{path}: {copied} of {len:?} bytes written"
+        )));
+    }
     writer.commit().map_err(rootfs_error)?;
     Ok(copied)
 }
@@ -630,14 +692,15 @@ async fn upload_archive(
         async move {
             let (session, _transfer, reader) = start_upload(&state, &caller, &id, body)?;
             let path = query.path.clone();
-            let summary = change(&session, move |root| {
-                root.extract_tar(
+            let summary = change_filled(&session, body_timeout(&state), move |root, mut copier| {
+                root.extract_tar_with(
                     &path,
                     reader,
                     ExtractLimits {
                         max_bytes: limit,
                         max_entries: MAX_ARCHIVE_ENTRIES,
                     },
+                    &mut copier,
                 )
                 .map_err(rootfs_error)
             })
@@ -666,7 +729,9 @@ pub async fn copy_uploads(
     session: &Session,
     files: &[FileRef],
 ) -> Result<(), ApiError> {
-    let cwd = session.sandbox().cwd.clone();
+    let sandbox = session.sandbox();
+    let cwd = sandbox.cwd.clone();
+    let mut sources = Vec::with_capacity(files.len());
     for file in files {
         let target = workspace_path(&file.path, &cwd)?;
         let (_, source) = crate::filestore::open(state, &session.tenant, &file.file_id).await?;
@@ -677,11 +742,22 @@ pub async fn copy_uploads(
             .map_err(ApiError::internal)?
             .into_std()
             .await;
-        with_root(session, move |root| {
-            write_file(&root, &target, reader).map(|_| ())
-        })
-        .await?;
+        sources.push((target, reader));
     }
+    // One copier for them all; each file's length told, as it shares one pipe.
+    filled_in(
+        session,
+        &sandbox,
+        body_timeout(state),
+        move |root, mut copier| {
+            for (target, reader) in sources {
+                let len = reader.metadata().map_err(ApiError::internal)?.len();
+                fill_file(&root, &target, reader, Some(len), &mut copier)?;
+            }
+            Ok(())
+        },
+    )
+    .await?;
     if session.deleted.load(Ordering::SeqCst) {
         return Err(ApiError::not_found(format!("no session {}", session.id)));
     }

@@ -9,6 +9,7 @@
 //! still alive and cleans up the rest.
 
 pub mod agent;
+pub mod copy_in;
 mod cut;
 pub mod exec;
 pub mod files;
