@@ -4422,9 +4422,18 @@ fn root_a_flood_of_refusals_is_summed_up_in_the_audit_log() {
     // 4,200 a second with no key grew the database by 6 MB/s.
     let d = daemon(&[]);
     let (key, _) = tenant_key(&d, "noisy");
-    const FLOOD: u64 = 300;
+    // The budgets (crates/brig-server/src/audit.rs): a burst, then a rate a second.
+    const KEYLESS: (f64, f64) = (20.0, 2.0);
+    const TENANT: (f64, f64) = (100.0, 20.0);
     let long = "x".repeat(900);
-    for i in 0..FLOOD {
+    // However slow the machine, the flood goes on until it has sent at least twice
+    // what the budgets can have recorded one by one meanwhile.
+    let started = Instant::now();
+    let mut flood = 0u64;
+    let budget = |(burst, rate): (f64, f64)| burst + rate * started.elapsed().as_secs_f64();
+    while flood < 300 || (2 * flood) as f64 <= 2.0 * budget(TENANT) {
+        assert!(flood < 100_000, "the flood never outran the budgets");
+        let i = flood;
         let path = format!("/v1/sessions/ses_{long}{i}");
         let (status, _) = d.request("GET", &path, Some("brig_not_a_key"), None);
         assert_eq!(status, 401);
@@ -4436,40 +4445,64 @@ fn root_a_flood_of_refusals_is_summed_up_in_the_audit_log() {
             Some(json!({"argv": ["echo", long]})),
         );
         assert_eq!(status, 404);
+        flood += 1;
     }
-    // Summaries are written every second.
-    std::thread::sleep(Duration::from_millis(2500));
-    let (status, audit) = d.request("GET", "/v1/audit?limit=1000", Some(d.admin_key()), None);
-    assert_eq!(status, 200, "{audit}");
-    let events = audit["events"].as_array().unwrap();
-    for (tenant, attempts) in [("", FLOOD), ("noisy", 2 * FLOOD)] {
-        let of_tenant: Vec<&Value> = events.iter().filter(|e| e["tenant"] == tenant).collect();
-        let summed: u64 = of_tenant
-            .iter()
+    // The most each budget can have let through one by one, from the daemon's first
+    // refusal (after `started`) to its last (before now).
+    let (keyless_budget, tenant_budget) = (budget(KEYLESS), budget(TENANT));
+    let expected = [
+        ("", flood, keyless_budget),
+        ("noisy", 2 * flood, tenant_budget),
+    ];
+    // Summaries are written every second: wait until every refusal is accounted for.
+    let tally = |events: &[Value], tenant: &str| -> (u64, u64) {
+        let of_tenant = events.iter().filter(|e| e["tenant"] == tenant);
+        let summed = of_tenant
+            .clone()
             .filter_map(|e| e["detail"]["left_out"].as_u64())
             .sum();
         let one_by_one = of_tenant
-            .iter()
             .filter(|e| e["detail"]["left_out"].is_null())
             .count() as u64;
+        (one_by_one, summed)
+    };
+    let audit = || {
+        let (status, audit) = d.request("GET", "/v1/audit?limit=1000", Some(d.admin_key()), None);
+        assert_eq!(status, 200, "{audit}");
+        audit["events"].as_array().unwrap().clone()
+    };
+    let all_there = |events: &[Value]| {
+        expected.iter().all(|(tenant, attempts, _)| {
+            let (one_by_one, summed) = tally(events, tenant);
+            one_by_one + summed >= *attempts
+        })
+    };
+    assert!(
+        common::eventually(60_000, || all_there(&audit())),
+        "refusals unaccounted for after a minute"
+    );
+    let events = audit();
+    for (tenant, attempts, budget) in expected {
+        let (one_by_one, summed) = tally(&events, tenant);
         // Every refusal is accounted for, most of them in a summary.
         assert_eq!(
             one_by_one + summed,
             attempts,
             "{tenant:?}: {one_by_one} + {summed}"
         );
+        // No more one by one than the budget allows (without a key, anyone can make
+        // them: a tenth of a tenant's budget), which is under half of them.
+        assert!(
+            one_by_one as f64 <= budget + 1.0,
+            "{tenant:?}: {one_by_one} one by one, more than {budget:.0}"
+        );
         assert!(
             one_by_one < attempts / 2,
             "{tenant:?}: {one_by_one} one by one"
         );
-        // Without a key, anyone can make them: a tenth of a tenant's budget (a burst
-        // of 20, then 2 a second, over the few seconds this takes).
-        if tenant.is_empty() {
-            assert!(one_by_one <= 40, "{one_by_one} keyless one by one");
-        }
-        let summary = of_tenant
+        let summary = events
             .iter()
-            .find(|e| e["detail"]["left_out"].is_u64())
+            .find(|e| e["tenant"] == tenant && e["detail"]["left_out"].is_u64())
             .unwrap();
         assert_eq!(summary["action"], "refused", "{summary}");
         assert_eq!(summary["outcome"], "refused", "{summary}");
@@ -4579,7 +4612,7 @@ fn root_silent_slow_and_idle_connections_are_closed_and_capped() {
     let connect = || {
         let stream = TcpStream::connect(d.addr()).unwrap();
         stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
+            .set_read_timeout(Some(Duration::from_secs(120)))
             .unwrap();
         stream
     };
@@ -4593,10 +4626,10 @@ fn root_silent_slow_and_idle_connections_are_closed_and_capped() {
     };
 
     // Four silent connections fill every slot: a fifth client waits until the
-    // daemon closes them, a second after they were accepted.
-    let mut silent: Vec<TcpStream> = (0..4).map(|_| connect()).collect();
-    std::thread::sleep(Duration::from_millis(100));
+    // daemon closes them, a second after they were accepted (which is after the
+    // clock starts here; the fifth comes after them in the listen queue).
     let opened = Instant::now();
+    let mut silent: Vec<TcpStream> = (0..4).map(|_| connect()).collect();
     let mut fifth = connect();
     fifth
         .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -4605,30 +4638,32 @@ fn root_silent_slow_and_idle_connections_are_closed_and_capped() {
     fifth.read_to_string(&mut reply).unwrap();
     let waited = opened.elapsed();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    // Served once the silent ones were closed, not before their timeout, nor only
+    // by some other, much later, end of theirs (there is none: the read times out).
     assert!(
-        waited >= Duration::from_millis(600) && waited < Duration::from_secs(5),
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(60),
         "the fifth connection was served after {waited:?}"
     );
+    // The fifth was served: the silent ones, accepted together, are closed by now.
     for stream in &mut silent {
-        assert!(closed_within(stream) < Duration::from_secs(2));
+        assert!(closed_within(stream) < Duration::from_secs(30));
     }
 
-    // Headers trickled a byte at a time are cut off at the timeout.
+    // Headers trickled a byte at a time are cut off at the timeout (1 s), not when
+    // the trickle stops: it would go on for 25 s or more, and never end the headers.
     let mut trickle = connect();
     let started = Instant::now();
-    let cut = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: aaaaaaaaaaaaaaaaaaaa\r\n"
-        .iter()
-        .any(|byte| {
-            std::thread::sleep(Duration::from_millis(50));
-            trickle.write_all(&[*byte]).is_err()
-        });
-    assert!(
-        cut || closed_within(&mut trickle) < Duration::from_secs(2),
-        "a trickled request was never cut off"
+    let request = format!(
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-Padding: {}",
+        "a".repeat(500)
     );
+    let cut = request.bytes().any(|byte| {
+        std::thread::sleep(Duration::from_millis(50));
+        trickle.write_all(&[byte]).is_err()
+    });
     assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "{:?}",
+        cut,
+        "a trickled request was never cut off ({:?})",
         started.elapsed()
     );
 
@@ -4663,11 +4698,15 @@ fn root_silent_slow_and_idle_connections_are_closed_and_capped() {
     };
     let slow = ask(r#"{"cmd": "sleep 1.5; echo slow"}"#);
     assert_eq!(slow["stdout"], "slow\n", "{slow}");
+    // Idle from the answer to the quick request (sent after `asked`) on: closed at
+    // the timeout, not at once, and not never (the read times out).
+    let asked = Instant::now();
     let quick = ask(r#"{"argv": ["echo", "quick"]}"#);
     assert_eq!(quick["stdout"], "quick\n", "{quick}");
-    let idle = closed_within(&mut kept);
+    closed_within(&mut kept);
+    let idle = asked.elapsed();
     assert!(
-        idle > Duration::from_millis(600) && idle < Duration::from_secs(3),
+        idle >= Duration::from_secs(1) && idle < Duration::from_secs(60),
         "{idle:?}"
     );
     delete_session(&d, &key, &id);
@@ -5353,17 +5392,20 @@ fn root_onyx_execute_runs_python_like_a_notebook() {
     let took = started.elapsed();
     assert_eq!(r["timed_out"], true, "{r}");
     assert_eq!(r["exit_code"], Value::Null, "{r}");
+    // Not before its timeout; the upper bound only guards against the loop running
+    // on (it would for ever).
     assert!(
-        took >= Duration::from_millis(1900) && took < Duration::from_secs(6),
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(60),
         "took {took:?}"
     );
     let r = execute(
         &d,
         &key,
-        json!({"code": "import time; time.sleep(5)", "timeout_ms": 300}),
+        json!({"code": "import time; time.sleep(600)", "timeout_ms": 300}),
     );
     assert_eq!(r["timed_out"], true, "{r}");
-    assert!(r["duration_ms"].as_u64().unwrap() < 3000, "{r}");
+    // Ended at its timeout, not after its sleep.
+    assert!(r["duration_ms"].as_u64().unwrap() < 60_000, "{r}");
 
     // Streaming: output events, then the result.
     let events: Vec<_> = sse_post(
@@ -5648,10 +5690,16 @@ fn root_a_session_given_a_ttl_alone_has_no_idle_timeout() {
         json!({"ttl_seconds": 3600, "idle_timeout_seconds": 1}),
     );
     assert_eq!(both["idle_timeout_seconds"], 1, "{both}");
-    // Untouched meanwhile: a request is activity.
-    std::thread::sleep(Duration::from_secs(5));
-    let ids = session_ids(&d, &key, "");
-    assert_eq!(ids, BTreeSet::from([sid(&with_ttl)]), "{with_ttl}");
+    // Untouched meanwhile (a request to a session is activity; listing them is
+    // not): the two with an idle timeout go, and the older one without stays.
+    let only_ttl = BTreeSet::from([sid(&with_ttl)]);
+    let mut ids = session_ids(&d, &key, "");
+    let reaped = common::eventually(60_000, || {
+        ids = session_ids(&d, &key, "");
+        assert!(ids.contains(&sid(&with_ttl)), "{ids:?}: {with_ttl}");
+        ids == only_ttl
+    });
+    assert!(reaped, "{ids:?}: {with_ttl}");
     assert_eq!(sh(&d, &key, &sid(&with_ttl), "echo alive"), "alive\n");
     delete_session(&d, &key, &sid(&with_ttl));
 }
@@ -5831,7 +5879,13 @@ fn root_execute_collects_many_output_files_quickly_and_says_where_it_stopped() {
             "{stored} stored: {stderr}"
         );
     }
-    assert!(took < Duration::from_secs(20), "took {took:?}");
+    // What follows the run is bounded: storing stops after 5 s. (Its speed is
+    // bench/'s to measure.)
+    let run = Duration::from_millis(r["duration_ms"].as_u64().unwrap());
+    assert!(
+        took.saturating_sub(run) < Duration::from_secs(60),
+        "took {took:?} after a run of {run:?}"
+    );
     let (_, list) = d.request("GET", "/v1/files", Some(&key), None);
     assert_eq!(list["files"].as_array().unwrap().len(), stored);
 }
@@ -6142,28 +6196,29 @@ fn root_delete_ends_running_execs_at_once() {
         let url = d.url(&format!("/v1/sessions/{id}/exec"));
         let key = key.clone();
         std::thread::spawn(move || {
-            let started = Instant::now();
             let r = common::daemon::agent()
                 .post(&url)
                 .header("Authorization", format!("Bearer {key}"))
                 .header("Content-Type", "application/json")
-                .send(json!({"cmd": "sleep 30"}).to_string())
+                .send(json!({"cmd": "touch /workspace/started; sleep 600"}).to_string())
                 .unwrap();
-            (r.status().as_u16(), started.elapsed())
+            (r.status().as_u16(), Instant::now())
         })
     };
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_file(&d, &key, &id, "/workspace/started");
+    // The bounds only guard against waiting for the exec's end (600 s).
     let started = Instant::now();
     delete_session(&d, &key, &id);
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(60),
         "delete waited {:?}",
         started.elapsed()
     );
-    let (status, took) = running.join().unwrap();
+    let (status, ended) = running.join().unwrap();
+    let took = ended.duration_since(started);
     assert!(
-        took < Duration::from_secs(10),
-        "the exec ran on for {took:?}"
+        took < Duration::from_secs(60),
+        "the exec ran on for {took:?} after the delete"
     );
     assert!(status == 409 || status == 404, "{status}");
 }
@@ -7172,10 +7227,7 @@ fn root_a_restore_racing_a_delete_never_brings_the_session_back() {
     }
     eprintln!("restores answered {outcomes:?} (audit scan {scan:?})");
     // No sandbox of a deleted session is left (the daemon has no other session).
-    let end = Instant::now() + Duration::from_secs(10);
-    while !sandboxes(&d).is_empty() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::eventually(60_000, || sandboxes(&d).is_empty());
     assert_eq!(
         sandboxes(&d),
         BTreeSet::new(),
@@ -7235,10 +7287,12 @@ fn root_processes_end_with_the_sandbox_a_restore_replaces_and_ids_are_not_reused
         assert_eq!(status, 201, "{p}");
         p["process_id"].as_u64().unwrap()
     };
+    // Waits of up to 10 minutes: the check below that a wait for an ended process
+    // does not wait stays far below it.
     let wait = |pid: u64| -> Value {
         let (status, p) = d.request(
             "POST",
-            &format!("{base}/{pid}/wait?timeout_ms=10000"),
+            &format!("{base}/{pid}/wait?timeout_ms=600000"),
             Some(&key),
             None,
         );
@@ -7264,7 +7318,7 @@ fn root_processes_end_with_the_sandbox_a_restore_replaces_and_ids_are_not_reused
     assert!(old["ended_at"].is_string(), "{old}");
     let waited = Instant::now();
     assert_eq!(wait(sleeper)["state"], "exited");
-    assert!(waited.elapsed() < Duration::from_secs(5));
+    assert!(waited.elapsed() < Duration::from_secs(60));
     let (status, body) = d.request(
         "POST",
         &format!("{base}/{sleeper}/signal"),
@@ -7732,8 +7786,9 @@ fn root_sparse_files_cannot_make_a_snapshot_read_more_than_the_quota_allows() {
             .contains("sparse"),
         "{body}"
     );
+    // Refused before reading: reading the terabyte would take half an hour.
     assert!(
-        started.elapsed() < Duration::from_secs(10),
+        started.elapsed() < Duration::from_secs(120),
         "{:?}",
         started.elapsed()
     );
@@ -7861,13 +7916,14 @@ fn root_filling_tmp_past_the_memory_limit_kills_the_command_not_the_session() {
     assert_eq!(sh(&d, &key, &id, "echo alive"), "alive\n");
     // Commands are the first the kernel kills, here or on the host; init is not.
     // (Init holds a command's score while it starts one, until the command has
-    // exec'd: read it a moment later.)
+    // exec'd: read it once the shell has its own, or after a minute.)
     assert_eq!(
         sh(
             &d,
             &key,
             &id,
-            "sleep 0.3; cat /proc/self/oom_score_adj /proc/1/oom_score_adj"
+            "i=0; while [ \"$(cat /proc/$$/oom_score_adj)\" != 1000 ] && [ $i -lt 3000 ]; \
+             do sleep 0.02; i=$((i + 1)); done; cat /proc/self/oom_score_adj /proc/1/oom_score_adj"
         ),
         "1000\n0\n"
     );
@@ -8711,7 +8767,7 @@ fn root_volumes_no_session_uses_are_unmounted_after_a_while() {
     std::thread::sleep(Duration::from_secs(3));
     assert!(mounted());
     delete_session(&d, &key, &id);
-    assert!(common::eventually(8000, || !mounted()), "still mounted");
+    assert!(common::eventually(60_000, || !mounted()), "still mounted");
     // The next session that uses it mounts it again, with its data.
     let id = sid(&create(&d, &key, json!({"volume": "idle"})));
     assert_eq!(sh(&d, &key, &id, "cat /volume/f"), "kept\n");
@@ -9592,7 +9648,7 @@ fn root_mounted_bundles_do_not_expire_under_their_sessions() {
     let d = Daemon::start_in(&data, &store, &args);
     let files = data.join("files").join("admin");
     assert!(
-        common::eventually(10_000, || !files.join(&unused).exists()),
+        common::eventually(60_000, || !files.join(&unused).exists()),
         "the unused file did not expire"
     );
     assert!(files.join(&mounted).exists());
