@@ -42,13 +42,14 @@ fn root_timeout_exits_124_and_kills_the_tree() {
         &["sh", "-c", &format!("sleep {marker} & sleep {marker}")],
     );
     assert_eq!(out.status.code(), Some(124));
-    assert!(started.elapsed().as_secs() < 10);
+    // Killed at its timeout, not when the sleeps (a day) end.
+    assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
     assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"));
     assert!(
         processes_with(marker).is_empty(),
         "sleepers survived the timeout"
     );
-    let (v, code) = run_json(&["--timeout", "300ms"], &["sleep", "10"]);
+    let (v, code) = run_json(&["--timeout", "300ms"], &["sleep", "600"]);
     assert_eq!(code, 124);
     assert_eq!(v["timed_out"], true);
     assert_eq!(v["exit_code"], serde_json::Value::Null);

@@ -1618,8 +1618,10 @@ fn root_interrupted_import_leaves_no_image_no_work_and_no_mkfs() {
             "interrupted {when}, the import succeeded: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        // Stopped at the interrupt, not at the import's end (which would succeed);
+        // the bound only guards against it being waited for meanwhile.
         assert!(
-            started.elapsed() < Duration::from_secs(20),
+            started.elapsed() < Duration::from_secs(60),
             "interrupt {when}: took {:?} to stop",
             started.elapsed()
         );
@@ -1627,7 +1629,7 @@ fn root_interrupted_import_leaves_no_image_no_work_and_no_mkfs() {
         assert!(images.is_empty(), "interrupt {when}: an image was made");
         assert_eq!(fx.tmp_debris(), Vec::<String>::new(), "interrupt {when}");
         assert!(
-            eventually(5_000, || mkfs_of(&fx).is_empty()),
+            eventually(60_000, || mkfs_of(&fx).is_empty()),
             "interrupt {when}: mkfs.erofs still runs: {:?}",
             mkfs_of(&fx)
         );
@@ -1666,7 +1668,7 @@ fn root_interrupted_snapshot_leaves_no_image_no_work_and_no_mount() {
     assert_eq!(fx.image_names(), vec!["base".to_string()]);
     assert_eq!(fx.tmp_debris(), Vec::<String>::new());
     assert!(
-        eventually(5_000, || mkfs_of(&fx).is_empty()),
+        eventually(60_000, || mkfs_of(&fx).is_empty()),
         "mkfs.erofs left running"
     );
     let layer_mounts: Vec<PathBuf> = fx
@@ -1689,7 +1691,7 @@ fn root_brig_killed_while_packing_a_snapshot_leaves_no_mount_or_process_behind()
     let run = snapshot_being_packed(&fx);
     send_signal(run.pid(), "KILL");
     assert!(!run.wait().status.success());
-    let mkfs_gone = eventually(5_000, || mkfs_of(&fx).is_empty());
+    let mkfs_gone = eventually(60_000, || mkfs_of(&fx).is_empty());
     let orphans = mkfs_of(&fx);
     for pid in &orphans {
         send_signal(*pid, "KILL");
@@ -1738,11 +1740,13 @@ fn root_gc_removes_unreferenced_layers_but_never_one_a_sandbox_uses() {
         &[
             "/bin/sh",
             "-c",
-            "echo up > /workspace/up; sleep 3; cat /data/greeting",
+            // Runs until the test has run gc (however long that takes).
+            "echo up > /workspace/up; while [ ! -e /workspace/go ]; do sleep 0.02; done; \
+             cat /data/greeting",
         ],
     ));
     assert!(
-        eventually(20_000, || ws_dir.join("up").exists()),
+        eventually(60_000, || ws_dir.join("up").exists()),
         "the sandbox never started"
     );
     ok(&fx.image(&["rm", "busy"]), "rm busy");
@@ -1753,6 +1757,7 @@ fn root_gc_removes_unreferenced_layers_but_never_one_a_sandbox_uses() {
         assert!(fx.layer_file(&layer).exists());
         assert!(fx.mounts().contains(&fx.mount_point(&layer)));
     }
+    fs::write(ws_dir.join("go"), b"").unwrap();
     let out = run.wait();
     assert_eq!(ok(&out, "the run during gc"), "hello from the image\n");
     // Now nothing uses it.
@@ -2057,7 +2062,7 @@ fn root_loop_fallback_mounts_through_an_autoclear_loop_device_released_by_gc() {
     assert_eq!(gc["unmounted"], json!([layer]), "{gc}");
     assert_eq!(fx.mounts().len(), 0);
     assert!(
-        eventually(5_000, || fx.loop_devices().is_empty()),
+        eventually(60_000, || fx.loop_devices().is_empty()),
         "loop devices still refer to the store: {:?}",
         fx.loop_devices()
     );
@@ -2082,7 +2087,7 @@ fn root_runs_leave_only_layer_mounts_and_gc_unmount_leaves_none() {
     assert_eq!(out.status.code(), Some(3));
     let out = fx.run(
         &["--image", "base", "--timeout", "500ms"],
-        &["/bin/sleep", "10"],
+        &["/bin/sleep", "600"],
     );
     assert_eq!(out.status.code(), Some(124));
     fx.sh(

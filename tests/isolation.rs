@@ -65,13 +65,26 @@ fn root_sandbox_ids_map_to_unprivileged_unique_host_ids() {
     let host: u64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert_ne!(host, 0);
 
-    // Concurrent sandboxes get distinct host ids.
+    // Concurrent sandboxes get distinct host ids: each marks its start in a shared
+    // workspace and runs until all four have (or for a minute).
+    let shared = tempfile::tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(
+        shared.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let handles: Vec<_> = (0..4)
-        .map(|_| {
-            std::thread::spawn(|| {
-                run_json(&[], &["sleep", "0.5"]).0["enforced"]["identity"]["host_uid"]
-                    .as_u64()
-                    .unwrap()
+        .map(|i| {
+            let ws = shared.path().to_str().unwrap().to_string();
+            std::thread::spawn(move || {
+                let script = format!(
+                    "touch /workspace/up{i}; n=0; \
+                     while [ $(ls /workspace | wc -l) -lt 4 ] && [ $n -lt 3000 ]; \
+                     do sleep 0.02; n=$((n + 1)); done; ls /workspace | wc -l"
+                );
+                let (v, _) = run_json(&["--workspace", &ws], &["sh", "-c", &script]);
+                assert_eq!(v["stdout"].as_str().unwrap().trim(), "4", "{v}");
+                v["enforced"]["identity"]["host_uid"].as_u64().unwrap()
             })
         })
         .collect();
@@ -175,11 +188,10 @@ fn root_init_reaps_orphans_and_everything_dies_with_the_command() {
         &[],
         "import os,time\n\
          for i in range(5):\n  if os.fork()==0:\n    if os.fork()==0: os._exit(0)\n    os._exit(0)\n\
-         time.sleep(0.3)\n\
          for _ in range(5):\n  try: os.waitpid(-1,0)\n  except ChildProcessError: break\n\
-         time.sleep(0.3)\n\
-         z=[p for p in os.listdir('/proc') if p.isdigit() and open('/proc/'+p+'/stat').read().split(')')[1].split()[0]=='Z']\n\
-         print('zombies', len(z))\n",
+         def zombies():\n  z=[]\n  for p in os.listdir('/proc'):\n    try:\n      if p.isdigit() and open('/proc/'+p+'/stat').read().split(')')[1].split()[0]=='Z': z.append(p)\n    except OSError: pass\n  return z\n\
+         for _ in range(3000):\n  if not zombies(): break\n  time.sleep(0.02)\n\
+         print('zombies', len(zombies()))\n",
     );
     assert_eq!(out, "zombies 0\n");
     // A daemonized process (new session, ignores HUP) dies when the command ends.
@@ -189,7 +201,7 @@ fn root_init_reaps_orphans_and_everything_dies_with_the_command() {
     ));
     assert_eq!(code, 0);
     assert!(
-        eventually(2000, || processes_with(marker).is_empty()),
+        eventually(60_000, || processes_with(marker).is_empty()),
         "daemonized process outlived the sandbox"
     );
 }
