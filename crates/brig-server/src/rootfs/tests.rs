@@ -1548,7 +1548,7 @@ exec chroot "$R" /usr/bin/sleep 600
         );
         // `ready` comes before the chroot: wait for the exec of sleep.
         let pid = child.0.id();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default() != "sleep\n" {
             assert!(Instant::now() < deadline, "sleep did not start");
             std::thread::sleep(Duration::from_millis(5));
