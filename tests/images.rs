@@ -2263,3 +2263,158 @@ fn root_error_for_a_name_with_a_newline_stays_one_line() {
         fx.image(&["import", "new\nline", source.to_str().unwrap()])
     });
 }
+
+/// A snapshot's layer is addressed by the digest of exactly what it stores: files
+/// the sandbox wrote as its host id are stored as the image's root, and the digest
+/// says so (it once covered the host id, so an import of the stored tree got
+/// another digest, and a tree owned by that id got this layer back as root's).
+#[test]
+fn root_a_snapshot_layers_digest_is_the_digest_of_what_it_stores() {
+    require_root!();
+    let fx = Fixture::new();
+    fx.import_rootfs("base");
+    fx.sh(
+        "base",
+        &["--snapshot-to", "owned"],
+        "echo mine > /data/mine; mkdir /data/mydir; ln -s mine /data/link",
+    );
+    // Running it mounts its layers where the store shares them.
+    fx.sh("owned", &[], "true");
+    let top = fx.layers("owned").pop().unwrap();
+    let stored = brig_image::tree::digest(&fx.mount_point(&top), &brig_image::Silent).unwrap();
+    assert_eq!(stored, top, "the layer's digest is not that of its content");
+}
+
+/// A sparse file takes no disk but is read whole by packing: one far larger than
+/// the sandbox's disk is refused at once, not packed for minutes after --timeout.
+#[test]
+fn root_a_huge_sparse_file_cannot_make_snapshot_to_pack_without_bound() {
+    require_root!();
+    let fx = Fixture::new();
+    let tree = fx.rootfs_copy("with-truncate");
+    fs::copy("/usr/bin/truncate", tree.join("bin/truncate")).unwrap();
+    fx.import("base", &tree);
+    let started = Instant::now();
+    let out = fx.run(
+        &[
+            "--image",
+            "base",
+            "--disk",
+            "32M",
+            "--snapshot-to",
+            "sparse",
+        ],
+        &["/bin/truncate", "-s", "1E", "/data/holes"],
+    );
+    let line = refused(&out, "snapshot of a 1 EiB sparse file");
+    assert!(line.contains("apparent sizes"), "{line}");
+    // Packing 1 EiB would never end; the refusal takes what the copy's first file
+    // takes.
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!fx.image_names().contains(&"sparse".to_string()));
+    assert_eq!(fx.tmp_debris(), Vec::<String>::new());
+}
+
+/// Sends a read-write descriptor of the file `argv[2]` (created if need be) over the
+/// unix socket `argv[1]`.
+const SENDFD_C: &str = r#"
+#include <fcntl.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int fd = open(argv[2], O_RDWR | O_CREAT, 0644);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    strncpy(addr.sun_path, argv[1], sizeof addr.sun_path - 1);
+    if (fd < 0 || s < 0 || connect(s, (struct sockaddr *)&addr, sizeof addr) != 0) return 1;
+    char byte = 0, control[CMSG_SPACE(sizeof fd)];
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                         .msg_controllen = sizeof control};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof fd);
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    return sendmsg(s, &msg, 0) == 1 ? 0 : 1;
+}
+"#;
+
+/// Takes a descriptor of a file in another sandbox's writes and, until told to
+/// stop, keeps rewriting it: what a snapshot of that sandbox must not mix up.
+/// (Landlock keeps a sandbox from opening anything below a directory descriptor
+/// of another's; a file already open is written through.)
+const HOLDER_PY: &str = r#"
+import os, socket, sys, time
+shared = sys.argv[1]
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(shared + '/sock')
+os.chmod(shared + '/sock', 0o777)
+listener.listen(1)
+open(shared + '/listening', 'w').close()
+conn, _ = listener.accept()
+_, fds, _, _ = socket.recv_fds(conn, 1, 1)
+fd = fds[0]
+n = 0
+deadline = time.time() + 300
+while not os.path.exists(shared + '/stop') and time.time() < deadline:
+    n += 1
+    os.pwrite(fd, b'rewrite %08d\n' % n * 4096, 0)
+    if n == 1:
+        open(shared + '/holding', 'w').close()
+print(n)
+"#;
+
+/// Sandbox A passes a descriptor of a file it wrote to sandbox B, which keeps
+/// writing through it while A's snapshot is cut (after A's command has ended).
+/// The layer must store one state of the file under the digest of exactly that
+/// state: a layer shared by digest must never hand out other bytes.
+#[test]
+fn root_a_sandbox_holding_anothers_writes_cannot_poison_its_snapshot() {
+    require_root!();
+    let fx = Fixture::new();
+    let tree = fx.rootfs_copy("with-sendfd");
+    if !compile_c(SENDFD_C, &tree.join("bin/sendfd")) {
+        return;
+    }
+    fs::copy("/usr/bin/head", tree.join("bin/head")).unwrap();
+    fx.import("base", &tree);
+    let shared = fx.shared_dir("shared");
+    let shared_arg = format!("{}:/shared:rw", shared.display());
+    let holder = Background::spawn({
+        let mut cmd = fx.run_cmd(
+            &["--bind", &shared_arg, "--timeout", "600s"],
+            &["python3", "-c", HOLDER_PY, "/shared"],
+        );
+        cmd.stdout(Stdio::piped());
+        cmd
+    });
+    assert!(
+        eventually(60_000, || shared.join("listening").exists()),
+        "the holder never listened"
+    );
+    // A writes enough that its snapshot takes a while, hands a file over, and ends
+    // once the holder writes through it.
+    fx.sh(
+        "base",
+        &["--snapshot-to", "snap", "--disk", "48M", "--bind", &shared_arg],
+        "head -c 24M /dev/urandom > /data/random && /bin/sendfd /shared/sock /data/poisoned && while [ ! -e /shared/holding ]; do sleep 0.1; done",
+    );
+    fs::write(shared.join("stop"), "").unwrap();
+    let out = holder.wait();
+    let rewrites: u64 = ok(&out, "the holder").trim().parse().unwrap();
+    assert!(rewrites > 0, "the holder never wrote");
+    fx.sh("snap", &[], "true");
+    let top = fx.layers("snap").pop().unwrap();
+    let stored = brig_image::tree::digest(&fx.mount_point(&top), &brig_image::Silent).unwrap();
+    assert_eq!(
+        stored, top,
+        "the layer stores other bytes than its digest says"
+    );
+}
