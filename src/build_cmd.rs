@@ -161,6 +161,7 @@ pub fn build(
                 // A step writes no more than its tmpfs holds; sparse files count
                 // whole, as packing reads them.
                 max_bytes: Some(spec.limits.disk_bytes),
+                charge_to: &[],
             },
             &counter,
         )?;

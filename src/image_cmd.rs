@@ -148,6 +148,8 @@ pub fn snapshot(
             // All the tmpfs can hold without holes: a sparse file counts whole,
             // which is what packing reads.
             max_bytes: Some(spec.limits.disk_bytes),
+            // The sandbox has ended, and its cgroup with it: brig pays.
+            charge_to: &[],
         },
         &Bars::new(false),
     )

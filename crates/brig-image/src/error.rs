@@ -44,6 +44,9 @@ pub enum ImageError {
     /// A file could not be read for now (leased by a sandbox's process).
     #[error("{0}")]
     Busy(String),
+    /// The memory that pays for the work could not hold it.
+    #[error("{0}")]
+    OutOfMemory(String),
 }
 
 impl ImageError {
@@ -64,6 +67,7 @@ impl ImageError {
             ImageError::TooLarge(_) => "too_large",
             ImageError::Changed(_) => "tree_changed",
             ImageError::Busy(_) => "busy",
+            ImageError::OutOfMemory(_) => "memory_full",
         }
     }
 

@@ -86,6 +86,8 @@ pub struct Snapshot<'a> {
     /// The most the regular files written may add up to, at their apparent sizes
     /// (what packing reads): the sandbox's disk limit, or a quota's room.
     pub max_bytes: Option<u64>,
+    /// Where packing is charged (see [`PackOptions::charge_to`]).
+    pub charge_to: &'a [PathBuf],
 }
 
 /// A sandbox's writes copied out of its reach (see [`tree::copy_beneath`]): what
@@ -146,6 +148,7 @@ pub fn commit_snapshot(
         placeholders,
         force_owner,
         replace,
+        charge_to,
         ..
     } = *request;
     let writes = staged.tree.as_path();
@@ -159,6 +162,7 @@ pub fn commit_snapshot(
         let options = PackOptions {
             force_owner,
             exclude: Vec::new(),
+            charge_to: charge_to.to_vec(),
         };
         let record = store.commit_layer(writes, &options, staged.work.path(), progress)?;
         layers.push(record.digest);
@@ -191,6 +195,8 @@ pub struct ScratchSnapshot<'a> {
     /// The most the regular files of all the directories may add up to (see
     /// [`Snapshot::max_bytes`]).
     pub max_bytes: Option<u64>,
+    /// Where packing is charged (see [`PackOptions::charge_to`]).
+    pub charge_to: &'a [PathBuf],
 }
 
 /// Stores a sandbox's private directories as one layer whose tree holds each by
@@ -257,6 +263,7 @@ pub fn commit_scratch(
     let options = PackOptions {
         force_owner: request.force_owner,
         exclude: Vec::new(),
+        charge_to: request.charge_to.to_vec(),
     };
     let layer = store.commit_layer(&staged.tree, &options, staged.work.path(), progress)?;
     let record = ImageRecord {

@@ -27,6 +27,26 @@ pub struct PackOptions {
     /// Paths relative to the tree left out, with everything below them (the
     /// digest leaves out the same).
     pub exclude: Vec<std::path::PathBuf>,
+    /// `cgroup.procs` files the packer joins as soon as it starts: the cgroup of
+    /// the sandbox a snapshot is of, so that its tenant pays for the packing's CPU
+    /// and memory. Its OOM score is made the highest, so that a memory limit too
+    /// small to pack kills the packer rather than the sandbox's own processes.
+    pub charge_to: Vec<std::path::PathBuf>,
+}
+
+/// Moves the packer `pid` into the cgroups whose `cgroup.procs` files are `procs`,
+/// first making it what their OOM killer picks.
+fn charge(pid: u32, procs: &[std::path::PathBuf]) -> Result<()> {
+    if procs.is_empty() {
+        return Ok(());
+    }
+    let adj = format!("/proc/{pid}/oom_score_adj");
+    std::fs::write(&adj, "1000").map_err(|e| ImageError::io(format!("write {adj}"), e))?;
+    for file in procs {
+        std::fs::write(file, pid.to_string())
+            .map_err(|e| ImageError::io(format!("join {}", file.display()), e))?;
+    }
+    Ok(())
 }
 
 /// Waits for a tool brig started, killing it when `progress` is cancelled (Ctrl-C).
@@ -88,9 +108,25 @@ pub fn pack(
             ImageError::io(format!("start {MKFS}"), e)
         }
     })?;
+    if let Err(e) = charge(child.id(), &options.charge_to) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
     let status = wait_cancellable(&mut child, MKFS, progress)?;
     if status.success() {
         return Ok(());
+    }
+    if !options.charge_to.is_empty()
+        && std::os::unix::process::ExitStatusExt::signal(&status)
+            == Some(rustix::process::Signal::KILL.as_raw())
+    {
+        return Err(ImageError::OutOfMemory(
+            "packing the snapshot was killed: the session's memory limit, which pays for \
+             packing, could not hold it; free some of the session's memory (its files in \
+             /tmp and /workspace count) or give it more"
+                .into(),
+        ));
     }
     if progress.cancelled() {
         return Err(ImageError::Interrupted);

@@ -10,6 +10,7 @@
 //! | `brig_http_request_duration_seconds` | histogram | `route`, `method` |
 //! | `brig_execs_total` | counter | `outcome` |
 //! | `brig_execs_running` | gauge | |
+//! | `brig_snapshots_running` | gauge | |
 //! | `brig_exec_duration_seconds` | histogram | `outcome` |
 //! | `brig_sessions` | gauge | `state` |
 //! | `brig_pool_ready` | gauge | `image` |
@@ -107,6 +108,10 @@ fn describe() {
     );
     metrics::describe_counter!("brig_execs_total", "finished execs by outcome");
     metrics::describe_gauge!("brig_execs_running", "execs running now");
+    metrics::describe_gauge!(
+        "brig_snapshots_running",
+        "snapshots being taken now (copied or packed)"
+    );
     metrics::describe_histogram!(
         "brig_exec_duration_seconds",
         metrics::Unit::Seconds,
@@ -137,6 +142,21 @@ pub fn exec_finished(duration: Duration, outcome: &str) {
     metrics::counter!("brig_execs_total", "outcome" => outcome.to_string()).increment(1);
     metrics::histogram!("brig_exec_duration_seconds", "outcome" => outcome.to_string())
         .record(duration.as_secs_f64());
+}
+
+/// A snapshot being taken, counted in `brig_snapshots_running` until dropped.
+#[must_use = "it is counted only while it is alive"]
+pub struct SnapshotRunning(());
+
+impl Drop for SnapshotRunning {
+    fn drop(&mut self) {
+        metrics::gauge!("brig_snapshots_running").decrement(1.0);
+    }
+}
+
+pub fn snapshot_started() -> SnapshotRunning {
+    metrics::gauge!("brig_snapshots_running").increment(1.0);
+    SnapshotRunning(())
 }
 
 /// Processes of sessions killed for holding more file locks than their budget.

@@ -206,6 +206,16 @@ impl Cgroup {
         Ok(())
     }
 
+    /// The `cgroup.procs` file of every leaf: writing a pid to each puts that
+    /// process in this cgroup, every controller of it.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.enforced
+            .leaves
+            .iter()
+            .map(|leaf| leaf.join("cgroup.procs"))
+            .collect()
+    }
+
     /// The v1 `tasks` files of this cgroup. A single-threaded process that writes "0"
     /// to them moves itself without the kernel's global threadgroup lock, whose first
     /// write-lock waits for an RCU grace period: 10-20 ms per sandbox measured on this

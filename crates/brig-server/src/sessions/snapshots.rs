@@ -240,6 +240,7 @@ pub async fn snapshot(
 ) -> Result<SnapshotInfo, ApiError> {
     // Copying and packing cost the host CPU and disk: only so many at once.
     let _taking = state.auth.snapshot_permit(&session.tenant)?;
+    let _running = crate::metrics::snapshot_started();
     // A snapshot only ever adds to what the tenant uses: at its quota already, it is
     // refused before the session is paused or anything is packed.
     let used = state
@@ -421,6 +422,8 @@ struct Staged {
     base: Option<String>,
     placeholders: Vec<String>,
     origin: String,
+    /// The session's cgroups, which pay for the packing.
+    charge_to: Vec<PathBuf>,
 }
 
 /// Copies what the session wrote into the store's work space (the session is
@@ -439,6 +442,12 @@ async fn stage(
     let placeholders = sandbox.placeholders.clone();
     let origin = format!("snapshot of session {}", session.id);
     let image = image.to_string();
+    let charge_to = sandbox
+        .handle
+        .cgroup
+        .as_ref()
+        .map(|cgroup| cgroup.procs_files())
+        .unwrap_or_default();
     tokio::task::spawn_blocking(move || {
         let store = brig_image::store::Store::open(&store_dir)?;
         let copy = with_request(
@@ -448,7 +457,7 @@ async fn stage(
             &image,
             &placeholders,
             &origin,
-            claimable,
+            (claimable, &[]),
             |store, request| match request {
                 Request::Upper(request) => {
                     brig_image::ops::stage_snapshot(store, &request, &brig_image::Silent)
@@ -464,6 +473,7 @@ async fn stage(
             base,
             placeholders,
             origin,
+            charge_to,
         })
     })
     .await
@@ -501,6 +511,7 @@ async fn commit(state: &AppState, staged: Staged, image: &str) -> Result<Packed,
             base,
             placeholders,
             origin,
+            charge_to,
         } = staged;
         let (record, base_layers) = with_request(
             &store,
@@ -509,7 +520,7 @@ async fn commit(state: &AppState, staged: Staged, image: &str) -> Result<Packed,
             &image,
             &placeholders,
             &origin,
-            0,
+            (0, &charge_to),
             |store, request| match request {
                 Request::Upper(request) => {
                     let base_layers = request.base.layers.len();
@@ -544,7 +555,12 @@ async fn commit(state: &AppState, staged: Staged, image: &str) -> Result<Packed,
     })
     .await
     .map_err(ApiError::internal)?
-    .map_err(|e: brig_image::ImageError| ApiError::internal(format!("snapshot: {e}")))
+    .map_err(|e: brig_image::ImageError| match e {
+        brig_image::ImageError::OutOfMemory(message) => {
+            ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "memory_full", message)
+        }
+        e => ApiError::internal(format!("snapshot: {e}")),
+    })
 }
 
 /// brig-image's request for a snapshot of `writes`.
@@ -554,7 +570,8 @@ enum Request<'a> {
 }
 
 /// Builds the request for a snapshot of `writes` into image `image` (on top of
-/// image `base` for an upper layer) and hands it to `f`.
+/// image `base` for an upper layer), copying at most `max_bytes` and packing in
+/// the cgroups of `charge_to`, and hands it to `f`.
 #[allow(clippy::too_many_arguments)]
 fn with_request<T>(
     store: &brig_image::store::Store,
@@ -563,7 +580,7 @@ fn with_request<T>(
     image: &str,
     placeholders: &[String],
     origin: &str,
-    max_bytes: u64,
+    (max_bytes, charge_to): (u64, &[PathBuf]),
     f: impl FnOnce(&brig_image::store::Store, Request<'_>) -> brig_image::Result<T>,
 ) -> brig_image::Result<T> {
     match (base, writes) {
@@ -581,6 +598,7 @@ fn with_request<T>(
                     force_owner: Some((0, 0)),
                     replace: false,
                     max_bytes: Some(max_bytes),
+                    charge_to,
                 }),
             )
         }
@@ -601,6 +619,7 @@ fn with_request<T>(
                     force_owner: Some((0, 0)),
                     origin,
                     max_bytes: Some(max_bytes),
+                    charge_to,
                 }),
             )
         }
