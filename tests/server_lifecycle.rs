@@ -45,9 +45,7 @@ fn setup() -> bool {
     }
     static SUBREAPER: Once = Once::new();
     SUBREAPER.call_once(|| {
-        // SAFETY: prctl with an integer argument; it touches no memory.
-        let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        assert_eq!(rc, 0, "PR_SET_CHILD_SUBREAPER");
+        nix::sys::prctl::set_child_subreaper(true).expect("PR_SET_CHILD_SUBREAPER");
     });
     true
 }
@@ -332,12 +330,10 @@ impl Init {
     fn reap(&self) {
         if let Some((state, ppid, start)) = proc_stat(self.pid) {
             if state == 'Z' && start == self.start_time && ppid == std::process::id() as i32 {
-                // SAFETY: waitpid on one pid that is our zombie child; status is a
-                // local out-parameter.
-                unsafe {
-                    let mut status = 0;
-                    libc::waitpid(self.pid, &mut status, libc::WNOHANG);
-                }
+                let _ = nix::sys::wait::waitpid(
+                    nix::unistd::Pid::from_raw(self.pid),
+                    Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+                );
             }
         }
     }
@@ -1103,12 +1099,10 @@ fn destroy_untracked(pid: i32) {
                 .then(|| format!("/sys/fs/cgroup/{controller}{path}"))
         })
         .collect();
-    // SAFETY: kill and waitpid on one pid that is a live child of this process.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        let mut status = 0;
-        libc::waitpid(pid, &mut status, 0);
-    }
+    // A live child of this process: the pid cannot be another's until reaped.
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::wait::waitpid(pid, None);
     for leaf in leaves {
         let _ = std::fs::remove_dir(&leaf);
     }
@@ -1382,8 +1376,12 @@ fn sessions_that_died_or_expired_while_the_daemon_was_down_are_cleaned_up_at_sta
 
     // The sandbox of `dead` dies while no daemon runs; its cgroup stays behind.
     assert!(dead_init.alive());
-    // SAFETY: kill(2) on a pid whose start time was just checked (alive above).
-    assert_eq!(unsafe { libc::kill(dead_init.pid, libc::SIGKILL) }, 0);
+    // A pid whose start time was just checked (alive above).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(dead_init.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the dead session's init");
     assert!(dead_init.gone_within(10_000), "{}", dead_init.describe());
     assert!(dead_init.leaves.iter().all(|l| Path::new(l).exists()));
     // Down for more than the TTL of `expiring`.

@@ -420,7 +420,10 @@ impl Daemon {
             return;
         };
         if child.try_wait().unwrap().is_none() {
-            unsafe { libc::kill(child.id() as i32, signal) };
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            if let Ok(signal) = nix::sys::signal::Signal::try_from(signal) {
+                let _ = nix::sys::signal::kill(pid, signal);
+            }
             let end = Instant::now() + patience;
             while child.try_wait().unwrap().is_none() {
                 if Instant::now() > end {

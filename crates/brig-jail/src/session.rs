@@ -175,6 +175,7 @@ pub fn act_as(uid: u32, gid: u32) -> io::Result<ActingAs> {
     // SAFETY: setfsgid/setfsuid take an id and return the previous one; they cannot
     // fail in a way that touches memory (a refused change returns the old id).
     let fsgid = unsafe { libc::syscall(libc::SYS_setfsgid, gid) } as libc::gid_t;
+    // SAFETY: as for setfsgid above.
     let fsuid = unsafe { libc::syscall(libc::SYS_setfsuid, uid) } as libc::uid_t;
     Ok(ActingAs {
         groups,
