@@ -11,6 +11,7 @@ mod common;
 use std::path::Path;
 
 use common::daemon::Daemon;
+use common::sessions::tenant_key;
 use serde_json::{json, Value};
 
 /// A root-only host directory (0700, outside /tmp, which sandboxes get a tmpfs of
@@ -48,17 +49,6 @@ impl Marker {
             .unwrap()
             .success()
     }
-}
-
-fn tenant_key(d: &Daemon, tenant: &str) -> String {
-    let (status, k) = d.request(
-        "POST",
-        "/v1/keys",
-        Some(d.admin_key()),
-        Some(json!({"tenant": tenant, "name": format!("{tenant}-key")})),
-    );
-    assert_eq!(status, 201, "{k}");
-    k["key"].as_str().unwrap().to_string()
 }
 
 fn create(d: &Daemon, key: &str, body: Value) -> String {

@@ -8,18 +8,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
+use common::sessions::tenant_key;
 use serde_json::{json, Value};
-
-fn tenant_key(d: &Daemon, tenant: &str) -> String {
-    let (status, k) = d.request(
-        "POST",
-        "/v1/keys",
-        Some(d.admin_key()),
-        Some(json!({"tenant": tenant, "name": format!("{tenant}-key")})),
-    );
-    assert_eq!(status, 201, "{k}");
-    k["key"].as_str().unwrap().to_string()
-}
 
 /// A session holding `mib` MiB of incompressible data, which takes a while to copy.
 fn loaded_session(d: &Daemon, key: &str, mib: u64) -> String {

@@ -9,6 +9,18 @@ use serde_json::{json, Value};
 
 use super::daemon::Daemon;
 
+/// A new API key of tenant `tenant` (made with the admin key).
+pub fn tenant_key(d: &Daemon, tenant: &str) -> String {
+    let (status, k) = d.request(
+        "POST",
+        "/v1/keys",
+        Some(d.admin_key()),
+        Some(json!({"tenant": tenant, "name": format!("{tenant}-key")})),
+    );
+    assert_eq!(status, 201, "{k}");
+    k["key"].as_str().unwrap().to_string()
+}
+
 /// A new session with the daemon's defaults; its id.
 pub fn create(d: &Daemon, key: &str) -> String {
     let (status, s) = d.request("POST", "/v1/sessions", Some(key), Some(json!({})));

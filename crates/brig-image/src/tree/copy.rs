@@ -452,51 +452,17 @@ fn times(st: &Stat) -> Timestamps {
 }
 
 fn xattr_names(fd: BorrowedFd<'_>) -> std::result::Result<Vec<std::ffi::OsString>, Errno> {
-    loop {
-        let size = match rustix::fs::flistxattr_query(fd) {
-            Ok(size) => size,
-            Err(Errno::NOTSUP) => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        if size == 0 {
-            return Ok(Vec::new());
-        }
-        let mut list = vec![0; size];
-        match rustix::fs::flistxattr(fd, &mut list[..]) {
-            Ok(len) => {
-                return Ok(list[..len]
-                    .split(|&b| b == 0)
-                    .filter(|name| !name.is_empty())
-                    .map(|name| OsStr::from_bytes(name).to_owned())
-                    .collect())
-            }
-            Err(Errno::RANGE) => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    super::scan::list_xattrs(
+        || rustix::fs::flistxattr_query(fd),
+        |list| rustix::fs::flistxattr(fd, list),
+    )
 }
 
 fn xattr_value(fd: BorrowedFd<'_>, name: &OsStr) -> std::result::Result<Option<Vec<u8>>, Errno> {
-    loop {
-        let size = match rustix::fs::fgetxattr_query(fd, name) {
-            Ok(size) => size,
-            Err(Errno::NODATA) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let mut value = vec![0; size];
-        if size == 0 {
-            return Ok(Some(value));
-        }
-        match rustix::fs::fgetxattr(fd, name, &mut value[..]) {
-            Ok(len) => {
-                value.truncate(len);
-                return Ok(Some(value));
-            }
-            Err(Errno::NODATA) => return Ok(None),
-            Err(Errno::RANGE) => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    super::scan::read_xattr(
+        || rustix::fs::fgetxattr_query(fd, name),
+        |value| rustix::fs::fgetxattr(fd, name, value),
+    )
 }
 
 #[cfg(test)]

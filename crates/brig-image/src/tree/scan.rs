@@ -98,61 +98,83 @@ pub(super) fn open_file(path: &Path, st: &fs::Metadata) -> Result<File> {
 
 /// The names of all xattrs of `path` (not following a symlink).
 pub(super) fn xattr_names(path: &Path) -> Result<Vec<OsString>> {
-    let context = || format!("listing xattrs of {}", path.display());
-    loop {
-        let size = match rustix::fs::llistxattr_query(path) {
-            Ok(size) => size,
-            // A filesystem without xattrs has none to report.
-            Err(Errno::NOTSUP) => return Ok(Vec::new()),
-            Err(e) => return Err(e).context(context),
-        };
-        if size == 0 {
-            return Ok(Vec::new());
-        }
-        let mut list = vec![0; size];
-        match rustix::fs::llistxattr(path, &mut list[..]) {
-            Ok(len) => {
-                return Ok(list[..len]
-                    .split(|&b| b == 0)
-                    .filter(|name| !name.is_empty())
-                    .map(|name| OsStr::from_bytes(name).to_owned())
-                    .collect())
-            }
-            // The list grew between the two calls.
-            Err(Errno::RANGE) => continue,
-            Err(e) => return Err(e).context(context),
-        }
-    }
+    list_xattrs(
+        || rustix::fs::llistxattr_query(path),
+        |list| rustix::fs::llistxattr(path, list),
+    )
+    .context(|| format!("listing xattrs of {}", path.display()))
 }
 
 /// The value of xattr `name` of `path`, `None` if it is gone.
 pub(super) fn xattr_value(path: &Path, name: &OsStr) -> Result<Option<Vec<u8>>> {
-    let context = || {
+    read_xattr(
+        || rustix::fs::lgetxattr_query(path, name),
+        |value| rustix::fs::lgetxattr(path, name, value),
+    )
+    .context(|| {
         format!(
             "reading xattr {} of {}",
             name.to_string_lossy(),
             path.display()
         )
-    };
+    })
+}
+
+/// The names an xattr list call gives, sized by its query (by path or by
+/// descriptor): asked again if the list grew in between.
+pub(super) fn list_xattrs(
+    query: impl Fn() -> Result<usize, Errno>,
+    list: impl Fn(&mut [u8]) -> Result<usize, Errno>,
+) -> Result<Vec<OsString>, Errno> {
     loop {
-        let size = match rustix::fs::lgetxattr_query(path, name) {
+        let size = match query() {
+            Ok(size) => size,
+            // A filesystem without xattrs has none to report.
+            Err(Errno::NOTSUP) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let mut names = vec![0; size];
+        match list(&mut names[..]) {
+            Ok(len) => {
+                return Ok(names[..len]
+                    .split(|&b| b == 0)
+                    .filter(|name| !name.is_empty())
+                    .map(|name| OsStr::from_bytes(name).to_owned())
+                    .collect())
+            }
+            Err(Errno::RANGE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The value an xattr get call gives, sized by its query; `None` if it is gone;
+/// asked again if the value grew in between.
+pub(super) fn read_xattr(
+    query: impl Fn() -> Result<usize, Errno>,
+    get: impl Fn(&mut [u8]) -> Result<usize, Errno>,
+) -> Result<Option<Vec<u8>>, Errno> {
+    loop {
+        let size = match query() {
             Ok(size) => size,
             Err(Errno::NODATA) => return Ok(None),
-            Err(e) => return Err(e).context(context),
+            Err(e) => return Err(e),
         };
         let mut value = vec![0; size];
         if size == 0 {
             return Ok(Some(value));
         }
-        match rustix::fs::lgetxattr(path, name, &mut value[..]) {
+        match get(&mut value[..]) {
             Ok(len) => {
                 value.truncate(len);
                 return Ok(Some(value));
             }
             Err(Errno::NODATA) => return Ok(None),
-            // The value grew between the two calls.
             Err(Errno::RANGE) => continue,
-            Err(e) => return Err(e).context(context),
+            Err(e) => return Err(e),
         }
     }
 }
