@@ -24,7 +24,7 @@ use crate::auth::{Caller, CallerSlot};
 use crate::db::{
     now_rfc3339, parse_rfc3339, rfc3339_before, AuditFilter, AuditRow, Db, NewAuditEvent,
 };
-use crate::error::{ApiError, ApiQuery, ErrorCode};
+use crate::error::{code_for_status, response_with_status, ApiError, ApiQuery, ErrorCode};
 use crate::state::{AppState, Shared};
 
 /// Longest string kept in an event's detail (commands, code, paths).
@@ -127,7 +127,7 @@ pub async fn record_in(
 
 /// The outcomes of refused requests, whose events draw on the [`RefusalBudget`]:
 /// the error codes the daemon answers with a 4xx or a 503 (a test holds this to
-/// `ApiError::code_for_status` and the session file errors).
+/// `error::code_for_status` and the session file errors).
 pub const REFUSAL_CODES: &[&str] = &[
     "bad_request",
     "unauthorized",
@@ -360,7 +360,7 @@ fn truncate_str(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 pub fn outcome<T>(result: &Result<T, crate::error::ApiError>) -> &'static str {
     match result {
         Ok(_) => "ok",
-        Err(e) => e.code,
+        Err(e) => e.code.as_str(),
     }
 }
 
@@ -439,8 +439,9 @@ pub async fn refusals(State(state): State<AppState>, mut request: Request, next:
     let code = response
         .extensions()
         .get::<ErrorCode>()
-        .map(|c| c.0)
-        .unwrap_or_else(|| ApiError::code_for_status(status));
+        .copied()
+        .unwrap_or_else(|| code_for_status(status))
+        .as_str();
     crate::metrics::failure(code);
     if is_refusal(status) {
         let caller = slot.0.get().cloned().unwrap_or(Caller {
@@ -479,8 +480,7 @@ async fn ensure_json_error(response: Response) -> Response {
         .map(|t| t.trim().to_string())
         .filter(|t| !t.is_empty())
         .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
-    let mut rewritten =
-        ApiError::new(status, ApiError::code_for_status(status), text).into_response();
+    let mut rewritten = response_with_status(status, ApiError::new(code_for_status(status), text));
     for (name, value) in &parts.headers {
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
             rewritten.headers_mut().append(name, value.clone());
@@ -671,7 +671,7 @@ mod tests {
         use axum::http::StatusCode;
         for status in 400..=599u16 {
             let status = StatusCode::from_u16(status).unwrap();
-            let code = ApiError::code_for_status(status);
+            let code = code_for_status(status).as_str();
             assert_eq!(
                 REFUSAL_CODES.contains(&code),
                 is_refusal(status),
@@ -695,8 +695,9 @@ mod tests {
             E::NoSpace(s()),
             E::InvalidArchive(s()),
         ] {
-            let refused = is_refusal(StatusCode::from_u16(e.http_status()).unwrap());
-            assert_eq!(REFUSAL_CODES.contains(&e.code()), refused, "{}", e.code());
+            let refused = is_refusal(crate::error::status_of(e.code()));
+            let code = e.code().as_str();
+            assert_eq!(REFUSAL_CODES.contains(&code), refused, "{code}");
         }
         // What ran is never a refusal.
         for ran in ["ok", "error", "internal", "timeout", "oom", "client_closed"] {

@@ -1034,9 +1034,9 @@ mod tests {
         h.insert("authorization", "bearer  k2 ".parse().unwrap());
         assert_eq!(presented_key(&h).unwrap(), Some("k2"));
         h.insert("authorization", "Basic abc".parse().unwrap());
-        assert_eq!(presented_key(&h).unwrap_err().code, "unauthorized");
+        assert_eq!(presented_key(&h).unwrap_err().code.as_str(), "unauthorized");
         h.insert("authorization", "Bearer".parse().unwrap());
-        assert_eq!(presented_key(&h).unwrap_err().code, "unauthorized");
+        assert_eq!(presented_key(&h).unwrap_err().code.as_str(), "unauthorized");
     }
 
     async fn auth_with(extra: &[&str]) -> (tempfile::TempDir, Auth) {
@@ -1065,9 +1065,16 @@ mod tests {
         // Cached now; revocation must still take effect at once.
         auth.verify(&key).await.unwrap();
         auth.revoke(&row.id).await.unwrap().unwrap();
-        assert_eq!(auth.verify(&key).await.unwrap_err().code, "unauthorized");
         assert_eq!(
-            auth.verify(&generate_key()).await.unwrap_err().code,
+            auth.verify(&key).await.unwrap_err().code.as_str(),
+            "unauthorized"
+        );
+        assert_eq!(
+            auth.verify(&generate_key())
+                .await
+                .unwrap_err()
+                .code
+                .as_str(),
             "unauthorized"
         );
         assert!(auth.create_key("bad name", None).await.is_err());
@@ -1111,12 +1118,16 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-api-key", "brig_wrong".parse().unwrap());
         assert_eq!(
-            auth.authenticate(&h).await.unwrap_err().code,
+            auth.authenticate(&h).await.unwrap_err().code.as_str(),
             "unauthorized"
         );
         let (_dir, auth) = auth_with(&[]).await;
         assert_eq!(
-            auth.authenticate(&HeaderMap::new()).await.unwrap_err().code,
+            auth.authenticate(&HeaderMap::new())
+                .await
+                .unwrap_err()
+                .code
+                .as_str(),
             "unauthorized"
         );
     }
@@ -1133,10 +1144,10 @@ mod tests {
         let a1 = auth.exec_permit("a").unwrap();
         let a2 = auth.exec_permit("a").unwrap();
         let err = auth.exec_permit("a").err().unwrap();
-        assert_eq!((err.status.as_u16(), err.code), (429, "quota_exceeded"));
+        assert_eq!(err.code.as_str(), "quota_exceeded");
         let b1 = auth.exec_permit("b").unwrap();
         let err = auth.exec_permit("b").err().unwrap();
-        assert_eq!((err.status.as_u16(), err.code), (503, "unavailable"));
+        assert_eq!(err.code.as_str(), "unavailable");
         assert_eq!(auth.running_execs("a"), 2);
         drop(a1);
         assert_eq!(auth.running_execs("a"), 1);
@@ -1157,7 +1168,10 @@ mod tests {
         .await
         .unwrap()
         .unwrap();
-        assert_eq!(auth.exec_permit("c").err().unwrap().code, "quota_exceeded");
+        assert_eq!(
+            auth.exec_permit("c").err().unwrap().code.as_str(),
+            "quota_exceeded"
+        );
         assert_eq!(auth.quotas("c").await.unwrap().max_concurrent_execs, 0);
         assert_eq!(auth.quotas("c").await.unwrap().max_sessions, 100);
         assert_eq!(auth.quotas("zzz").await.unwrap().max_disk_bytes, 10 << 30);

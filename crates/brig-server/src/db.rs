@@ -24,7 +24,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use time::{OffsetDateTime, UtcOffset};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::ApiError;
+// The domain error; `crate::error` decides how it is answered over HTTP.
+use crate::fault::Error as ApiError;
 
 /// Connections in the pool. WAL allows concurrent readers next to one writer; writers
 /// queue on SQLite's lock (up to `BUSY_TIMEOUT`).
@@ -1717,7 +1718,7 @@ mod tests {
                 .call(|_conn| -> rusqlite::Result<()> { panic!("boom") })
                 .await
                 .unwrap_err();
-            assert_eq!(err.code, "internal");
+            assert_eq!(err.code.as_str(), "internal");
         }
         assert_eq!(db.call(|_| Ok(7)).await.unwrap(), 7);
     }
@@ -1911,7 +1912,7 @@ mod tests {
             .insert_snapshot_within(snapshot("c", &[("sha256:3", 21 * K)]), 10 * K, 100 * K)
             .await
             .unwrap_err();
-        assert_eq!(err.code, "quota_exceeded");
+        assert_eq!(err.code.as_str(), "quota_exceeded");
         assert!(
             err.message.contains(&format!("{} bytes more", 21 * K)),
             "{}",
@@ -1937,7 +1938,7 @@ mod tests {
             .insert_file_within(file.clone(), 10 * K, 100 * K)
             .await
             .unwrap_err();
-        assert_eq!(err.code, "quota_exceeded");
+        assert_eq!(err.code.as_str(), "quota_exceeded");
         // Deleting the first frees only what no other snapshot holds.
         assert!(db.delete_snapshot("t", "a", "snap-a").await.unwrap());
         assert!(!db.delete_snapshot("t", "a", "snap-a").await.unwrap());
@@ -2008,12 +2009,12 @@ mod tests {
             .insert_file_within(file("b", 40 * K + 1), 0, 100 * K)
             .await
             .unwrap_err();
-        assert_eq!(err.code, "quota_exceeded");
+        assert_eq!(err.code.as_str(), "quota_exceeded");
         let err = db
             .insert_file_within(file("b", 30 * K), 20 * K, 100 * K)
             .await
             .unwrap_err();
-        assert_eq!(err.code, "quota_exceeded");
+        assert_eq!(err.code.as_str(), "quota_exceeded");
         db.insert_file_within(file("b", 39 * K), 0, 100 * K)
             .await
             .unwrap();
@@ -2024,7 +2025,11 @@ mod tests {
             .insert_file_within(file("d", 0), 0, 100 * K)
             .await
             .unwrap_err();
-        assert_eq!(err.code, "quota_exceeded", "an empty file takes a block");
+        assert_eq!(
+            err.code.as_str(),
+            "quota_exceeded",
+            "an empty file takes a block"
+        );
         assert_eq!(db.file_bytes("t").await.unwrap(), 100 * K);
         assert_eq!(db.stored_bytes("t").await.unwrap(), 100 * K);
         assert!(db.file("other", "a").await.unwrap().is_none());

@@ -1,11 +1,11 @@
-//! The API's error type and the extractors that turn bad input into it.
+//! How the daemon's errors leave over HTTP, and the extractors that turn bad input
+//! into them.
 //!
-//! Every error leaves as `{"error": {"code": "<stable_code>", "message": "<one line>"}}`
+//! The error itself is the domain's (`crate::fault`): a stable code and a message.
+//! This module alone decides each code's status ([`status_of`]). Every error leaves as `{"error": {"code": "<stable_code>", "message": "<one line>"}}`
 //! (docs/API.md). Axum's own extractors answer with plain text, so handlers use the
 //! wrappers here (`ApiJson`, `ApiQuery`, `ApiPath`), which map each rejection to the
 //! documented status and code.
-
-use std::fmt;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -16,19 +16,59 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-/// An error answered to the client. `code` is stable (clients match on it);
-/// `message` is one line for humans.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
+// Handlers keep writing `ApiError`: the type is the domain's, only its status is
+// decided here.
+pub use crate::fault::{Error as ApiError, ErrorCode};
+
+/// The status each code is answered with: the one place the daemon maps its
+/// errors to HTTP (docs/API.md lists the same pairs).
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
+        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::Forbidden | ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
+        ErrorCode::NotFound | ErrorCode::NoSuchFile => StatusCode::NOT_FOUND,
+        ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+        ErrorCode::Conflict
+        | ErrorCode::Busy
+        | ErrorCode::NotADirectory
+        | ErrorCode::NotAFile
+        | ErrorCode::AlreadyExists
+        | ErrorCode::NotEmpty
+        | ErrorCode::ReadOnly => StatusCode::CONFLICT,
+        ErrorCode::Gone => StatusCode::GONE,
+        ErrorCode::PayloadTooLarge | ErrorCode::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::Invalid
+        | ErrorCode::InvalidPath
+        | ErrorCode::PathEscapes
+        | ErrorCode::InvalidArchive => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::Quota => StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::NoSpace | ErrorCode::MemoryFull => StatusCode::INSUFFICIENT_STORAGE,
+        ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
 }
 
-/// Put into the extensions of every error response, so middleware (refusal audit,
-/// metrics) learns the code without parsing the body.
-#[derive(Debug, Clone, Copy)]
-pub struct ErrorCode(pub &'static str);
+/// The code that goes with a status when nothing more specific is known: for error
+/// responses that did not come from an `ApiError` (an axum rejection, a layer's
+/// answer), which keep their own status.
+pub fn code_for_status(status: StatusCode) -> ErrorCode {
+    match status {
+        StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+        StatusCode::FORBIDDEN => ErrorCode::Forbidden,
+        StatusCode::NOT_FOUND => ErrorCode::NotFound,
+        StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+        StatusCode::CONFLICT => ErrorCode::Conflict,
+        StatusCode::GONE => ErrorCode::Gone,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+        StatusCode::UNPROCESSABLE_ENTITY => ErrorCode::Invalid,
+        StatusCode::TOO_MANY_REQUESTS => ErrorCode::Quota,
+        StatusCode::SERVICE_UNAVAILABLE => ErrorCode::Unavailable,
+        s if s.is_server_error() => ErrorCode::Internal,
+        _ => ErrorCode::BadRequest,
+    }
+}
 
 /// The JSON body of an error.
 #[derive(Debug, Serialize, serde::Deserialize, ToSchema)]
@@ -44,141 +84,25 @@ pub struct ErrorDetail {
     pub message: String,
 }
 
-impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        let mut message = message.into();
-        // The contract promises one line; serde and io messages occasionally carry more.
-        if message.contains('\n') {
-            message = message.split_whitespace().collect::<Vec<_>>().join(" ");
-        }
-        ApiError {
-            status,
-            code,
-            message,
-        }
-    }
-
-    /// 400: malformed JSON, bad query string, unreadable body.
-    pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
-    }
-
-    /// 401: missing or unknown API key.
-    pub fn unauthorized(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
-    }
-
-    /// 403: an admin-only endpoint called with a tenant key.
-    pub fn forbidden(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
-    }
-
-    /// 404: unknown id, or an id owned by another tenant (never 403: ids do not leak).
-    pub fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-
-    /// 404 `no_such_file`: a path that does not exist inside a session.
-    pub fn no_such_file(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "no_such_file", message)
-    }
-
-    /// 409: name taken, session paused, directory not empty...
-    pub fn conflict(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, "conflict", message)
-    }
-
-    /// 413: body or upload over its limit.
-    pub fn too_large(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
-    }
-
-    /// 422: well-formed input with unknown fields, wrong types, bad values, bad paths.
-    pub fn invalid(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", message)
-    }
-
-    /// 429: a per-tenant quota (sessions, concurrent execs, disk).
-    pub fn quota(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
-    }
-
-    /// 503: a global cap, or the daemon is shutting down.
-    pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
-    }
-
-    /// 500: logs `detail` (which may name host paths or internals) and answers a
-    /// generic message, so nothing about the host leaks to the client.
-    pub fn internal(detail: impl fmt::Display) -> ApiError {
-        tracing::error!(error = %detail, "internal error");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "internal error; see the daemon's log",
-        )
-    }
-
-    /// The code that goes with a status when nothing more specific is known
-    /// (used to rewrite error responses that did not come from `ApiError`).
-    pub fn code_for_status(status: StatusCode) -> &'static str {
-        match status {
-            StatusCode::UNAUTHORIZED => "unauthorized",
-            StatusCode::FORBIDDEN => "forbidden",
-            StatusCode::NOT_FOUND => "not_found",
-            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
-            StatusCode::CONFLICT => "conflict",
-            StatusCode::GONE => "gone",
-            StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
-            StatusCode::UNPROCESSABLE_ENTITY => "invalid_request",
-            StatusCode::TOO_MANY_REQUESTS => "quota_exceeded",
-            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
-            s if s.is_server_error() => "internal",
-            _ => "bad_request",
-        }
-    }
+/// `error` answered with `status` rather than its code's own: for rewriting error
+/// responses that did not come from an `ApiError`, whose status is already decided.
+/// The code goes into the response's extensions, so middleware (refusal audit,
+/// metrics) learns it without parsing the body.
+pub fn response_with_status(status: StatusCode, error: ApiError) -> Response {
+    let body = ErrorBody {
+        error: ErrorDetail {
+            code: error.code.as_str().to_string(),
+            message: error.message,
+        },
+    };
+    let mut response = (status, axum::Json(body)).into_response();
+    response.extensions_mut().insert(error.code);
+    response
 }
-
-impl fmt::Display for ApiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({}): {}",
-            self.code,
-            self.status.as_u16(),
-            self.message
-        )
-    }
-}
-
-impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code.to_string(),
-                message: self.message,
-            },
-        };
-        let mut response = (self.status, axum::Json(body)).into_response();
-        response.extensions_mut().insert(ErrorCode(self.code));
-        response
-    }
-}
-
-/// Database failures are host failures: logged, answered as 500.
-impl From<rusqlite::Error> for ApiError {
-    fn from(err: rusqlite::Error) -> ApiError {
-        ApiError::internal(format_args!("database: {err}"))
-    }
-}
-
-/// Unexpected I/O failures are host failures: logged, answered as 500. Handlers that
-/// expect a particular io error (not found, too large) map it before `?`.
-impl From<std::io::Error> for ApiError {
-    fn from(err: std::io::Error) -> ApiError {
-        ApiError::internal(format_args!("i/o: {err}"))
+        response_with_status(status_of(self.code), self)
     }
 }
 
@@ -190,8 +114,7 @@ pub async fn not_found_fallback() -> ApiError {
 /// 405 for a known route called with the wrong method.
 pub async fn method_not_allowed_fallback() -> ApiError {
     ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorCode::MethodNotAllowed,
         "method not allowed for this route",
     )
 }
@@ -284,19 +207,71 @@ where
 mod tests {
     use super::*;
 
+    /// Every code with the status it has always been answered with: a change here
+    /// is a change of the API (docs/API.md), not a refactoring.
+    const STATUSES: &[(ErrorCode, &str, u16)] = &[
+        (ErrorCode::BadRequest, "bad_request", 400),
+        (ErrorCode::Unauthorized, "unauthorized", 401),
+        (ErrorCode::Forbidden, "forbidden", 403),
+        (ErrorCode::PermissionDenied, "permission_denied", 403),
+        (ErrorCode::NotFound, "not_found", 404),
+        (ErrorCode::NoSuchFile, "no_such_file", 404),
+        (ErrorCode::MethodNotAllowed, "method_not_allowed", 405),
+        (ErrorCode::RequestTimeout, "request_timeout", 408),
+        (ErrorCode::Conflict, "conflict", 409),
+        (ErrorCode::Busy, "busy", 409),
+        (ErrorCode::NotADirectory, "not_a_directory", 409),
+        (ErrorCode::NotAFile, "not_a_file", 409),
+        (ErrorCode::AlreadyExists, "already_exists", 409),
+        (ErrorCode::NotEmpty, "not_empty", 409),
+        (ErrorCode::ReadOnly, "read_only", 409),
+        (ErrorCode::Gone, "gone", 410),
+        (ErrorCode::PayloadTooLarge, "payload_too_large", 413),
+        (ErrorCode::TooLarge, "too_large", 413),
+        (ErrorCode::Invalid, "invalid_request", 422),
+        (ErrorCode::InvalidPath, "invalid_path", 422),
+        (ErrorCode::PathEscapes, "path_escapes", 422),
+        (ErrorCode::InvalidArchive, "invalid_archive", 422),
+        (ErrorCode::Quota, "quota_exceeded", 429),
+        (ErrorCode::Internal, "internal", 500),
+        (ErrorCode::Unavailable, "unavailable", 503),
+        (ErrorCode::NoSpace, "no_space", 507),
+        (ErrorCode::MemoryFull, "memory_full", 507),
+    ];
+
     #[test]
-    fn messages_are_one_line() {
-        let e = ApiError::invalid("a\nb\r\n  c");
-        assert_eq!(e.message, "a b c");
-        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
-        assert_eq!(e.code, "invalid_request");
+    fn every_code_has_its_status() {
+        for &(code, text, status) in STATUSES {
+            assert_eq!(code.as_str(), text);
+            assert_eq!(status_of(code).as_u16(), status, "{text}");
+        }
+        for code in ErrorCode::ALL {
+            assert!(
+                STATUSES.iter().any(|(c, _, _)| c == code),
+                "{code} is not in the table"
+            );
+        }
+        assert_eq!(STATUSES.len(), ErrorCode::ALL.len());
+    }
+
+    /// Failures are what HTTP calls server errors; the audit of uploads relies on it.
+    #[test]
+    fn failures_are_server_errors() {
+        for &code in ErrorCode::ALL {
+            assert_eq!(
+                code.is_failure(),
+                status_of(code).is_server_error(),
+                "{code}"
+            );
+        }
     }
 
     #[test]
-    fn internal_hides_the_detail() {
-        let e = ApiError::internal("open /secret/path: permission denied");
-        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
-        assert!(!e.message.contains("/secret"));
+    fn codes_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            assert!(seen.insert(code.as_str()), "{code} twice");
+        }
     }
 
     #[tokio::test]
@@ -304,7 +279,7 @@ mod tests {
         let response = ApiError::quota("too many sessions").into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(
-            response.extensions().get::<ErrorCode>().map(|c| c.0),
+            response.extensions().get::<ErrorCode>().map(|c| c.as_str()),
             Some("quota_exceeded")
         );
         let body = axum::body::to_bytes(response.into_body(), 1 << 16)
@@ -318,7 +293,13 @@ mod tests {
     }
 
     #[test]
-    fn status_codes() {
+    fn internal_is_a_500() {
+        let e = ApiError::internal("open /secret/path: permission denied");
+        assert_eq!(status_of(e.code), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[test]
+    fn codes_for_statuses() {
         for (status, code) in [
             (StatusCode::NOT_FOUND, "not_found"),
             (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
@@ -326,7 +307,7 @@ mod tests {
             (StatusCode::BAD_REQUEST, "bad_request"),
             (StatusCode::BAD_GATEWAY, "internal"),
         ] {
-            assert_eq!(ApiError::code_for_status(status), code);
+            assert_eq!(code_for_status(status).as_str(), code);
         }
     }
 }

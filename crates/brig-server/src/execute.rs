@@ -23,7 +23,7 @@ use utoipa_axum::routes;
 
 use crate::audit;
 use crate::auth::{Caller, Permit};
-use crate::error::{ApiError, ApiJson};
+use crate::error::{ApiError, ApiJson, ErrorCode};
 use crate::rootfs::{EntryKind, RootfsError, SandboxRoot};
 use crate::sessions::exec::{self, Command, ExecResult, Stream};
 use crate::sessions::files::{root_of, with_root, write_file};
@@ -458,7 +458,7 @@ async fn collect_outputs(
                     room = room.saturating_sub(crate::db::charged_file_bytes(blob.size_bytes()));
                     taken.push(Ok(blob))
                 }
-                Err(e) if e.status == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(e) if e.code == ErrorCode::PayloadTooLarge => {
                     taken.push(Err(NotStored::TooLarge))
                 }
                 Err(e) => return Err(e),
@@ -577,7 +577,7 @@ async fn audit_execute(
                 "timed_out": r.timed_out, "duration_ms": r.duration_ms, "files": r.files.len()}),
         ),
         Err(e) => (
-            e.code,
+            e.code.as_str(),
             serde_json::json!({"code": request.code, "error": e.message}),
         ),
     };

@@ -978,13 +978,13 @@ async fn upload(
         let meta = match receive(&state, &caller.tenant, filename, &mut field).await {
             Ok(meta) => meta,
             Err(e) => {
-                if e.status.is_server_error() {
+                if e.code.is_failure() {
                     audit::record(
                         &state,
                         &caller,
                         None,
                         "file.upload",
-                        serde_json::json!({"error": e.code}),
+                        serde_json::json!({"error": e.code.as_str()}),
                         "error",
                     )
                     .await;
@@ -1267,7 +1267,7 @@ mod tests {
         // their names ("d0".."d299", "f": 24 bytes counted for each).
         let needed = 301 * 4096 + 2 * 4096 + 301 * 24;
         let err = extract(needed - 1, "small").unwrap_err();
-        assert_eq!(err.code, "payload_too_large");
+        assert_eq!(err.code.as_str(), "payload_too_large");
         assert_eq!(extract(needed, "enough").unwrap(), needed);
     }
 
@@ -1321,7 +1321,7 @@ mod tests {
         let path = vec!["d"; MAX_BUNDLE_DEPTH + 1].join("/");
         let too_deep = archive("too_deep.tar", &[(&path, None)]);
         let err = extract(&too_deep, "too_deep").unwrap_err();
-        assert_eq!(err.code, "invalid_request", "{}", err.message);
+        assert_eq!(err.code.as_str(), "invalid_request", "{}", err.message);
         assert!(!dir.path().join("too_deep/d").exists());
         let path = vec!["d"; MAX_BUNDLE_DEPTH].join("/");
         extract(&archive("deepest.tar", &[(&path, None)]), "deepest").unwrap();

@@ -4,7 +4,8 @@
 //! |---|---|
 //! | `config` | the daemon's settings (`brig serve` flags) |
 //! | `db` | state in SQLite (WAL): tenants, keys, sessions, files, snapshots, audit |
-//! | `error` | the `{"error": {"code", "message"}}` type and JSON extractors |
+//! | `fault` | the domain error: a stable code and a one-line message, no HTTP |
+//! | `error` | HTTP: each code's status, the `{"error": {...}}` body, JSON extractors |
 //! | `auth` | API keys, tenants, the caller extractor, quotas |
 //! | `audit` | recording and querying the audit log |
 //! | `metrics` | Prometheus metrics |
@@ -24,6 +25,7 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod execute;
+pub mod fault;
 pub mod filestore;
 pub mod metrics;
 pub mod rootfs;

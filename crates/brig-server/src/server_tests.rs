@@ -1274,7 +1274,7 @@ async fn output_blobs_are_kept_only_when_recorded_within_the_quota() {
         crate::filestore::take_blob(&h.state, "acme", "dir/out.txt", &mut data.as_slice())
     };
     let err = take(pattern((1 << 20) + 1)).err().unwrap();
-    assert_eq!(err.code, "payload_too_large");
+    assert_eq!(err.code.as_str(), "payload_too_large");
     assert_eq!(h.tenant_files("acme"), Vec::<String>::new());
     drop(take(b"dropped".to_vec()).unwrap());
     assert_eq!(h.tenant_files("acme"), Vec::<String>::new());
@@ -1332,8 +1332,8 @@ async fn stored_files_and_bundles() {
     crate::filestore::open(&h.state, "other", &meta.file_id)
         .await
         .unwrap_err()
-        .status
-        .eq(&StatusCode::NOT_FOUND)
+        .code
+        .eq(&crate::error::ErrorCode::NotFound)
         .then_some(())
         .unwrap();
     assert_eq!(h.tenant_files("acme"), std::slice::from_ref(&meta.file_id));
@@ -1397,14 +1397,16 @@ async fn stored_files_and_bundles() {
         crate::filestore::bundle_dir(&state, "other", &id, 0, false)
             .await
             .unwrap_err()
-            .code,
+            .code
+            .as_str(),
         "not_found"
     );
     assert_eq!(
         crate::filestore::bundle_dir(&state, "acme", &meta.file_id, 0, false)
             .await
             .unwrap_err()
-            .code,
+            .code
+            .as_str(),
         "invalid_request",
         "a CSV is not a tar"
     );

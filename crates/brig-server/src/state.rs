@@ -14,7 +14,8 @@ use tokio::sync::{watch, OnceCell};
 use crate::auth::Auth;
 use crate::config::ServeArgs;
 use crate::db::Db;
-use crate::error::ApiError;
+// The domain error; `crate::error` decides how it is answered over HTTP.
+use crate::fault::Error as ApiError;
 use crate::metrics::Metrics;
 use crate::sessions::{Holds, Sessions};
 

@@ -7,6 +7,8 @@ use std::io;
 
 use rustix::io::Errno;
 
+use crate::fault::ErrorCode;
+
 /// Why a file operation inside a sandbox failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RootfsError {
@@ -67,46 +69,28 @@ pub enum RootfsError {
 }
 
 impl RootfsError {
-    /// A stable machine-readable code.
-    pub fn code(&self) -> &'static str {
+    /// The stable code the daemon answers with. `Io` is a host failure, whose
+    /// details the caller never sees.
+    pub fn code(&self) -> ErrorCode {
         match self {
-            RootfsError::NotFound(_) => "no_such_file",
-            RootfsError::NotADirectory(_) => "not_a_directory",
-            RootfsError::NotAFile(_) => "not_a_file",
-            RootfsError::AlreadyExists(_) => "already_exists",
-            RootfsError::NotEmpty(_) => "not_empty",
-            RootfsError::InvalidPath(_) => "invalid_path",
-            RootfsError::Escapes(_) => "path_escapes",
-            RootfsError::Busy(_) => "busy",
-            RootfsError::PermissionDenied(_) => "permission_denied",
-            RootfsError::TooLarge(_) => "too_large",
-            RootfsError::ReadOnly(_) => "read_only",
-            RootfsError::NoSpace(_) => "no_space",
-            RootfsError::NoMemory(_) => "memory_full",
-            RootfsError::Unsupported(_) => "conflict",
-            RootfsError::InvalidArchive(_) => "invalid_archive",
-            RootfsError::Io { .. } => "io",
-        }
-    }
-
-    /// The HTTP status the daemon answers with.
-    pub fn http_status(&self) -> u16 {
-        match self {
-            RootfsError::NotFound(_) => 404,
-            RootfsError::NotADirectory(_)
-            | RootfsError::NotAFile(_)
-            | RootfsError::AlreadyExists(_)
-            | RootfsError::NotEmpty(_)
-            | RootfsError::Busy(_)
-            | RootfsError::ReadOnly(_)
-            | RootfsError::Unsupported(_) => 409,
-            RootfsError::InvalidPath(_)
-            | RootfsError::Escapes(_)
-            | RootfsError::InvalidArchive(_) => 422,
-            RootfsError::PermissionDenied(_) => 403,
-            RootfsError::TooLarge(_) => 413,
-            RootfsError::NoSpace(_) | RootfsError::NoMemory(_) => 507,
-            RootfsError::Io { .. } => 500,
+            RootfsError::NotFound(_) => ErrorCode::NoSuchFile,
+            RootfsError::NotADirectory(_) => ErrorCode::NotADirectory,
+            RootfsError::NotAFile(_) => ErrorCode::NotAFile,
+            RootfsError::AlreadyExists(_) => ErrorCode::AlreadyExists,
+            RootfsError::NotEmpty(_) => ErrorCode::NotEmpty,
+            RootfsError::InvalidPath(_) => ErrorCode::InvalidPath,
+            RootfsError::Escapes(_) => ErrorCode::PathEscapes,
+            RootfsError::Busy(_) => ErrorCode::Busy,
+            RootfsError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            RootfsError::TooLarge(_) => ErrorCode::TooLarge,
+            RootfsError::ReadOnly(_) => ErrorCode::ReadOnly,
+            RootfsError::NoSpace(_) => ErrorCode::NoSpace,
+            RootfsError::NoMemory(_) => ErrorCode::MemoryFull,
+            // A sandbox too old for what is asked is the same refusal as any other
+            // state that rules a request out.
+            RootfsError::Unsupported(_) => ErrorCode::Conflict,
+            RootfsError::InvalidArchive(_) => ErrorCode::InvalidArchive,
+            RootfsError::Io { .. } => ErrorCode::Internal,
         }
     }
 

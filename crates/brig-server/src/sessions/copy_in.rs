@@ -343,7 +343,7 @@ mod tests {
             panic!("{result:?}");
         };
         assert!(matches!(e, RootfsError::Unsupported(_)), "{e:?}");
-        assert_eq!((e.code(), e.http_status()), ("conflict", 409));
+        assert_eq!(e.code(), crate::fault::ErrorCode::Conflict);
         assert!(e.to_string().contains("older brig"), "{e}");
         // Nothing was written: the daemon never falls back to writing it itself.
         assert_eq!(file.metadata().unwrap().len(), 0);

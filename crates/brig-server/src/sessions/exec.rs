@@ -225,7 +225,7 @@ pub(crate) async fn run_holding(
         Ok(r) if r.oom_killed => "oom",
         Ok(r) if r.file_locks_exceeded => "file_locks",
         Ok(_) => "ok",
-        Err(e) => e.code,
+        Err(e) => e.code.as_str(),
     };
     crate::metrics::exec_finished(started.elapsed(), outcome);
     result.map(|result| (result, slot))
@@ -523,7 +523,7 @@ impl ExecAudit {
                     "duration_ms": r.duration_ms}),
             ),
             Err(e) => (
-                e.code,
+                e.code.as_str(),
                 serde_json::json!({"argv": self.argv, "cmd": self.cmd, "error": e.message}),
             ),
         };
@@ -914,7 +914,7 @@ async fn exec_stream(
             }),
             Ok(Err(e)) => Event::default()
                 .event("error")
-                .json_data(serde_json::json!({"code": e.code, "message": e.message})),
+                .json_data(serde_json::json!({"code": e.code.as_str(), "message": e.message})),
             Err(e) => Event::default()
                 .event("error")
                 .json_data(serde_json::json!({"code": "internal", "message": e.to_string()})),

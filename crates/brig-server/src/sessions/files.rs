@@ -26,7 +26,7 @@ use super::launch::Launched;
 use super::{ensure_running, lookup, workspace_path, FileRef, Session};
 use crate::audit;
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiPath, ApiQuery};
+use crate::error::{ApiError, ApiPath, ApiQuery, ErrorCode};
 use crate::rootfs::{Direct, ExtractLimits, FillError, Filler, RootfsError, SandboxRoot};
 use crate::state::AppState;
 
@@ -41,11 +41,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
 }
 
 pub fn rootfs_error(e: RootfsError) -> ApiError {
-    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    if status == StatusCode::INTERNAL_SERVER_ERROR {
-        return ApiError::internal(e);
+    match e.code() {
+        ErrorCode::Internal => ApiError::internal(e),
+        code => ApiError::new(code, e.to_string()),
     }
-    ApiError::new(status, e.code(), e.to_string())
 }
 
 /// The sandbox's root, for file operations as its user.
@@ -415,15 +414,12 @@ fn io_to_api(e: std::io::Error) -> ApiError {
     match e.kind() {
         std::io::ErrorKind::FileTooLarge => ApiError::too_large(e.to_string()),
         std::io::ErrorKind::StorageFull => ApiError::new(
-            StatusCode::INSUFFICIENT_STORAGE,
-            "no_space",
+            ErrorCode::NoSpace,
             "the session's disk is full (its --disk limit)",
         ),
-        std::io::ErrorKind::TimedOut => ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            format!("upload stalled: {e}"),
-        ),
+        std::io::ErrorKind::TimedOut => {
+            ApiError::new(ErrorCode::RequestTimeout, format!("upload stalled: {e}"))
+        }
         _ => ApiError::bad_request(format!("upload interrupted: {e}")),
     }
 }

@@ -1288,7 +1288,7 @@ async fn create_session(
     if !recorded {
         let (outcome, session_id) = match &result {
             Ok((session, _)) => ("ok", Some(session.id.as_str())),
-            Err(e) => (e.code, None),
+            Err(e) => (e.code.as_str(), None),
         };
         audit::record(
             &state,
@@ -1927,7 +1927,7 @@ async fn reap_expired(state: &AppState) {
             tracing::info!(session = %session.id, "ending session: {reason}");
             let outcome = match delete(state, &session).await {
                 Ok(()) => "ok",
-                Err(e) => e.code,
+                Err(e) => e.code.as_str(),
             };
             audit::record_system(
                 state,

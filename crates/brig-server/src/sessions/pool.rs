@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use super::launch::Launched;
 use super::{launch_sandbox, session_dir, CreateSession};
 use crate::config::ServeArgs;
-use crate::error::ApiError;
+// The domain error; `crate::error` decides how it is answered over HTTP.
+use crate::fault::Error as ApiError;
 use crate::state::{AppState, Shared};
 
 /// How often the filler checks the pool when nothing wakes it.

@@ -31,7 +31,7 @@ use super::files::{root_of, rootfs_error, with_root};
 use super::{ensure_not_deleted, ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorCode};
 use crate::state::AppState;
 
 /// Where background output lives inside the sandbox.
@@ -765,7 +765,7 @@ async fn process_stdin(
     // (after a whole body only: a write cut short closes nothing).
     let keep = match &outcome {
         Ok(_) => !query.close.unwrap_or(false),
-        Err(e) => e.code != "conflict",
+        Err(e) => e.code != ErrorCode::Conflict,
     };
     if keep {
         session
@@ -795,8 +795,7 @@ async fn pipe_body(
     );
     let stalled = |who: &str, written: u64| {
         ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
+            ErrorCode::RequestTimeout,
             format!(
                 "{who} for {} s (--body-timeout): {written} bytes were written to process \
                  {pid}'s stdin, which stays open",

@@ -43,7 +43,7 @@ use super::{
 };
 use crate::audit;
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiPath};
+use crate::error::{ApiError, ApiJson, ApiPath, ErrorCode};
 use crate::state::AppState;
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -491,7 +491,7 @@ fn staging_error(e: brig_image::ImageError, claimable: u64) -> ApiError {
              quota has room for"
         )),
         ImageError::Changed(message) => ApiError::conflict(message),
-        ImageError::Busy(message) => ApiError::new(StatusCode::CONFLICT, "busy", message),
+        ImageError::Busy(message) => ApiError::new(ErrorCode::Busy, message),
         // A name or a depth a layer cannot hold is the caller's to fix, like a bad path.
         ImageError::BadSource(message) => ApiError::invalid(message),
         e => ApiError::internal(format!("snapshot: {e}")),
@@ -557,7 +557,7 @@ async fn commit(state: &AppState, staged: Staged, image: &str) -> Result<Packed,
     .map_err(ApiError::internal)?
     .map_err(|e: brig_image::ImageError| match e {
         brig_image::ImageError::OutOfMemory(message) => {
-            ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "memory_full", message)
+            ApiError::new(ErrorCode::MemoryFull, message)
         }
         e => ApiError::internal(format!("snapshot: {e}")),
     })
