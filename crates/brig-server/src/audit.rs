@@ -699,6 +699,14 @@ mod tests {
             let code = e.code().as_str();
             assert_eq!(REFUSAL_CODES.contains(&code), refused, "{code}");
         }
+        // Every code the daemon answers with, not only those a bare status maps to.
+        for &code in crate::error::ErrorCode::ALL {
+            let refused = is_refusal(crate::error::status_of(code));
+            assert_eq!(REFUSAL_CODES.contains(&code.as_str()), refused, "{code}");
+        }
+        assert!(REFUSAL_CODES.iter().all(|c| crate::error::ErrorCode::ALL
+            .iter()
+            .any(|k| k.as_str() == *c)));
         // What ran is never a refusal.
         for ran in ["ok", "error", "internal", "timeout", "oom", "client_closed"] {
             assert!(!REFUSAL_CODES.contains(&ran), "{ran}");
