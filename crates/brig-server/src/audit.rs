@@ -150,7 +150,6 @@ pub const REFUSAL_CODES: &[&str] = &[
     "path_escapes",
     "busy",
     "permission_denied",
-    "too_large",
     "read_only",
     "invalid_archive",
 ];

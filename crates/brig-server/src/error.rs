@@ -38,7 +38,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | ErrorCode::NotEmpty
         | ErrorCode::ReadOnly => StatusCode::CONFLICT,
         ErrorCode::Gone => StatusCode::GONE,
-        ErrorCode::PayloadTooLarge | ErrorCode::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorCode::Invalid
         | ErrorCode::InvalidPath
         | ErrorCode::PathEscapes
@@ -227,7 +227,6 @@ mod tests {
         (ErrorCode::ReadOnly, "read_only", 409),
         (ErrorCode::Gone, "gone", 410),
         (ErrorCode::PayloadTooLarge, "payload_too_large", 413),
-        (ErrorCode::TooLarge, "too_large", 413),
         (ErrorCode::Invalid, "invalid_request", 422),
         (ErrorCode::InvalidPath, "invalid_path", 422),
         (ErrorCode::PathEscapes, "path_escapes", 422),

@@ -43,10 +43,8 @@ pub enum ErrorCode {
     /// Only ever answered for error responses the daemon did not make itself (an
     /// upstream 410); kept so that every code the API can send has a variant.
     Gone,
-    /// A body or upload over the daemon's limit.
+    /// A body, an upload or an archive entry over the daemon's limit.
     PayloadTooLarge,
-    /// A file inside a sandbox over what its filesystem takes.
-    TooLarge,
     /// Well-formed input with unknown fields, wrong types or bad values.
     Invalid,
     /// A path the API refuses before touching anything.
@@ -88,7 +86,6 @@ impl ErrorCode {
         ErrorCode::ReadOnly,
         ErrorCode::Gone,
         ErrorCode::PayloadTooLarge,
-        ErrorCode::TooLarge,
         ErrorCode::Invalid,
         ErrorCode::InvalidPath,
         ErrorCode::PathEscapes,
@@ -120,7 +117,6 @@ impl ErrorCode {
             ErrorCode::ReadOnly => "read_only",
             ErrorCode::Gone => "gone",
             ErrorCode::PayloadTooLarge => "payload_too_large",
-            ErrorCode::TooLarge => "too_large",
             ErrorCode::Invalid => "invalid_request",
             ErrorCode::InvalidPath => "invalid_path",
             ErrorCode::PathEscapes => "path_escapes",
@@ -206,6 +202,11 @@ impl Error {
     /// Body or upload over its limit.
     pub fn too_large(message: impl Into<String>) -> Error {
         Error::new(ErrorCode::PayloadTooLarge, message)
+    }
+
+    /// The client stopped sending a request's body for `--body-timeout`.
+    pub fn request_timeout(message: impl Into<String>) -> Error {
+        Error::new(ErrorCode::RequestTimeout, message)
     }
 
     /// Well-formed input with unknown fields, wrong types, bad values, bad paths.

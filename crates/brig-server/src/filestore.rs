@@ -689,7 +689,22 @@ fn extract_bundle(
             })?;
             continue;
         }
-        if !entry.unpack_in(dest).map_err(bad)? {
+        // The tar crate's unpack errors name host paths (`dest`, the data dir's):
+        // the tenant is told the entry's name as the archive has it, nothing more.
+        let unpacked = entry.unpack_in(dest).map_err(|e| {
+            tracing::info!(error = %e, "a bundle entry is refused");
+            let shown: String = name.display().to_string().chars().take(200).collect();
+            // The refusal is a few errors deep (and its words are all there is).
+            let why = if format!("{e:?}").contains("outside of destination") {
+                "it would land outside the bundle (through a symlink of the archive?)".to_string()
+            } else {
+                e.kind().to_string()
+            };
+            ApiError::invalid(format!(
+                "the file is not a usable tar archive: entry {shown}: {why}"
+            ))
+        })?;
+        if !unpacked {
             continue;
         }
         if kind == EntryType::Symlink {

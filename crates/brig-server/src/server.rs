@@ -206,6 +206,8 @@ pub fn router(state: AppState) -> Router {
         routes
     };
     routes
+        // Inside the refusal audit, so that a stalled body is recorded as the 408 it is.
+        .layer(from_fn_with_state(state.clone(), body_deadline))
         .layer(from_fn_with_state(state.clone(), crate::audit::refusals))
         .layer(from_fn(close_if_body_unread))
         .layer(from_fn(crate::metrics::track_requests))
@@ -292,6 +294,99 @@ fn is_loopback_host(host: &str) -> bool {
                     .parse::<std::net::Ipv4Addr>()
                     .is_ok_and(|ip| ip.is_loopback())
         }
+}
+
+/// Middleware: every request body is read under `--body-timeout`, whichever handler
+/// and extractor reads it (JSON, multipart, tar, stdin). A client that sends part of a
+/// body and then nothing would otherwise hold its connection, and whatever the
+/// handler holds while it waits (a transfer permit, a blocking thread), for as long as
+/// it keeps the socket open. The handler sees a read error and fails however it fails
+/// on one (400 for JSON, 500 for a tar cut short...); the client is told what
+/// happened instead: 408 `request_timeout`.
+async fn body_deadline(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let idle = Duration::from_millis(state.args.body_timeout_ms);
+    let stalled = Arc::new(AtomicBool::new(false));
+    let (parts, body) = request.into_parts();
+    let body = axum::body::Body::new(Paced {
+        inner: body,
+        idle,
+        wait: None,
+        stalled: stalled.clone(),
+    });
+    let response = next
+        .run(axum::extract::Request::from_parts(parts, body))
+        .await;
+    let status = response.status();
+    if stalled.load(Ordering::SeqCst) && (status.is_client_error() || status.is_server_error()) {
+        return ApiError::request_timeout(stalled_message(idle)).into_response();
+    }
+    response
+}
+
+fn stalled_message(idle: Duration) -> String {
+    format!(
+        "the request body stalled: the client sent nothing for {} s (--body-timeout)",
+        idle.as_secs_f64()
+    )
+}
+
+/// A request body that fails once the client has sent nothing for `idle` while it
+/// was being read. The clock runs only while a frame is awaited: a handler busy
+/// with the previous chunk (writing it into a sandbox) does not use up the client's
+/// time.
+struct Paced {
+    inner: axum::body::Body,
+    idle: Duration,
+    wait: Option<Pin<Box<tokio::time::Sleep>>>,
+    stalled: Arc<AtomicBool>,
+}
+
+impl HttpBody for Paced {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.stalled.load(Ordering::SeqCst) {
+            return Poll::Ready(Some(Err(stalled_error(self.idle))));
+        }
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            self.wait = None;
+            return Poll::Ready(frame);
+        }
+        let idle = self.idle;
+        let wait = self
+            .wait
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        if std::future::Future::poll(wait.as_mut(), cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.stalled.store(true, Ordering::SeqCst);
+        Poll::Ready(Some(Err(stalled_error(idle))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An io error of kind `TimedOut` inside: readers that turn body errors into io
+/// errors (uploads) keep the kind, and answer 408 themselves.
+fn stalled_error(idle: Duration) -> axum::Error {
+    axum::Error::new(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        stalled_message(idle),
+    ))
 }
 
 /// Middleware: the response to a request whose body was not read to its end (a

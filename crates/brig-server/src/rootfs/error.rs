@@ -82,7 +82,7 @@ impl RootfsError {
             RootfsError::Escapes(_) => ErrorCode::PathEscapes,
             RootfsError::Busy(_) => ErrorCode::Busy,
             RootfsError::PermissionDenied(_) => ErrorCode::PermissionDenied,
-            RootfsError::TooLarge(_) => ErrorCode::TooLarge,
+            RootfsError::TooLarge(_) => ErrorCode::PayloadTooLarge,
             RootfsError::ReadOnly(_) => ErrorCode::ReadOnly,
             RootfsError::NoSpace(_) => ErrorCode::NoSpace,
             RootfsError::NoMemory(_) => ErrorCode::MemoryFull,

@@ -370,7 +370,11 @@ fn error_codes_and_statuses() {
         (RootfsError::InvalidPath(String::new()), "invalid_path", 422),
         (RootfsError::Escapes(String::new()), "path_escapes", 422),
         (RootfsError::NotEmpty(String::new()), "not_empty", 409),
-        (RootfsError::TooLarge(String::new()), "too_large", 413),
+        (
+            RootfsError::TooLarge(String::new()),
+            "payload_too_large",
+            413,
+        ),
         (RootfsError::NoSpace(String::new()), "no_space", 507),
         (RootfsError::ReadOnly(String::new()), "read_only", 409),
     ];

@@ -276,27 +276,20 @@ fn start_upload(
     let session = lookup(state, caller, id)?;
     ensure_running(&session)?;
     let permit = state.auth.transfer_permit(&caller.tenant)?;
-    let reader = body_reader(body, state.args.max_file_size_bytes, body_timeout(state));
+    let reader = body_reader(body, state.args.max_file_size_bytes);
     Ok((session, permit, reader))
 }
 
 /// The request body as a blocking reader for a file operation: at most `limit`
-/// bytes, and an error once the client has sent nothing for `idle` (a stalled
-/// upload would otherwise hold its blocking thread for as long as its connection).
-fn body_reader(
-    body: Body,
-    limit: u64,
-    idle: Duration,
-) -> Capped<SyncIoBridge<impl tokio::io::AsyncRead + Unpin>> {
-    let chunks =
-        futures_util::stream::unfold(Some(body.into_data_stream()), move |stream| async move {
-            let mut stream = stream?;
-            match tokio::time::timeout(idle, stream.next()).await {
-                Ok(Some(chunk)) => Some((chunk.map_err(std::io::Error::other), Some(stream))),
-                Ok(None) => None,
-                Err(_) => Some((Err(stalled(idle, "sent")), None)),
-            }
-        });
+/// bytes. A stalled client is cut off by the router (`server::body_deadline`, under
+/// --body-timeout), whose error reaches the reader as an io error of kind `TimedOut`.
+fn body_reader(body: Body, limit: u64) -> Capped<SyncIoBridge<impl tokio::io::AsyncRead + Unpin>> {
+    let chunks = body.into_data_stream().map(|chunk| {
+        chunk.map_err(|e| match e.into_inner().downcast::<std::io::Error>() {
+            Ok(e) => *e,
+            Err(e) => std::io::Error::other(e),
+        })
+    });
     Capped {
         inner: SyncIoBridge::new(StreamReader::new(Box::pin(chunks))),
         left: limit,
@@ -417,10 +410,24 @@ fn io_to_api(e: std::io::Error) -> ApiError {
             ErrorCode::NoSpace,
             "the session's disk is full (its --disk limit)",
         ),
-        std::io::ErrorKind::TimedOut => {
-            ApiError::new(ErrorCode::RequestTimeout, format!("upload stalled: {e}"))
-        }
+        std::io::ErrorKind::TimedOut => ApiError::request_timeout(format!("upload stalled: {e}")),
         _ => ApiError::bad_request(format!("upload interrupted: {e}")),
+    }
+}
+
+/// The answer to an archive upload that failed: reading the body is the client's
+/// doing (too much of it, or a stall), everything else as for other file operations.
+fn archive_error(e: RootfsError) -> ApiError {
+    match e {
+        RootfsError::Io { source, .. }
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            io_to_api(source)
+        }
+        other => rootfs_error(other),
     }
 }
 
@@ -698,7 +705,7 @@ async fn upload_archive(
                     },
                     &mut copier,
                 )
-                .map_err(rootfs_error)
+                .map_err(archive_error)
             })
             .await?;
             Ok(Extracted {
