@@ -27,6 +27,7 @@ pub mod error;
 pub mod execute;
 pub mod fault;
 pub mod filestore;
+pub mod hyper_refusals;
 pub mod metrics;
 pub mod rootfs;
 pub mod server;

@@ -568,6 +568,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 pub async fn run(listener: tokio::net::TcpListener, state: AppState) -> anyhow::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
+    use tower::ServiceExt;
+
+    use crate::hyper_refusals::{Answered, Phase, Shaped};
 
     let app = router(state.clone());
     let cap = connection_cap(state.args.max_connections);
@@ -602,9 +605,28 @@ pub async fn run(listener: tokio::net::TcpListener, state: AppState) -> anyhow::
             // into JSON is up to ~12 MB) for as long as it keeps the socket open.
             let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
             stream.set_write_timeout(Some(write_timeout));
+            // hyper's own refusals (a head it cannot parse) leave with the JSON body
+            // every other error has: see `hyper_refusals`.
+            let phase = Phase::default();
+            let service = {
+                let (called, ended) = (phase.clone(), phase.clone());
+                ServiceExt::map_response(
+                    ServiceExt::map_request(
+                        app.clone(),
+                        move |request: axum::http::Request<hyper::body::Incoming>| {
+                            called.answering();
+                            request
+                        },
+                    ),
+                    move |response: Response| {
+                        response
+                            .map(|body| axum::body::Body::new(Answered::new(body, ended.clone())))
+                    },
+                )
+            };
             let connection = builder.serve_connection(
-                TokioIo::new(Box::pin(stream)),
-                TowerToHyperService::new(app.clone()),
+                TokioIo::new(Shaped::new(Box::pin(stream), phase)),
+                TowerToHyperService::new(service),
             );
             let connection = graceful.watch(connection);
             tokio::spawn(async move {
