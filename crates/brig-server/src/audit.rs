@@ -142,6 +142,8 @@ pub const REFUSAL_CODES: &[&str] = &[
     "quota_exceeded",
     "unavailable",
     "request_timeout",
+    "uri_too_long",
+    "headers_too_large",
     "not_a_directory",
     "not_a_file",
     "already_exists",

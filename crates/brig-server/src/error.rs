@@ -30,6 +30,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::NotFound | ErrorCode::NoSuchFile => StatusCode::NOT_FOUND,
         ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+        ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
+        ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
         ErrorCode::Conflict
         | ErrorCode::Busy
         | ErrorCode::NotADirectory
@@ -218,6 +220,8 @@ mod tests {
         (ErrorCode::NoSuchFile, "no_such_file", 404),
         (ErrorCode::MethodNotAllowed, "method_not_allowed", 405),
         (ErrorCode::RequestTimeout, "request_timeout", 408),
+        (ErrorCode::UriTooLong, "uri_too_long", 414),
+        (ErrorCode::HeadersTooLarge, "headers_too_large", 431),
         (ErrorCode::Conflict, "conflict", 409),
         (ErrorCode::Busy, "busy", 409),
         (ErrorCode::NotADirectory, "not_a_directory", 409),

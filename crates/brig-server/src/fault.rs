@@ -26,6 +26,10 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// A request body that stalled past `--body-timeout`.
     RequestTimeout,
+    /// A request target longer than the daemon reads (refused by hyper itself).
+    UriTooLong,
+    /// A request head over the daemon's limits (refused by hyper itself).
+    HeadersTooLarge,
     /// A name taken, a session paused, a sandbox too old for what is asked...
     Conflict,
     /// Something in use right now: a mount point, a file a sandbox leased.
@@ -77,6 +81,8 @@ impl ErrorCode {
         ErrorCode::NoSuchFile,
         ErrorCode::MethodNotAllowed,
         ErrorCode::RequestTimeout,
+        ErrorCode::UriTooLong,
+        ErrorCode::HeadersTooLarge,
         ErrorCode::Conflict,
         ErrorCode::Busy,
         ErrorCode::NotADirectory,
@@ -108,6 +114,8 @@ impl ErrorCode {
             ErrorCode::NoSuchFile => "no_such_file",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::UriTooLong => "uri_too_long",
+            ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::Conflict => "conflict",
             ErrorCode::Busy => "busy",
             ErrorCode::NotADirectory => "not_a_directory",

@@ -25,6 +25,8 @@ use std::task::{ready, Context, Poll};
 use axum::body::{Body, Bytes, HttpBody};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::fault::ErrorCode;
+
 const IDLE: u8 = 0;
 const ANSWERING: u8 = 1;
 /// The response body is gone; hyper may still hold its last bytes.
@@ -215,15 +217,15 @@ fn shaped(written: &[u8]) -> Option<Vec<u8>> {
     let status_line = lines.next()?;
     let (code, message) = match status_line.get(..13)? {
         "HTTP/1.1 400 " => (
-            "bad_request",
+            ErrorCode::BadRequest,
             "the request is not valid HTTP/1.1 (a malformed request line or header)",
         ),
         "HTTP/1.1 414 " => (
-            "uri_too_long",
+            ErrorCode::UriTooLong,
             "the request target is over 65,534 bytes, the most the daemon reads",
         ),
         "HTTP/1.1 431 " => (
-            "headers_too_large",
+            ErrorCode::HeadersTooLarge,
             "the request's head is over the daemon's limits (100 header fields, 408 KiB)",
         ),
         _ => return None,
@@ -242,7 +244,8 @@ fn shaped(written: &[u8]) -> Option<Vec<u8>> {
     if !empty {
         return None;
     }
-    let body = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
+    let body =
+        serde_json::json!({"error": {"code": code.as_str(), "message": message}}).to_string();
     let date = date.map(|d| format!("date: {d}\r\n")).unwrap_or_default();
     Some(
         format!(
