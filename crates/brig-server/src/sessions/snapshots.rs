@@ -337,7 +337,10 @@ async fn take(
                     // What copying reads is bounded: the room left in the quota, or
                     // the session's own disk limit (all it can hold without holes).
                     let claimable = max.saturating_sub(used).max(session.disk_bytes);
-                    stage(state, session, sandbox, writes, image, claimable).await
+                    // A paused session stays frozen while it is packed: a packer in
+                    // its cgroup would be frozen too, so that one is the daemon's.
+                    let charged = !was_paused;
+                    stage(state, session, sandbox, writes, image, (claimable, charged)).await
                 }
                 Err(e) => Err(e),
             },
@@ -428,26 +431,25 @@ struct Staged {
 
 /// Copies what the session wrote into the store's work space (the session is
 /// still), at most `claimable` bytes at apparent sizes: no packing, digest or
-/// cleanup ever reads the session's own tree, which its tenant can change.
+/// cleanup ever reads the session's own tree, which its tenant can change. With
+/// `charged`, the packing that follows runs in the session's cgroup.
 async fn stage(
     state: &AppState,
     session: &Session,
     sandbox: &super::launch::Launched,
     writes: Writes,
     image: &str,
-    claimable: u64,
+    (claimable, charged): (u64, bool),
 ) -> Result<Staged, ApiError> {
     let store_dir = state.args.store.clone();
     let base = sandbox.image.clone();
     let placeholders = sandbox.placeholders.clone();
     let origin = format!("snapshot of session {}", session.id);
     let image = image.to_string();
-    let charge_to = sandbox
-        .handle
-        .cgroup
-        .as_ref()
-        .map(|cgroup| cgroup.procs_files())
-        .unwrap_or_default();
+    let charge_to = match &sandbox.handle.cgroup {
+        Some(cgroup) if charged => cgroup.procs_files(),
+        _ => Vec::new(),
+    };
     tokio::task::spawn_blocking(move || {
         let store = brig_image::store::Store::open(&store_dir)?;
         let copy = with_request(
