@@ -7454,7 +7454,7 @@ impl Read for HeldBody {
 fn upload_around(
     d: &Daemon,
     key: &str,
-    path: &str,
+    (id, path): (&str, &str),
     content_type: Option<&str>,
     (first, rest): (Vec<u8>, Vec<u8>),
     between: impl FnOnce(),
@@ -7483,8 +7483,18 @@ fn upload_around(
             )
         });
         sent_rx.recv_timeout(Duration::from_secs(30)).unwrap();
-        // Time for the daemon to have begun writing the file.
-        std::thread::sleep(Duration::from_millis(300));
+        // The premise: the daemon has begun writing the file (its temporary file is
+        // there) before `between` runs.
+        assert!(
+            common::eventually(60_000, || !sh(
+                d,
+                key,
+                id,
+                "find /workspace -name '.brig-tmp-*'"
+            )
+            .is_empty()),
+            "the upload never began"
+        );
         between();
         release_tx.send(()).unwrap();
         upload.join().unwrap()
@@ -7513,7 +7523,7 @@ fn root_an_upload_spanning_a_restore_or_delete_is_not_answered_as_written() {
     let (status, body) = upload_around(
         &d,
         &key,
-        &files_url(&id, "/workspace/up"),
+        (&id, &files_url(&id, "/workspace/up")),
         None,
         parts.clone(),
         restore,
@@ -7541,7 +7551,10 @@ fn root_an_upload_spanning_a_restore_or_delete_is_not_answered_as_written() {
     let (status, body) = upload_around(
         &d,
         &key,
-        &format!("/v1/sessions/{id}/archive?path=/workspace/arch"),
+        (
+            &id,
+            &format!("/v1/sessions/{id}/archive?path=/workspace/arch"),
+        ),
         Some("application/x-tar"),
         (tar, rest),
         restore,
@@ -7560,7 +7573,7 @@ fn root_an_upload_spanning_a_restore_or_delete_is_not_answered_as_written() {
     let (status, body) = upload_around(
         &d,
         &key,
-        &files_url(&id, "/workspace/up"),
+        (&id, &files_url(&id, "/workspace/up")),
         None,
         parts.clone(),
         || {},
@@ -7578,7 +7591,7 @@ fn root_an_upload_spanning_a_restore_or_delete_is_not_answered_as_written() {
     let (status, body) = upload_around(
         &d,
         &key,
-        &files_url(&id, "/workspace/late"),
+        (&id, &files_url(&id, "/workspace/late")),
         None,
         parts,
         || delete_session(&d, &key, &id),

@@ -238,6 +238,16 @@ fn changed<T>(
     result
 }
 
+/// Reads what is left of a refused upload's body, so that its client, still
+/// sending, gets the answer rather than a broken pipe (HTTP/1.1 clients write the
+/// whole body before they read). Bounded like the upload: at most the daemon's
+/// --max-file-size, and the first stall or error ends it.
+fn drain_after<T, E>(outcome: &Result<T, E>, reader: &mut impl Read) {
+    if outcome.is_err() {
+        let _ = std::io::copy(reader, &mut std::io::sink());
+    }
+}
+
 /// A body reader that fails once more than `limit` bytes came.
 struct Capped<R> {
     inner: R,
@@ -484,7 +494,10 @@ async fn upload(
             let (session, _transfer, reader) = start_upload(&state, &caller, &id, body)?;
             let path = query.path.clone();
             let size = change_filled(&session, body_timeout(&state), move |root, mut copier| {
-                fill_file(&root, &path, reader, None, &mut copier)
+                let mut reader = reader;
+                let written = fill_file(&root, &path, &mut reader, None, &mut copier);
+                drain_after(&written, &mut reader);
+                written
             })
             .await?;
             Ok(Written {
@@ -696,16 +709,20 @@ async fn upload_archive(
             let (session, _transfer, reader) = start_upload(&state, &caller, &id, body)?;
             let path = query.path.clone();
             let summary = change_filled(&session, body_timeout(&state), move |root, mut copier| {
-                root.extract_tar_with(
-                    &path,
-                    reader,
-                    ExtractLimits {
-                        max_bytes: limit,
-                        max_entries: MAX_ARCHIVE_ENTRIES,
-                    },
-                    &mut copier,
-                )
-                .map_err(archive_error)
+                let mut reader = reader;
+                let extracted = root
+                    .extract_tar_with(
+                        &path,
+                        &mut reader,
+                        ExtractLimits {
+                            max_bytes: limit,
+                            max_entries: MAX_ARCHIVE_ENTRIES,
+                        },
+                        &mut copier,
+                    )
+                    .map_err(archive_error);
+                drain_after(&extracted, &mut reader);
+                extracted
             })
             .await?;
             Ok(Extracted {
