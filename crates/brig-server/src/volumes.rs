@@ -48,7 +48,7 @@ use utoipa_axum::routes;
 
 use crate::audit;
 use crate::auth::Caller;
-use crate::db::now_rfc3339;
+use crate::db::{now_rfc3339, VolumeRow};
 use crate::error::{ApiError, ApiJson, ApiPath};
 use crate::sessions::Held;
 use crate::sessions::Size;
@@ -136,15 +136,7 @@ pub async fn new_capacity(
     name: &str,
     requested: Option<u64>,
 ) -> Result<u64, ApiError> {
-    let (t, n) = (tenant.to_string(), name.to_string());
-    let exists = shared
-        .db
-        .quick(move |conn| {
-            conn.prepare_cached("SELECT COUNT(*) FROM volumes WHERE tenant = ?1 AND name = ?2")?
-                .query_row([&t, &n], |row| row.get::<_, i64>(0))
-        })
-        .await?
-        > 0;
+    let exists = shared.db.volume_exists_quick(tenant, name).await?;
     Ok(if exists {
         0
     } else {
@@ -164,25 +156,10 @@ pub async fn ensure(
     requested: Option<u64>,
 ) -> Result<bool, ApiError> {
     validate_name(name)?;
-    let row = (tenant.to_string(), name.to_string(), now_rfc3339());
     let capacity = requested.unwrap_or(DEFAULT_CAPACITY);
     let (new_row, stored) = shared
         .db
-        .call(move |conn| {
-            let tx = conn.transaction()?;
-            let inserted = tx.execute(
-                "INSERT OR IGNORE INTO volumes (tenant, name, created_at, size_bytes, capacity_bytes)
-                 VALUES (?1, ?2, ?3, 0, ?4)",
-                rusqlite::params![row.0, row.1, row.2, crate::db::to_sql_int(capacity)],
-            )?;
-            let stored: i64 = tx.query_row(
-                "SELECT capacity_bytes FROM volumes WHERE tenant = ?1 AND name = ?2",
-                rusqlite::params![row.0, row.1],
-                |r| r.get(0),
-            )?;
-            tx.commit()?;
-            Ok((inserted == 1, crate::db::from_sql_int(stored)))
-        })
+        .ensure_volume(tenant, name, now_rfc3339(), capacity)
         .await?;
     if !new_row {
         if stored == 0 {
@@ -279,20 +256,7 @@ fn make_disk(parent: &Path, dir: &Path, capacity: u64) -> Result<(bool, u64), Ap
 
 /// The recorded capacity of a tenant's volume; `None` if there is no such volume.
 async fn capacity_of(shared: &Shared, tenant: &str, name: &str) -> Result<Option<u64>, ApiError> {
-    use rusqlite::OptionalExtension;
-    let (tenant, name) = (tenant.to_string(), name.to_string());
-    let stored = shared
-        .db
-        .call(move |conn| {
-            conn.query_row(
-                "SELECT capacity_bytes FROM volumes WHERE tenant = ?1 AND name = ?2",
-                rusqlite::params![tenant, name],
-                |row| row.get::<_, i64>(0),
-            )
-            .optional()
-        })
-        .await?;
-    Ok(stored.map(crate::db::from_sql_int))
+    shared.db.volume_capacity(tenant, name).await
 }
 
 async fn record_capacity(
@@ -301,17 +265,7 @@ async fn record_capacity(
     name: &str,
     capacity: u64,
 ) -> Result<(), ApiError> {
-    let (tenant, name) = (tenant.to_string(), name.to_string());
-    shared
-        .db
-        .call(move |conn| {
-            conn.execute(
-                "UPDATE volumes SET capacity_bytes = ?3 WHERE tenant = ?1 AND name = ?2",
-                rusqlite::params![tenant, name, crate::db::to_sql_int(capacity)],
-            )
-        })
-        .await?;
-    Ok(())
+    shared.db.set_volume_capacity(tenant, name, capacity).await
 }
 
 /// Grows a tenant's volume to `capacity` bytes (within [`capacity_in_range`]),
@@ -413,16 +367,7 @@ async fn grow(state: &AppState, tenant: &str, name: &str, capacity: u64) -> Resu
 }
 
 async fn forget_row(shared: &Shared, tenant: &str, name: &str) {
-    let (tenant, name) = (tenant.to_string(), name.to_string());
-    let _ = shared
-        .db
-        .call(move |conn| {
-            conn.execute(
-                "DELETE FROM volumes WHERE tenant = ?1 AND name = ?2",
-                rusqlite::params![tenant, name],
-            )
-        })
-        .await;
+    let _ = shared.db.delete_volume(tenant, name).await;
 }
 
 /// Removes a volume that a failed session create made, unless someone else uses it
@@ -456,18 +401,7 @@ async fn remove(shared: &Shared, tenant: &str, name: &str) -> Result<Option<Path
     let dir = path(shared, tenant, name);
     let trash =
         tenant_dir(shared, tenant).join(format!("{TRASH_PREFIX}{}", crate::auth::random_hex(8)));
-    let (t, n) = (tenant.to_string(), name.to_string());
-    let known = shared
-        .db
-        .call(move |conn| {
-            conn.query_row(
-                "SELECT COUNT(*) FROM volumes WHERE tenant = ?1 AND name = ?2",
-                rusqlite::params![t, n],
-                |row| row.get::<_, i64>(0),
-            )
-        })
-        .await?
-        > 0;
+    let known = shared.db.volume_exists(tenant, name).await?;
     if !known {
         return Ok(None);
     }
@@ -510,26 +444,15 @@ async fn purge(trash: PathBuf) {
 
 /// The capacity of a tenant's volumes (part of its disk quota).
 pub async fn usage(shared: &Shared, tenant: &str) -> Result<u64, ApiError> {
-    let tenant = tenant.to_string();
-    shared
-        .db
-        .call(move |conn| {
-            conn.query_row(
-                "SELECT COALESCE(SUM(capacity_bytes), 0) FROM volumes WHERE tenant = ?1",
-                [tenant],
-                |row| row.get::<_, i64>(0),
-            )
-        })
-        .await
-        .map(crate::db::from_sql_int)
+    shared.db.volume_capacity_total(tenant).await
 }
 
 /// A volume's bytes in use: measured if it is mounted, else `stored` (measured when
 /// it was last unmounted).
-fn current_size(mount_point: &Path, stored: i64) -> u64 {
+fn current_size(mount_point: &Path, stored: u64) -> u64 {
     match brig_jail::disk::is_mount_root(mount_point) {
         Ok(true) => brig_jail::disk::used(mount_point).unwrap_or(0),
-        _ => crate::db::from_sql_int(stored),
+        _ => stored,
     }
 }
 
@@ -565,19 +488,7 @@ async fn unmount_idle(
     shared: &Shared,
     chosen: impl Fn(&(String, String)) -> bool,
 ) -> HashSet<(String, String)> {
-    let rows = shared
-        .db
-        .call(|conn| {
-            let mut stmt = conn.prepare("SELECT tenant, name FROM volumes")?;
-            let rows = stmt
-                .query_map([], |row| {
-                    Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
-        })
-        .await
-        .unwrap_or_default();
+    let rows = shared.db.all_volumes().await.unwrap_or_default();
     let mut left = HashSet::new();
     for volume in rows {
         let _lock = shared.holds.lock().await;
@@ -605,17 +516,7 @@ async fn unmount_idle(
         match done {
             Ok(Ok(Some(used))) => {
                 // Listed as this until it is mounted again.
-                let (t, n) = (tenant.clone(), name.clone());
-                let _ = shared
-                    .db
-                    .call(move |conn| {
-                        conn.execute(
-                            "UPDATE volumes SET size_bytes = ?3, measured_at = ?4
-                             WHERE tenant = ?1 AND name = ?2",
-                            rusqlite::params![t, n, crate::db::to_sql_int(used), now_rfc3339()],
-                        )
-                    })
-                    .await;
+                let _ = shared.db.record_volume_size(&tenant, &name, used).await;
             }
             Ok(Ok(None)) => {}
             other => tracing::warn!(tenant, volume = name, "cannot unmount a volume: {other:?}"),
@@ -703,30 +604,10 @@ async fn infos(
     tenant: &str,
     only: Option<&str>,
 ) -> Result<Vec<VolumeInfo>, ApiError> {
-    let (t, only) = (tenant.to_string(), only.map(str::to_string));
-    let rows = state
-        .db
-        .call(move |conn| {
-            let mut stmt = conn.prepare(
-                "SELECT name, capacity_bytes, created_at, size_bytes FROM volumes
-                 WHERE tenant = ?1 AND (?2 IS NULL OR name = ?2) ORDER BY name",
-            )?;
-            let rows = stmt
-                .query_map(rusqlite::params![t, only], |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, i64>(1)?,
-                        row.get::<_, String>(2)?,
-                        row.get::<_, i64>(3)?,
-                    ))
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
-        })
-        .await?;
-    let mounts: Vec<(PathBuf, i64)> = rows
+    let rows = state.db.volumes(tenant, only).await?;
+    let mounts: Vec<(PathBuf, u64)> = rows
         .iter()
-        .map(|(name, _, _, stored)| (mount_point(state, tenant, name), *stored))
+        .map(|row| (mount_point(state, tenant, &row.name), row.size_bytes))
         .collect();
     let sizes = tokio::task::spawn_blocking(move || {
         mounts
@@ -739,7 +620,13 @@ async fn infos(
     Ok(rows
         .into_iter()
         .zip(sizes)
-        .map(|((name, capacity, created_at, _), size_bytes)| {
+        .map(|(row, size_bytes)| {
+            let VolumeRow {
+                name,
+                capacity_bytes,
+                created_at,
+                ..
+            } = row;
             let held = Held::Volume {
                 tenant: tenant.to_string(),
                 name: name.clone(),
@@ -748,7 +635,7 @@ async fn infos(
                 sessions: crate::sessions::users(state, &held),
                 name,
                 size_bytes,
-                capacity_bytes: crate::db::from_sql_int(capacity),
+                capacity_bytes,
                 created_at,
             }
         })

@@ -43,6 +43,7 @@ use super::{
 };
 use crate::audit;
 use crate::auth::Caller;
+use crate::db::StoredSnapshot;
 use crate::error::{ApiError, ApiJson, ApiPath, ErrorCode};
 use crate::state::AppState;
 
@@ -149,47 +150,34 @@ fn held(tenant: &str, snapshot_id: &str) -> Held {
 }
 
 async fn get(state: &AppState, tenant: &str, id: &str) -> Result<SnapshotInfo, ApiError> {
-    let (tenant, id) = (tenant.to_string(), id.to_string());
     let missing = ApiError::not_found(format!("no snapshot {id}"));
     state
         .db
-        .call(move |conn| {
-            conn.query_row(
-                "SELECT id, name, session_id, image, created_at, size_bytes, mounts FROM snapshots
-                 WHERE id = ?1 AND tenant = ?2",
-                rusqlite::params![id, tenant],
-                row_to_info,
-            )
-            .map(Some)
-            .or_else(|e| match e {
-                rusqlite::Error::QueryReturnedNoRows => Ok(None),
-                e => Err(e),
-            })
-        })
+        .snapshot(tenant, id)
         .await?
+        .map(info_of)
         .ok_or(missing)
 }
 
-fn row_to_info(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotInfo> {
-    let image: String = row.get(3)?;
-    Ok(SnapshotInfo {
-        snapshot_id: row.get(0)?,
-        name: row.get(1)?,
-        session_id: row.get(2)?,
-        base: if image.is_empty() {
+fn info_of(row: StoredSnapshot) -> SnapshotInfo {
+    SnapshotInfo {
+        snapshot_id: row.id,
+        name: row.name,
+        session_id: row.session_id,
+        base: if row.image.is_empty() {
             BASE_HOST
         } else {
             BASE_IMAGE
         }
         .to_string(),
-        image,
-        created_at: row.get(4)?,
-        size_bytes: row.get::<_, i64>(5)? as u64,
+        image: row.image,
+        created_at: row.created_at,
+        size_bytes: row.size_bytes,
         mounts: row
-            .get::<_, Option<String>>(6)?
+            .mounts
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or_default(),
-    })
+    }
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/snapshots", tag = "snapshots",
@@ -764,20 +752,13 @@ async fn list_snapshots(
     State(state): State<AppState>,
     caller: Caller,
 ) -> Result<ApiJson<SnapshotList>, ApiError> {
-    let tenant = caller.tenant.clone();
     let snapshots = state
         .db
-        .call(move |conn| {
-            let mut stmt = conn.prepare(
-                "SELECT id, name, session_id, image, created_at, size_bytes, mounts FROM snapshots
-                 WHERE tenant = ?1 ORDER BY created_at, id",
-            )?;
-            let rows = stmt
-                .query_map(rusqlite::params![tenant], row_to_info)?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
-        })
-        .await?;
+        .snapshots(&caller.tenant)
+        .await?
+        .into_iter()
+        .map(info_of)
+        .collect();
     Ok(ApiJson(SnapshotList { snapshots }))
 }
 

@@ -9,6 +9,10 @@
 //! on the caller's thread through [`Db::quick`] instead, unless they would have to
 //! wait for another writer.
 //!
+//! The statements of each concern live in a submodule of their own (sessions,
+//! processes, snapshots, volumes), as `impl Db` blocks: nothing outside this module
+//! writes SQL, so a second catalog has one seam to fill.
+//!
 //! Times are stored as RFC 3339 UTC strings of fixed width (millisecond precision,
 //! `Z`), so comparing the strings compares the times.
 
@@ -26,6 +30,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 // The domain error; `crate::error` decides how it is answered over HTTP.
 use crate::fault::Error as ApiError;
+
+mod snapshots;
+mod volumes;
+
+pub use snapshots::StoredSnapshot;
+pub use volumes::VolumeRow;
 
 /// Connections in the pool. WAL allows concurrent readers next to one writer; writers
 /// queue on SQLite's lock (up to `BUSY_TIMEOUT`).
