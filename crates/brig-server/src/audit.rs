@@ -612,10 +612,7 @@ async fn jsonl_response(
     mut filter: AuditFilter,
     transfer: crate::auth::Permit,
 ) -> Result<Response, ApiError> {
-    filter.max_id = Some(
-        db.call(|c| c.query_row("SELECT COALESCE(MAX(id), 0) FROM audit", [], |r| r.get(0)))
-            .await?,
-    );
+    filter.max_id = Some(db.max_audit_id().await?);
     let remaining = filter.limit;
     let stream = futures_util::stream::unfold(
         (db, filter, remaining, false, transfer),

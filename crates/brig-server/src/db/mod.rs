@@ -31,9 +31,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 // The domain error; `crate::error` decides how it is answered over HTTP.
 use crate::fault::Error as ApiError;
 
+mod processes;
+mod sessions;
 mod snapshots;
 mod volumes;
 
+pub use processes::{NewProcessRow, ProcessRow};
+pub use sessions::{SessionRow, StoredSession};
 pub use snapshots::StoredSnapshot;
 pub use volumes::VolumeRow;
 
@@ -1166,6 +1170,12 @@ impl Db {
     pub async fn insert_audit(&self, event: NewAuditEvent) -> Result<i64, ApiError> {
         let detail = event.detail.to_string();
         self.quick(move |conn| insert_audit_in(conn, &event, &detail))
+            .await
+    }
+
+    /// The id of the newest audit event; 0 if there is none.
+    pub async fn max_audit_id(&self) -> Result<i64, ApiError> {
+        self.call(|c| c.query_row("SELECT COALESCE(MAX(id), 0) FROM audit", [], |r| r.get(0)))
             .await
     }
 

@@ -37,7 +37,7 @@ use utoipa_axum::routes;
 
 use crate::audit;
 use crate::auth::Caller;
-use crate::db::{now_rfc3339, NewAuditEvent};
+use crate::db::{now_rfc3339, NewAuditEvent, SessionRow, StoredSession};
 use crate::error::{ApiError, ApiJson, ApiPath};
 use crate::state::{AppState, Shared};
 use launch::{LaunchReply, LaunchRequest, Launched};
@@ -775,33 +775,21 @@ impl Sessions {
     async fn reattach(&self, shared: &Arc<Shared>) -> anyhow::Result<()> {
         let rows = shared
             .db
-            .call(|conn| {
-                let mut stmt = conn.prepare(
-                    "SELECT id, tenant, state, request, runtime, created_at, expires_at,
-                            idle_timeout_s, last_active_at
-                     FROM sessions",
-                )?;
-                let rows = stmt
-                    .query_map([], |row| {
-                        Ok((
-                            row.get::<_, String>(0)?,
-                            row.get::<_, String>(1)?,
-                            row.get::<_, String>(2)?,
-                            row.get::<_, String>(3)?,
-                            row.get::<_, Option<String>>(4)?,
-                            row.get::<_, String>(5)?,
-                            row.get::<_, Option<String>>(6)?,
-                            row.get::<_, Option<i64>>(7)?,
-                            row.get::<_, String>(8)?,
-                        ))
-                    })?
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(rows)
-            })
+            .stored_sessions()
             .await
             .map_err(|e| anyhow::anyhow!(e.message))?;
         let now = unix_now();
-        for (id, tenant, state, request, runtime, created_at, expires_at, idle, last_active) in rows
+        for StoredSession {
+            id,
+            tenant,
+            state,
+            request,
+            runtime,
+            created_at,
+            expires_at,
+            idle_timeout_s: idle,
+            last_active_at: last_active,
+        } in rows
         {
             let launched: Option<Launched> = runtime
                 .as_deref()
@@ -832,8 +820,7 @@ impl Sessions {
                     release_deleted_snapshot_layers(shared, &launched).await;
                 }
                 // Its directory goes in `sweep`, with any sandbox recorded only there.
-                let id2 = id.clone();
-                let _ = shared.db.call(move |conn| forget(conn, &id2)).await;
+                let _ = shared.db.forget_session(&id).await;
                 continue;
             }
             let Some(launched) = launched else { continue };
@@ -1576,10 +1563,7 @@ async fn start_session(
         destroy_sandbox(state, &session).await;
         if let Some(pool_row) = pool_row {
             // Left by the rolled-back transaction; its sandbox is the one just destroyed.
-            let _ = state
-                .db
-                .quick(move |conn| delete_row(conn, &pool_row))
-                .await;
+            let _ = state.db.delete_session_row_quick(&pool_row).await;
         }
         return Err(e);
     }
@@ -1587,100 +1571,26 @@ async fn start_session(
 }
 
 /// A session's row in the `sessions` table.
-struct SessionRow {
-    id: String,
-    tenant: String,
-    state: String,
-    image: Option<String>,
-    snapshot: Option<String>,
-    request: String,
-    runtime: String,
-    created_at: String,
-    expires_at: Option<String>,
-    idle_timeout_s: Option<i64>,
-    last_active_at: String,
-}
-
-impl SessionRow {
-    fn of(session: &Session, db_state: &str) -> Result<SessionRow, ApiError> {
-        let sandbox = session.sandbox();
-        let (expires_at, idle_timeout, request) = {
-            let terms = session.terms();
-            let request = terms.stored_request(&session.request)?;
-            (terms.expires_at, terms.idle_timeout_seconds, request)
-        };
-        Ok(SessionRow {
-            id: session.id.clone(),
-            tenant: session.tenant.clone(),
-            state: db_state.to_string(),
-            image: session.request.image.clone(),
-            snapshot: session.request.snapshot.clone(),
-            request,
-            runtime: serde_json::to_string(&*sandbox).map_err(ApiError::internal)?,
-            created_at: session.created_at.clone(),
-            expires_at: expires_at.map(rfc3339),
-            idle_timeout_s: idle_timeout.map(|s| s as i64),
-            last_active_at: rfc3339(session.last_active.load(Ordering::Relaxed)),
-        })
-    }
-
-    /// Inserts a new session's row.
-    fn insert(&self, conn: &rusqlite::Connection) -> rusqlite::Result<usize> {
-        conn.prepare_cached(
-            "INSERT INTO sessions (id, tenant, state, image, snapshot, request, runtime,
-                 created_at, expires_at, idle_timeout_s, last_active_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        )?
-        .execute(rusqlite::params![
-            self.id,
-            self.tenant,
-            self.state,
-            self.image,
-            self.snapshot,
-            self.request,
-            self.runtime,
-            self.created_at,
-            self.expires_at,
-            self.idle_timeout_s,
-            self.last_active_at
-        ])
-    }
-
-    /// Updates the state, sandbox and activity of the session's row, if it still has
-    /// one; returns how many rows changed (0: the session was deleted). A row being
-    /// deleted stays `deleting` (with the new sandbox, for a restarted daemon to
-    /// destroy): never written back as live, and never inserted again once gone,
-    /// which would resurrect the session at the next start.
-    fn update(&self, conn: &rusqlite::Connection) -> rusqlite::Result<usize> {
-        conn.prepare_cached(
-            "UPDATE sessions
-             SET state = CASE WHEN state = 'deleting' THEN state ELSE ?2 END,
-                 runtime = ?3, last_active_at = ?4
-             WHERE id = ?1",
-        )?
-        .execute(rusqlite::params![
-            self.id,
-            self.state,
-            self.runtime,
-            self.last_active_at
-        ])
-    }
-}
-
-fn delete_row(conn: &rusqlite::Connection, id: &str) -> rusqlite::Result<usize> {
-    conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-        .execute([id])
-}
-
-/// Removes an ended session's row and its processes' rows: nothing is kept of it
-/// but its audit events, so the tables hold live sessions only, however many have
-/// come and gone (every start reads them all).
-fn forget(conn: &mut rusqlite::Connection, id: &str) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
-    tx.prepare_cached("DELETE FROM processes WHERE session_id = ?1")?
-        .execute([id])?;
-    delete_row(&tx, id)?;
-    tx.commit()
+fn session_row(session: &Session, db_state: &str) -> Result<SessionRow, ApiError> {
+    let sandbox = session.sandbox();
+    let (expires_at, idle_timeout, request) = {
+        let terms = session.terms();
+        let request = terms.stored_request(&session.request)?;
+        (terms.expires_at, terms.idle_timeout_seconds, request)
+    };
+    Ok(SessionRow {
+        id: session.id.clone(),
+        tenant: session.tenant.clone(),
+        state: db_state.to_string(),
+        image: session.request.image.clone(),
+        snapshot: session.request.snapshot.clone(),
+        request,
+        runtime: serde_json::to_string(&*sandbox).map_err(ApiError::internal)?,
+        created_at: session.created_at.clone(),
+        expires_at: expires_at.map(rfc3339),
+        idle_timeout_s: idle_timeout.map(|s| s as i64),
+        last_active_at: rfc3339(session.last_active.load(Ordering::Relaxed)),
+    })
 }
 
 /// Writes a new session's row in one transaction with what goes with it: the removal
@@ -1691,34 +1601,21 @@ async fn record_new(
     pool_row: Option<String>,
     event: Option<NewAuditEvent>,
 ) -> Result<(), ApiError> {
-    let row = SessionRow::of(session, "running")?;
+    let row = session_row(session, "running")?;
     let event = event.map(|mut event| {
         event.session_id = Some(session.id.clone());
         event.time = now_rfc3339();
         let detail = event.detail.to_string();
         (event, detail)
     });
-    state
-        .db
-        .quick(move |conn| {
-            let tx = conn.transaction()?;
-            if let Some(pool_row) = &pool_row {
-                delete_row(&tx, pool_row)?;
-            }
-            row.insert(&tx)?;
-            if let Some((event, detail)) = &event {
-                crate::db::insert_audit_in(&tx, event, detail)?;
-            }
-            tx.commit()
-        })
-        .await
+    state.db.insert_session(row, pool_row, event).await
 }
 
 /// Writes a change of a live session to its row (never inserts one): 404 if the
 /// session has been deleted.
 pub async fn persist(state: &Shared, session: &Session, db_state: &str) -> Result<(), ApiError> {
-    let row = SessionRow::of(session, db_state)?;
-    let updated = state.db.quick(move |conn| row.update(conn)).await?;
+    let row = session_row(session, db_state)?;
+    let updated = state.db.update_session(row).await?;
     if updated == 0 {
         return Err(gone(session));
     }
@@ -1792,14 +1689,7 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
         return Ok(());
     }
     // Marked first: if the daemon dies now, the next one finishes the cleanup.
-    let id = session.id.clone();
-    state
-        .db
-        .quick(move |conn| {
-            conn.prepare_cached("UPDATE sessions SET state = 'deleting' WHERE id = ?1")?
-                .execute([&id])
-        })
-        .await?;
+    state.db.mark_session_deleting(&session.id).await?;
     // The sandbox ends before the gate is taken: execs running in it end with it
     // (409) instead of holding the delete, and the reaper, up to their timeouts.
     let sandbox = session.sandbox();
@@ -1813,8 +1703,7 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
         destroy_sandbox(state, session).await;
     }
     state.sessions().remove(&session.id);
-    let id = session.id.clone();
-    state.db.quick(move |conn| forget(conn, &id)).await?;
+    state.db.forget_session_quick(&session.id).await?;
     crate::metrics::set_sessions("running", state.sessions().count() as f64);
     Ok(())
 }
@@ -1892,19 +1781,7 @@ async fn save_activity(state: &AppState) {
     if changed.is_empty() {
         return;
     }
-    let saved = state
-        .db
-        .call(move |conn| {
-            let tx = conn.transaction()?;
-            for (id, active) in &changed {
-                tx.execute(
-                    "UPDATE sessions SET last_active_at = ?2 WHERE id = ?1",
-                    rusqlite::params![id, active],
-                )?;
-            }
-            tx.commit()
-        })
-        .await;
+    let saved = state.db.save_last_active(changed).await;
     if let Err(e) = saved {
         tracing::warn!("cannot save session activity: {}", e.message);
     }
@@ -2073,21 +1950,14 @@ async fn update_terms(
     if let Some(metadata) = update.metadata {
         terms.metadata = metadata;
     }
-    let row = (
-        session.id.clone(),
-        terms.expires_at.map(rfc3339),
-        terms.idle_timeout_seconds.map(|s| s as i64),
-        terms.stored_request(&session.request)?,
-    );
     let updated = state
         .db
-        .quick(move |conn| {
-            conn.prepare_cached(
-                "UPDATE sessions SET expires_at = ?2, idle_timeout_s = ?3, request = ?4
-                 WHERE id = ?1",
-            )?
-            .execute(rusqlite::params![row.0, row.1, row.2, row.3])
-        })
+        .update_session_terms(
+            session.id.clone(),
+            terms.expires_at.map(rfc3339),
+            terms.idle_timeout_seconds.map(|s| s as i64),
+            terms.stored_request(&session.request)?,
+        )
         .await?;
     // Deleted (or expired) meanwhile.
     if updated == 0 || session.deleted.load(Ordering::SeqCst) {

@@ -174,11 +174,7 @@ impl Ready {
         let handle = self.launched.handle.clone();
         let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
         let _ = tokio::fs::remove_dir_all(session_dir(shared, &self.id)).await;
-        let id = self.id;
-        let _ = shared
-            .db
-            .call(move |conn| conn.execute("DELETE FROM sessions WHERE id = ?1", [id]))
-            .await;
+        let _ = shared.db.delete_session_row(&self.id).await;
     }
 }
 
@@ -240,19 +236,10 @@ async fn fill_one(state: &AppState, image: Key) -> Result<Ready, ApiError> {
     let background = rustix::process::geteuid().is_root();
     let launched = launch_sandbox(state, &id, spec, image.clone(), None, background).await?;
     let runtime = serde_json::to_string(&launched).map_err(ApiError::internal)?;
-    let row_id = id.clone();
     let now = crate::db::now_rfc3339();
-    // Through `quick` like the session rows that replace it: a write from another
-    // connection would make that one read the pages it holds again at the next create.
     let stored = state
         .db
-        .quick(move |conn| {
-            conn.prepare_cached(
-                "INSERT INTO sessions (id, tenant, state, image, request, runtime, created_at, last_active_at)
-                 VALUES (?1, '', 'pooled', ?2, '{}', ?3, ?4, ?4)",
-            )?
-            .execute(rusqlite::params![row_id, image, runtime, now])
-        })
+        .insert_pooled_session(id.clone(), image, runtime, now)
         .await;
     if let Err(e) = stored {
         let handle = launched.handle.clone();

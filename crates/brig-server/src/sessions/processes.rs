@@ -31,6 +31,7 @@ use super::files::{root_of, rootfs_error, with_root};
 use super::{ensure_not_deleted, ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::Caller;
+use crate::db::{NewProcessRow, ProcessRow};
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorCode};
 use crate::state::AppState;
 
@@ -210,24 +211,15 @@ async fn start(
         .unwrap_or_else(|e| e.into_inner())
         .insert(process_id, stdin);
     let started_at = crate::db::now_rfc3339();
-    let row = (
-        session.id.clone(),
-        process_id.to_string(),
-        session.tenant.clone(),
-        serde_json::to_string(&command.argv).unwrap_or_default(),
-        started_at.clone(),
-        tag,
-    );
-    state
-        .db
-        .call(move |conn| {
-            conn.execute(
-                "INSERT OR REPLACE INTO processes (session_id, id, tenant, argv, started_at, output)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                rusqlite::params![row.0, row.1, row.2, row.3, row.4, row.5],
-            )
-        })
-        .await?;
+    let row = NewProcessRow {
+        session_id: session.id.clone(),
+        id: process_id.to_string(),
+        tenant: session.tenant.clone(),
+        argv: serde_json::to_string(&command.argv).unwrap_or_default(),
+        started_at: started_at.clone(),
+        output: tag,
+    };
+    state.db.insert_process(row).await?;
     watch(state, session, process_id, Some(agent), permit);
     Ok(ProcessInfo {
         process_id,
@@ -304,20 +296,8 @@ const KILLED: JobExit = JobExit {
 /// the session has used (its rows stay while it lives), never below the current
 /// sandbox's own base.
 pub async fn next_base(state: &AppState, session: &Session) -> Result<u64, ApiError> {
-    let id = session.id.clone();
-    let highest = state
-        .db
-        .call(move |conn| {
-            conn.query_row(
-                "SELECT COALESCE(MAX(CAST(id AS INTEGER)), 0) FROM processes WHERE session_id = ?1",
-                rusqlite::params![id],
-                |row| row.get::<_, i64>(0),
-            )
-        })
-        .await?;
-    Ok(u64::try_from(highest)
-        .unwrap_or(0)
-        .max(session.sandbox().process_base))
+    let highest = state.db.highest_process_id(&session.id).await?;
+    Ok(highest.max(session.sandbox().process_base))
 }
 
 /// Once a restore has replaced the sandbox: the processes of the old one were
@@ -330,21 +310,9 @@ pub async fn end_replaced(state: &AppState, session: &Session, base: u64) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .retain(|process_id, _| *process_id > base);
-    let id = session.id.clone();
     let ended = state
         .db
-        .call(move |conn| {
-            conn.execute(
-                "UPDATE processes SET ended_at = ?3, exit_code = NULL, signal = ?4
-                 WHERE session_id = ?1 AND ended_at IS NULL AND CAST(id AS INTEGER) <= ?2",
-                rusqlite::params![
-                    id,
-                    crate::db::to_sql_int(base),
-                    crate::db::now_rfc3339(),
-                    KILLED.signal
-                ],
-            )
-        })
+        .end_processes_through(&session.id, base, KILLED.signal)
         .await;
     if let Err(e) = ended {
         tracing::warn!(session = %session.id, "cannot end the processes of the replaced sandbox: {}", e.message);
@@ -384,38 +352,17 @@ async fn record_exit(state: &AppState, session: &Session, job: u64, exit: JobExi
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&job);
-    let row = (session.id.clone(), job.to_string());
     let _ = state
         .db
-        .call(move |conn| {
-            conn.execute(
-                "UPDATE processes SET ended_at = ?3, exit_code = ?4, signal = ?5
-                 WHERE session_id = ?1 AND id = ?2 AND ended_at IS NULL",
-                rusqlite::params![
-                    row.0,
-                    row.1,
-                    crate::db::now_rfc3339(),
-                    exit.code,
-                    exit.signal
-                ],
-            )
-        })
+        .end_process(&session.id, &job.to_string(), exit.code, exit.signal)
         .await;
 }
 
 /// After a restart: watch every process the previous daemon left running.
 pub async fn rewatch(state: &AppState, session: &std::sync::Arc<Session>) {
-    let id = session.id.clone();
     let jobs = state
         .db
-        .call(move |conn| {
-            let mut stmt = conn
-                .prepare("SELECT id FROM processes WHERE session_id = ?1 AND ended_at IS NULL")?;
-            let rows = stmt
-                .query_map(rusqlite::params![id], |row| row.get::<_, String>(0))?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
-        })
+        .running_process_ids(&session.id)
         .await
         .unwrap_or_default();
     for job in jobs.iter().filter_map(|j| j.parse().ok()) {
@@ -435,33 +382,19 @@ async fn load(
     session: &Session,
     job: Option<u64>,
 ) -> Result<Vec<Loaded>, ApiError> {
-    let id = session.id.clone();
-    let rows = state
-        .db
-        .call(move |conn| {
-            let mut stmt = conn.prepare(
-                "SELECT id, argv, started_at, ended_at, exit_code, signal, output FROM processes
-                 WHERE session_id = ?1 AND (?2 IS NULL OR id = ?2) ORDER BY CAST(id AS INTEGER)",
-            )?;
-            let rows = stmt
-                .query_map(rusqlite::params![id, job.map(|j| j.to_string())], |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, String>(2)?,
-                        row.get::<_, Option<String>>(3)?,
-                        row.get::<_, Option<i32>>(4)?,
-                        row.get::<_, Option<i32>>(5)?,
-                        row.get::<_, Option<String>>(6)?,
-                    ))
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
-        })
-        .await?;
+    let rows = state.db.processes(&session.id, job).await?;
     let root = root_of(session).ok();
     let mut list = Vec::with_capacity(rows.len());
-    for (id, argv, started_at, ended_at, exit_code, signal, tag) in rows {
+    for ProcessRow {
+        id,
+        argv,
+        started_at,
+        ended_at,
+        exit_code,
+        signal,
+        output: tag,
+    } in rows
+    {
         let process_id: u64 = id.parse().unwrap_or(0);
         let tag = tag.unwrap_or_default();
         let size = |stream: &str| {
