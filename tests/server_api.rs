@@ -913,13 +913,17 @@ fn root_a_session_over_its_lock_budget_loses_the_processes_holding_them() {
     assert_eq!(r["oom_killed"], false, "{r}");
     // Taking the locks needs a second or two; held to the end, it takes 55 s.
     assert!(started.elapsed() < Duration::from_secs(45), "{r}");
-    // The session lives on, and the kill is in the audit and the metrics.
+    // The session lives on, and the kill is in the audit and the metrics (written
+    // just after the kill, which the exec may have answered first).
     assert_eq!(sh(&d, &key, &id, "echo alive"), "alive\n");
-    let (_, found) = d.request(
-        "GET",
-        &format!("/v1/audit?session_id={id}&action=session.file_locks_exceeded"),
-        Some(&key),
-        None,
+    let audit = format!("/v1/audit?session_id={id}&action=session.file_locks_exceeded");
+    let mut found = Value::Null;
+    assert!(
+        common::eventually(60_000, || {
+            found = d.request("GET", &audit, Some(&key), None).1;
+            found["events"][0].is_object()
+        }),
+        "{found}"
     );
     let event = &found["events"][0];
     assert_eq!(event["detail"]["budget"], 16_384, "{found}");
@@ -932,11 +936,14 @@ fn root_a_session_over_its_lock_budget_loses_the_processes_holding_them() {
         1,
         "{found}"
     );
-    let (_, text) = d.raw("GET", "/metrics", None, None, None);
-    let text = String::from_utf8_lossy(&text);
+    let metrics =
+        || String::from_utf8_lossy(&d.raw("GET", "/metrics", None, None, None).1).into_owned();
     assert!(
-        text.lines().any(|l| l == "brig_file_lock_kills_total 1"),
-        "{text}"
+        common::eventually(60_000, || metrics()
+            .lines()
+            .any(|l| l == "brig_file_lock_kills_total 1")),
+        "{}",
+        metrics()
     );
     delete_session(&d, &key, &id);
 }

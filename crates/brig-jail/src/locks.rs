@@ -95,7 +95,16 @@ pub fn held_on_host_at_most() -> Option<u64> {
 /// Each process is pinned by a pidfd before its descriptors are read, and counted only
 /// if it is still alive after: so a pid recycled meanwhile is neither counted nor
 /// killed.
-pub fn enforce(cgroup: &Cgroup, init: i32, budget: u64) -> Result<Option<Overrun>, JailError> {
+///
+/// `before_kill` runs once the count is over the budget and before any signal is
+/// sent: whoever watches the processes die (a daemon's exec) must be able to tell
+/// why they died as soon as they have.
+pub fn enforce(
+    cgroup: &Cgroup,
+    init: i32,
+    budget: u64,
+    before_kill: impl FnOnce(),
+) -> Result<Option<Overrun>, JailError> {
     let mut holders = Vec::new();
     let mut held = 0u64;
     for pid in cgroup.procs()?.into_iter().filter(|&pid| pid != init) {
@@ -110,6 +119,7 @@ pub fn enforce(cgroup: &Cgroup, init: i32, budget: u64) -> Result<Option<Overrun
     if held <= budget {
         return Ok(None);
     }
+    before_kill();
     let mut killed = Vec::new();
     for (holder, pidfd) in holders {
         match rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL) {

@@ -1142,7 +1142,9 @@ impl Watch {
         if self.reaped || host.is_some_and(|n| n <= watch.budget) {
             return;
         }
-        let counted = crate::locks::enforce(&watch.cgroup, self.child.as_raw(), watch.budget);
+        // The supervisor records the overrun before it next looks at the child.
+        let counted =
+            crate::locks::enforce(&watch.cgroup, self.child.as_raw(), watch.budget, || {});
         watch.next = crate::locks::next_count(now, now.elapsed());
         match counted {
             Ok(Some(overrun)) => {

@@ -57,7 +57,11 @@ fn over_budget(sessions: Vec<Arc<Session>>) -> Vec<(Arc<Session>, Overrun)> {
             if next.is_some_and(|at| started < at) {
                 continue;
             }
-            let counted = locks::enforce(cgroup, sandbox.handle.pid, budget);
+            // Counted before the kill: an exec that sees its command die must
+            // find the count already raised to report why (it compares it).
+            let counted = locks::enforce(cgroup, sandbox.handle.pid, budget, || {
+                session.lock_kills.fetch_add(1, Ordering::SeqCst);
+            });
             *next = Some(locks::next_count(started, started.elapsed()));
             counted
         };
@@ -71,7 +75,6 @@ fn over_budget(sessions: Vec<Arc<Session>>) -> Vec<(Arc<Session>, Overrun)> {
 }
 
 async fn record(state: &AppState, session: &Session, overrun: &Overrun) {
-    session.lock_kills.fetch_add(1, Ordering::SeqCst);
     tracing::warn!(session = %session.id, "{overrun}");
     crate::metrics::file_lock_kills(overrun.killed.len() as u64);
     let killed: Vec<serde_json::Value> = overrun
