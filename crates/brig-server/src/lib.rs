@@ -1,63 +1,11 @@
-//! brig's daemon (`brig serve`): sandboxes as a service over HTTP.
-//!
-//! | module | concern |
-//! |---|---|
-//! | `config` | the daemon's settings (`brig serve` flags) |
-//! | `db` | state in SQLite (WAL): tenants, keys, sessions, files, snapshots, audit |
-//! | `fault` | the domain error: a stable code and a one-line message, no HTTP |
-//! | `error` | HTTP: each code's status, the `{"error": {...}}` body, JSON extractors |
-//! | `auth` | API keys, tenants, the caller extractor, quotas |
-//! | `audit` | recording and querying the audit log |
-//! | `metrics` | Prometheus metrics |
-//! | `filestore` | uploaded files (`/v1/files`) and their expiry |
-//! | `rootfs` | files inside a sandbox's root, resolved as with RESOLVE_IN_ROOT |
-//! | `sessions` | live sandboxes: create, exec, processes, pause, snapshots, re-attach |
-//! | `volumes` | per-tenant persistent directories mounted at `/volume` (`/v1/volumes`) |
-//! | `server` | startup, the router and middleware, graceful shutdown |
-//! | `execute` | one-shot Python execution (onyx-compatible `/v1/execute`) |
-//!
-//! The daemon is multi-threaded (tokio) and never forks: sandboxes are started by
-//! re-executing the brig binary in a hidden helper mode (see `sessions::launch`).
+//! brig's daemon (`brig serve`): the HTTP front ends over the session engine
+//! (`brig-engine`). This crate parses requests, calls the engine and encodes its
+//! answers; the domain lives in the engine.
 
-pub mod audit;
-pub mod auth;
-pub mod config;
-pub mod db;
-pub mod error;
-pub mod execute;
-pub mod fault;
-pub mod filestore;
+pub use brig_engine::{
+    audit, auth, config, db, error, execute, fault, filestore, held_to_open_files, metrics, rootfs,
+    sessions, state, volumes, ServeArgs, BLOCKING_THREADS,
+};
+
 pub mod hyper_refusals;
-pub mod metrics;
-pub mod rootfs;
 pub mod server;
-pub mod sessions;
-pub mod state;
-pub mod volumes;
-
-pub use config::ServeArgs;
-
-/// Threads the daemon's runtime may start for blocking work (file operations,
-/// SQLite, sandbox launches); the caller of [`server::serve`] builds its runtime
-/// with this many (tokio's default, made explicit because caps depend on it).
-pub const BLOCKING_THREADS: usize = 512;
-
-/// `value` of flag `flag`, held to `1/divisor` of the open-file limit (a warning
-/// says so when it is): connections and background processes hold descriptors for
-/// as long as they last, and must leave the rest to sandboxes, execs and files.
-pub(crate) fn held_to_open_files(value: usize, divisor: u64, flag: &str) -> usize {
-    let files = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(u64::MAX);
-    let cap = value.min(usize::try_from(files / divisor).unwrap_or(usize::MAX));
-    if cap < value {
-        tracing::warn!(
-            flag,
-            value,
-            open_files = files,
-            cap,
-            "held to a share of the open-file limit"
-        );
-    }
-    cap.max(1)
-}
