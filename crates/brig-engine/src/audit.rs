@@ -106,6 +106,7 @@ pub async fn record_system(
         tenant: tenant.to_string(),
         key_id: None,
         admin: false,
+        frontend: crate::auth::Frontend::Daemon,
     };
     record_in(&state.db, &owner, session_id, action, detail, outcome).await;
 }
@@ -337,6 +338,7 @@ pub fn event(
         time: now_rfc3339(),
         tenant: caller.tenant.clone(),
         key_id: caller.key_id.clone(),
+        frontend: caller.frontend.as_str(),
         // Ids are short: a longer one is a client's invention.
         session_id: session_id.map(|s| truncate_str(s, 128).into_owned()),
         action: truncate_str(action, MAX_DETAIL_STRING).into_owned(),
@@ -449,6 +451,7 @@ pub async fn refusals(State(state): State<AppState>, mut request: Request, next:
             tenant: String::new(),
             key_id: None,
             admin: false,
+            frontend: crate::auth::Frontend::Rest,
         });
         if state
             .refusals
@@ -761,6 +764,7 @@ mod tests {
             time: time.to_string(),
             tenant: "t".into(),
             key_id: None,
+            frontend: "rest",
             session_id: None,
             action: format!("a{n}"),
             detail: Value::Null,

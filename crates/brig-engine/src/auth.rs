@@ -55,6 +55,39 @@ pub struct Caller {
     pub key_id: Option<String>,
     /// Keys of tenant `admin`.
     pub admin: bool,
+    /// The way in the call came through, recorded with everything it does.
+    pub frontend: Frontend,
+}
+
+/// The front end a verb was called through: every audit event names one, so an
+/// operator can tell what an agent did over MCP from what a platform did over REST.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Frontend {
+    /// brig's own REST API (`/v1/...`) and the CLI, which speaks it.
+    #[default]
+    Rest,
+    /// The onyx code-interpreter routes (`/v1/execute`, `/v1/files`).
+    Onyx,
+    /// The E2B-compatible API.
+    E2b,
+    /// The MCP server.
+    Mcp,
+    /// What the daemon does on its own: expiry, reaping, a sandbox that exited.
+    Daemon,
+}
+
+impl Frontend {
+    /// The stable name stored in the audit log.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Frontend::Rest => "rest",
+            Frontend::Onyx => "onyx",
+            Frontend::E2b => "e2b",
+            Frontend::Mcp => "mcp",
+            Frontend::Daemon => "daemon",
+        }
+    }
 }
 
 impl Caller {
@@ -80,7 +113,11 @@ impl FromRequestParts<AppState> for Caller {
         if let Some(caller) = parts.extensions.get::<Caller>() {
             return Ok(caller.clone());
         }
-        let caller = state.auth.authenticate(&parts.headers).await?;
+        let mut caller = state.auth.authenticate(&parts.headers).await?;
+        // The router tags each front end's routes (see `server::router`).
+        if let Some(frontend) = parts.extensions.get::<Frontend>() {
+            caller.frontend = *frontend;
+        }
         if let Some(slot) = parts.extensions.get::<CallerSlot>() {
             let _ = slot.0.set(caller.clone());
         }
@@ -432,6 +469,7 @@ impl Auth {
                 tenant: DEFAULT_TENANT.to_string(),
                 key_id: None,
                 admin: false,
+                frontend: Frontend::Rest,
             }),
             None => Err(ApiError::unauthorized(
                 "missing API key: send Authorization: Bearer <key> or X-API-Key: <key>",
@@ -458,6 +496,7 @@ impl Auth {
             admin: row.tenant == ADMIN_TENANT,
             tenant: row.tenant,
             key_id: Some(row.id),
+            frontend: Frontend::Rest,
         };
         let mut cache = write_lock(&self.keys);
         if cache.generation == generation {
@@ -1059,7 +1098,8 @@ mod tests {
             Caller {
                 tenant: "acme".into(),
                 key_id: Some(row.id.clone()),
-                admin: false
+                admin: false,
+                frontend: Frontend::Rest,
             }
         );
         // Cached now; revocation must still take effect at once.

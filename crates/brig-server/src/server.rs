@@ -25,7 +25,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::auth::DEFAULT_TENANT;
+use crate::auth::{Frontend, DEFAULT_TENANT};
 use crate::config::{LogFormat, ServeArgs};
 use crate::error::{method_not_allowed_fallback, not_found_fallback, ApiError, ApiJson, ErrorBody};
 use crate::state::{AppState, Shared};
@@ -119,10 +119,10 @@ pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
         .merge(crate::metrics::routes())
         .merge(crate::auth::routes())
         .merge(crate::audit::routes())
-        .merge(crate::filestore::routes(args))
+        .merge(crate::filestore::routes(args).layer(Extension(Frontend::Onyx)))
         .merge(crate::sessions::routes())
         .merge(crate::volumes::routes())
-        .merge(crate::execute::routes())
+        .merge(crate::execute::routes().layer(Extension(Frontend::Onyx)))
 }
 
 /// The OpenAPI document of everything [`router`] serves.

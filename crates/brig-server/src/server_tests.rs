@@ -1116,12 +1116,32 @@ async fn audit_is_scoped_filtered_and_streams() {
 }
 
 #[tokio::test]
+async fn audit_events_name_the_front_end_they_came_through() {
+    let h = harness(&[]).await;
+    let acme = h.tenant_key("acme").await;
+    // `/v1/files` is onyx's file API; `/v1/keys` is brig's own REST.
+    h.upload(&acme, "a.txt", b"a").await;
+    let events = h.audit(&h.admin, "").await;
+    let frontend_of = |action: &str| {
+        let event = events.iter().find(|e| e["action"] == action);
+        event.map(|e| e["frontend"].clone())
+    };
+    assert_eq!(
+        frontend_of("file.upload"),
+        Some(json!("onyx")),
+        "{events:?}"
+    );
+    assert_eq!(frontend_of("key.create"), Some(json!("rest")), "{events:?}");
+}
+
+#[tokio::test]
 async fn audit_jsonl_streams_many_pages() {
     let h = harness(&[]).await;
     let caller = crate::auth::Caller {
         tenant: "bulk".into(),
         key_id: None,
         admin: false,
+        frontend: crate::auth::Frontend::Rest,
     };
     for i in 0..1203 {
         crate::audit::record(

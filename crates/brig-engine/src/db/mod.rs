@@ -212,6 +212,12 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE files ADD COLUMN bundle_bytes INTEGER NOT NULL DEFAULT 0;
     "#,
+    // 10: the front end each event came through (`rest`, `onyx`, `e2b`, `mcp`, or
+    // `daemon` for what the daemon did on its own). Older events came through REST
+    // or onyx, which were not told apart; they read as `rest`.
+    r#"
+    ALTER TABLE audit ADD COLUMN frontend TEXT NOT NULL DEFAULT 'rest';
+    "#,
 ];
 
 /// Inserts a stored file's row (a cached statement: a batch inserts thousands).
@@ -1195,7 +1201,7 @@ impl Db {
     pub async fn audit_events(&self, filter: AuditFilter) -> Result<Vec<AuditRow>, ApiError> {
         self.call(move |conn| {
             let mut stmt = conn.prepare_cached(
-                "SELECT id, time, tenant, key_id, session_id, action, detail, outcome \
+                "SELECT id, time, tenant, key_id, session_id, action, detail, outcome, frontend \
                  FROM audit WHERE id > ?1 \
                  AND (?2 IS NULL OR tenant = ?2) \
                  AND (?3 IS NULL OR session_id = ?3) \
@@ -1266,8 +1272,8 @@ pub fn insert_audit_in(
     detail: &str,
 ) -> rusqlite::Result<i64> {
     conn.prepare_cached(
-        "INSERT INTO audit (time, tenant, key_id, session_id, action, detail, outcome) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO audit (time, tenant, key_id, session_id, action, detail, outcome, frontend) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
         event.time,
@@ -1276,7 +1282,8 @@ pub fn insert_audit_in(
         event.session_id,
         event.action,
         detail,
-        event.outcome
+        event.outcome,
+        event.frontend
     ])?;
     Ok(conn.last_insert_rowid())
 }
@@ -1405,6 +1412,8 @@ pub struct NewAuditEvent {
     pub time: String,
     pub tenant: String,
     pub key_id: Option<String>,
+    /// The front end the event came through (`crate::auth::Frontend`).
+    pub frontend: &'static str,
     pub session_id: Option<String>,
     pub action: String,
     pub detail: serde_json::Value,
@@ -1426,6 +1435,9 @@ pub struct AuditRow {
     pub detail: serde_json::Value,
     /// `ok`, `error` or `refused`.
     pub outcome: String,
+    /// The front end the event came through: `rest`, `onyx`, `e2b`, `mcp`, or
+    /// `daemon` for what the daemon did on its own (expiry, a sandbox that exited).
+    pub frontend: String,
 }
 
 impl AuditRow {
@@ -1442,6 +1454,7 @@ impl AuditRow {
                 .and_then(|d| serde_json::from_str(&d).ok())
                 .unwrap_or(serde_json::Value::Null),
             outcome: row.get::<_, Option<String>>(7)?.unwrap_or_default(),
+            frontend: row.get(8)?,
         })
     }
 }
