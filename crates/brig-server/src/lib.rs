@@ -7,5 +7,8 @@ pub use brig_engine::{
     sessions, state, volumes, ServeArgs, BLOCKING_THREADS,
 };
 
+pub mod http;
 pub mod hyper_refusals;
+pub mod onyx;
+pub mod rest;
 pub mod server;

@@ -1,0 +1,2 @@
+//! brig's own REST API (`/v1/...`, docs/API.md): one module per resource, each a
+//! set of handlers that parse, call the engine and encode.
