@@ -37,7 +37,7 @@ pub fn resolve_user(user: &str, layers: &[PathBuf]) -> Result<(u32, u32), String
         if let Ok(id) = name.parse::<u32>() {
             return Ok(id);
         }
-        let text = brig_jail::fsplan::read_layered(layers, db).unwrap_or_default();
+        let text = brig_sys::layered::read_layered(layers, db).unwrap_or_default();
         text.lines()
             .map(|line| line.split(':').collect::<Vec<_>>())
             .find(|fields| fields.first() == Some(&name))

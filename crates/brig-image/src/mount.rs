@@ -34,7 +34,7 @@ pub fn mount_layer(file: BorrowedFd<'_>, path: &Path, mount_point: &Path) -> Res
             }
         }
     }
-    let device = brig_jail::loopdev::LoopDevice::attach_read_only(file)
+    let device = brig_sys::loopdev::LoopDevice::attach_read_only(file)
         .context(|| format!("attach {} to a loop device", path.display()))?;
     let mounted = rustix::mount::mount(&device.path, mount_point, "erofs", LAYER_MOUNT_FLAGS, None);
     if let Err(e) = mounted {

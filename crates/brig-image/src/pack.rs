@@ -97,7 +97,7 @@ pub fn pack(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    brig_jail::die_with_parent(&mut command);
+    brig_sys::process::die_with_parent(&mut command);
     let mut child = command.spawn().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             ImageError::Tool {

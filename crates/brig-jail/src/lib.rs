@@ -1,7 +1,8 @@
 //! How the Linux kernel enforces a brig sandbox.
 //!
 //! One module per kernel concern; [`run`] ties them together. Every `unsafe` block
-//! of brig lives in this crate, each with a SAFETY comment.
+//! of brig lives in this crate and in `brig-sys` (the kernel calls it shares with
+//! the image crate), each with a SAFETY comment.
 //!
 //! | module | concern |
 //! |---|---|
@@ -29,47 +30,24 @@ pub mod ids;
 mod init;
 pub mod landlock;
 pub mod locks;
-pub mod loopdev;
 mod mounts;
 mod net;
 mod oom;
 mod proto;
 pub mod report;
-pub mod resolve;
 pub mod rlimits;
 pub mod seccomp;
 mod seed;
 pub mod session;
-pub mod sparse;
 mod supervisor;
 mod sys;
 pub mod watchdog;
 
+pub use brig_sys::process::die_with_parent;
+pub use brig_sys::{loopdev, resolve, sparse};
 pub use error::{Context, JailError};
 pub use report::{Enforced, Outcome};
 pub use supervisor::{run, start_session, HostConfig, SessionControl, Stdio, ETC_CACHE_DIR};
-
-/// Makes a child process started with `command` die with its parent (SIGKILL at
-/// the parent's death), so a tool brig runs (mkfs.erofs packing a layer) never
-/// outlives a killed brig.
-pub fn die_with_parent(command: &mut std::process::Command) {
-    use std::os::unix::process::CommandExt;
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs between fork and exec and calls only prctl and
-    // getppid, both async-signal-safe; it allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent may have died before the signal was armed.
-            if libc::getppid() != parent {
-                return Err(std::io::Error::other("parent exited"));
-            }
-            Ok(())
-        });
-    }
-}
 
 /// What a run of `spec` creates or mounts over in its root (see
 /// [`fsplan::FsPlan::placeholders`]).

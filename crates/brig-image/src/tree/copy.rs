@@ -93,7 +93,7 @@ pub fn copy_beneath(
     // What a sandbox hands over is a tree of its files; a kernel filesystem read as
     // root would show more than the sandbox may see.
     if let Some(fs) =
-        brig_jail::resolve::kernel_fs(root.as_fd()).context(|| "inspect the tree to copy".into())?
+        brig_sys::resolve::kernel_fs(root.as_fd()).context(|| "inspect the tree to copy".into())?
     {
         return Err(ImageError::BadSource(format!(
             "the tree to copy is on {fs}, a kernel filesystem, not a sandbox's files"
@@ -409,7 +409,7 @@ fn open_beneath(
             "{shown_path} changed while it was copied: keep the tree still while it is snapshotted"
         ))
     };
-    let fd = match brig_jail::resolve::openat2(parent, name, flags, Mode::empty(), RESOLVE) {
+    let fd = match brig_sys::resolve::openat2(parent, name, flags, Mode::empty(), RESOLVE) {
         Ok(fd) => fd,
         // A symlink, a mount, a non-directory or nothing where the lstat saw a
         // file or a directory.

@@ -32,7 +32,7 @@ pub(crate) const IMPLICIT_DIR_MODE: u32 = 0o755;
 /// Opens the directory `path` (relative, `/`-separated) below `dir`.
 pub(crate) fn open_dir(dir: BorrowedFd<'_>, path: &[u8]) -> io::Result<OwnedFd> {
     let path: &[u8] = if path.is_empty() { b"." } else { path };
-    Ok(brig_jail::resolve::openat2(
+    Ok(brig_sys::resolve::openat2(
         dir,
         path,
         DIR_FLAGS,

@@ -300,7 +300,7 @@ impl Layer<'_> {
         self.clear(parent, name, key, false, shown)?;
         // O_EXCL on a name just cleared: the data can only land in a new inode,
         // never in an existing file or through a link.
-        let fd = brig_jail::resolve::openat2(
+        let fd = brig_sys::resolve::openat2(
             parent,
             name,
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -322,7 +322,7 @@ impl Layer<'_> {
                 break;
             }
             ends_in_hole =
-                brig_jail::sparse::write_keeping_holes(&mut file, &self.buf[..n], written)
+                brig_sys::sparse::write_keeping_holes(&mut file, &self.buf[..n], written)
                     .context(|| format!("writing '{shown}'"))?;
             written += n as u64;
         }

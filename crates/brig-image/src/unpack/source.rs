@@ -99,7 +99,7 @@ impl Files {
         match &self.kind {
             Kind::Dir(root) => {
                 // Symlinks are allowed, but only to files inside the layout.
-                let opened = brig_jail::resolve::openat2(
+                let opened = brig_sys::resolve::openat2(
                     root,
                     path.as_str(),
                     OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
@@ -252,7 +252,7 @@ fn decompress_to_staging(
             Err(e) => return Err(read_error(e)),
         };
         // A small archive can decompress to gigabytes of zeros: they stay holes.
-        ends_in_hole = brig_jail::sparse::write_keeping_holes(&mut out, &buf[..n], written)
+        ends_in_hole = brig_sys::sparse::write_keeping_holes(&mut out, &buf[..n], written)
             .context(|| format!("writing {}", temp.display()))?;
         written += n as u64;
     }
