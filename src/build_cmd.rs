@@ -22,7 +22,7 @@ use brig_image::pack::{PackOptions, MKFS};
 use brig_image::recipe::{debian_sources, debootstrap_command, Base, Recipe, Step};
 use brig_image::store::{now_unix, validate_name, ImageRecord, LayersInUse, Store, WorkDir};
 use brig_image::{ImageConfig, ImageError, IoContext, Progress};
-use brig_policy::{BindMount, IdMapping, Identity, Limits, NetworkMode, RootSource, SandboxSpec};
+use brig_policy::{BindMount, IdMapping, Limits, NetworkMode, SandboxSpec};
 
 use crate::image_cmd::human_bytes;
 
@@ -116,7 +116,7 @@ pub fn build(
     for step in &recipe.steps {
         let label = counter.start(&step.describe())?;
         let started = Instant::now();
-        let spec = step_spec(step, &in_use, &base_config, host_ca.as_deref());
+        let spec = step_spec(step, &in_use, &base_config, host_ca.as_deref())?;
         let outcome = brig_jail::run(
             &spec,
             &brig_jail::HostConfig::default(),
@@ -245,16 +245,20 @@ fn step_spec(
     layers: &LayersInUse,
     base: &ImageConfig,
     host_ca: Option<&Path>,
-) -> SandboxSpec {
+) -> Result<SandboxSpec, ImageError> {
     let mut spec = SandboxSpec::new(step.command());
-    spec.cwd = "/".into();
-    spec.identity = Identity {
-        uid: 0,
-        gid: 0,
-        mapping: IdMapping::Build,
-        ..Identity::default()
+    spec.identity.mapping = IdMapping::Build;
+    // A step runs as root in `/` whatever the base image says: a recipe is the
+    // image's maker, not its user.
+    let chosen = brig_image::Chosen {
+        user: Some((0, 0)),
+        cwd: Some("/".into()),
     };
-    spec.filesystem.root = RootSource::Layers(layers.mounts.clone());
+    // HOME is root's, over the base image's; the steps' own env goes over both.
+    spec.env.insert("HOME".into(), "/root".into());
+    spec.env.extend(step.env());
+    base.apply(&mut spec, &layers.mounts, &chosen)
+        .map_err(ImageError::BadSource)?;
     spec.filesystem.capture_writes = true;
     spec.filesystem.binds = step.binds();
     spec.network = NetworkMode::Host;
@@ -268,14 +272,6 @@ fn step_spec(
         nofile: STEP_NOFILE,
         ..Limits::default()
     };
-    // A base image's environment holds what its tools need (PATH above all).
-    for entry in &base.env {
-        if let Some((key, value)) = entry.split_once('=') {
-            spec.env.insert(key.into(), value.into());
-        }
-    }
-    spec.env.insert("HOME".into(), "/root".into());
-    spec.env.extend(step.env());
     if let Some(bundle) = host_ca {
         spec.filesystem.binds.push(BindMount {
             source: bundle.to_path_buf(),
@@ -288,7 +284,7 @@ fn step_spec(
             spec.env.insert(variable.into(), HOST_CA_TARGET.into());
         }
     }
-    spec
+    Ok(spec)
 }
 
 /// The host's CA bundle, which build steps trust as the host's own downloads do

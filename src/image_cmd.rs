@@ -111,13 +111,6 @@ pub fn use_image(
     })
 }
 
-/// The image's `User` as `UID:GID` (names resolved in the image's own databases).
-pub fn resolve_user(user: &str, image: &ImageInUse) -> anyhow::Result<String> {
-    let (uid, gid) = brig_image::resolve_user(user, &image.layers.mounts)
-        .map_err(|e| anyhow::anyhow!("image {e}"))?;
-    Ok(format!("{uid}:{gid}"))
-}
-
 /// Commits a finished run's writes as image `name`.
 pub fn snapshot(
     _store_args: &StoreArgs,

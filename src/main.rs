@@ -202,12 +202,34 @@ impl RunArgs {
         limits.nofile = self.nofile;
         limits.file_size_bytes = self.file_size.as_deref().map(parse_size).transpose()?;
 
+        for entry in &self.env {
+            let (key, value) = entry
+                .split_once('=')
+                .ok_or_else(|| brig_policy::PolicyError::BadEnv(entry.clone()))?;
+            spec.env.insert(key.to_string(), value.to_string());
+        }
+        let user = self.user.as_deref().map(Identity::parse_user).transpose()?;
+        spec.identity.hostname.clone_from(&self.hostname);
+        if let Some(cwd) = &self.cwd {
+            spec.cwd.clone_from(cwd);
+        }
         if let Some(dir) = &self.rootfs {
             spec.filesystem.root = RootSource::Directory(absolute(dir)?);
         }
         if let Some(image) = image {
-            spec.filesystem.root = RootSource::Layers(image.layers.mounts.clone());
+            let chosen = brig_image::Chosen {
+                user,
+                cwd: self.cwd.clone(),
+            };
+            image
+                .record
+                .config
+                .apply(&mut spec, &image.layers.mounts, &chosen)
+                .map_err(|e| anyhow::anyhow!(e))?;
             spec.filesystem.capture_writes = self.snapshot_to.is_some();
+        } else if let Some((uid, gid)) = user {
+            spec.identity.uid = uid;
+            spec.identity.gid = gid;
         }
         if !self.layer.is_empty() {
             let layers = self
@@ -223,35 +245,7 @@ impl RunArgs {
             spec.filesystem.binds.push(bind);
         }
         spec.filesystem.workspace = self.workspace.as_deref().map(absolute).transpose()?;
-        let cwd = self
-            .cwd
-            .clone()
-            .or_else(|| config.and_then(|c| c.workdir.clone()))
-            .unwrap_or_else(|| brig_policy::defaults::WORKSPACE.to_string());
-        spec.cwd = brig_policy::normalize_sandbox_path(&cwd)?;
-
-        let image_env = config.map(|c| c.env.as_slice()).unwrap_or_default();
-        for entry in image_env.iter().chain(&self.env) {
-            let (key, value) = entry
-                .split_once('=')
-                .ok_or_else(|| brig_policy::PolicyError::BadEnv(entry.clone()))?;
-            spec.env.insert(key.to_string(), value.to_string());
-        }
-        let user = match (&self.user, config) {
-            (Some(user), _) => user.clone(),
-            (None, Some(config)) => match &config.user {
-                Some(user) => image_cmd::resolve_user(user, image.expect("config from image"))?,
-                None => "0".to_string(),
-            },
-            (None, None) => brig_policy::defaults::UID.to_string(),
-        };
-        let (uid, gid) = Identity::parse_user(&user)?;
-        spec.identity = Identity {
-            uid,
-            gid,
-            hostname: self.hostname.clone(),
-            ..Identity::default()
-        };
+        spec.cwd = brig_policy::normalize_sandbox_path(&spec.cwd)?;
         spec.network = self.network.parse::<NetworkMode>()?;
         spec.seccomp.mode = self.seccomp;
         spec.seccomp.allow_ptrace = self.allow_ptrace;

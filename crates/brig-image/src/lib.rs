@@ -16,7 +16,7 @@ mod progress;
 pub mod tree;
 pub mod unpack;
 
-pub use config::{resolve_user, ImageConfig};
+pub use config::{resolve_user, Chosen, ImageConfig};
 pub use error::{ImageError, IoContext, Result};
 pub use progress::{Progress, Silent};
 pub mod mount;

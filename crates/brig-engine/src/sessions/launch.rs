@@ -12,7 +12,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use brig_policy::{Identity, RootSource, SandboxSpec};
+use brig_policy::SandboxSpec;
 use serde::{Deserialize, Serialize};
 
 /// What the daemon asks the helper for.
@@ -161,9 +161,6 @@ fn start(request: LaunchRequest) -> Result<Launched, Failure> {
         .map_err(|e| internal("lock the launch record", e.into()))?;
     let mut spec = request.spec;
     let mut holds: Vec<OwnedFd> = Vec::new();
-    let mut image_env = Vec::new();
-    let mut cwd = spec.cwd.clone();
-    let mut user = request.user;
     if let Some(name) = &request.image {
         let image_error = |e: brig_image::ImageError| (e.code().to_string(), e.to_string());
         let store = brig_image::store::Store::open(&request.store).map_err(image_error)?;
@@ -172,19 +169,18 @@ fn start(request: LaunchRequest) -> Result<Launched, Failure> {
             .check_root()
             .map_err(|e| ("wrong_image_kind".to_string(), e.to_string()))?;
         let layers = store.use_layers(&record).map_err(image_error)?;
-        if user.is_none() {
-            user = Some(match &record.config.user {
-                Some(spec_user) => brig_image::resolve_user(spec_user, &layers.mounts)
-                    .map_err(|e| ("bad_image".to_string(), format!("image {e}")))?,
-                None => (0, 0),
-            });
-        }
-        spec.filesystem.root = RootSource::Layers(layers.mounts.clone());
-        image_env = record.config.env.clone();
-        if let Some(workdir) = &record.config.workdir {
-            cwd = workdir.clone();
-        }
+        let chosen = brig_image::Chosen {
+            user: request.user,
+            cwd: None,
+        };
+        record
+            .config
+            .apply(&mut spec, &layers.mounts, &chosen)
+            .map_err(|e| ("bad_image".to_string(), e))?;
         holds.extend(layers.into_locks().into_iter().map(OwnedFd::from));
+    } else if let Some((uid, gid)) = request.user {
+        spec.identity.uid = uid;
+        spec.identity.gid = gid;
     }
     // Locked against gc until the sandbox has copied it (it does before it is ready).
     let mut _seed_layer = None;
@@ -205,19 +201,9 @@ fn start(request: LaunchRequest) -> Result<Launched, Failure> {
     // Every session can be snapshotted: its init keeps what the sandbox writes
     // reachable (an image's upper layer, else its private /tmp and /workspace).
     spec.filesystem.capture_writes = true;
-    let (uid, gid) = user.unwrap_or((spec.identity.uid, spec.identity.gid));
-    spec.identity = Identity {
-        uid,
-        gid,
-        ..spec.identity
-    };
-    let mut env: Vec<(String, String)> = spec.effective_env().into_iter().collect();
-    for entry in &image_env {
-        if let Some((key, value)) = entry.split_once('=') {
-            env.retain(|(k, _)| k != key);
-            env.push((key.to_string(), value.to_string()));
-        }
-    }
+    let (uid, gid) = (spec.identity.uid, spec.identity.gid);
+    let cwd = spec.cwd.clone();
+    let env: Vec<(String, String)> = spec.effective_env().into_iter().collect();
 
     let placeholders =
         brig_jail::placeholders(&spec).map_err(|e| (e.code().to_string(), e.to_string()))?;
