@@ -645,6 +645,22 @@ impl SandboxRoot {
         Ok(current)
     }
 
+    /// The prefixes of `path` (`/a`, `/a/b`, ...) that do not exist yet, from the
+    /// first missing one down: what [`SandboxRoot::ensure_dir`] would create, for
+    /// undoing it.
+    fn missing_prefixes(&self, path: &str) -> Vec<String> {
+        let mut prefix = String::with_capacity(path.len());
+        let mut missing = Vec::new();
+        for component in path::components(path) {
+            prefix.push('/');
+            prefix.push_str(component);
+            if !missing.is_empty() || self.resolve(prefix.as_bytes(), PATH_DIR).is_err() {
+                missing.push(prefix.clone());
+            }
+        }
+        missing
+    }
+
     /// Creates directory `name` in `parent`, owned by the sandbox's user.
     fn make_dir(&self, parent: BorrowedFd<'_>, name: &[u8], mode: u32) -> Result<OwnedFd, Errno> {
         rustix::fs::mkdirat(parent, name, Mode::from_bits_truncate(0o700))?;
@@ -707,7 +723,8 @@ impl SandboxRoot {
     /// replace what is at their name without writing through it, hard links
     /// only reach files extracted earlier from the same archive, devices and
     /// fifos are skipped; everything belongs to the sandbox's user, modes
-    /// without set-id bits. Entries before a refused one stay extracted.
+    /// without set-id bits. All or nothing: a refused archive changes nothing
+    /// (see `tar_in`).
     pub fn extract_tar<R: Read>(
         &self,
         dir: &str,

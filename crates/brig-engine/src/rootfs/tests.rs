@@ -1054,11 +1054,101 @@ fn extraction_refuses_names_that_climb_or_are_absolute() {
                 .extract_tar("/workspace/x", &archive[..], limits()),
             Escapes
         );
-        assert_eq!(f.names("/workspace/x"), Vec::<String>::new(), "{what}");
+        // The directory the request made is gone with the rest.
+        assert!(!f.host("/workspace/x").exists(), "{what}");
     }
     assert!(!f.host("/workspace/abs").exists());
     assert!(!f.host("/x").exists());
     f.assert_canary_intact();
+}
+
+/// Names in a host directory left behind by an extraction's stage.
+fn stages_in(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(".brig-tmp-"))
+        .collect()
+}
+
+#[test]
+fn a_refused_archive_changes_nothing() {
+    let f = fixture();
+    f.sandbox.mkdir_all("/workspace/t/d").unwrap();
+    fs::set_permissions(f.host("/workspace/t/d"), fs::Permissions::from_mode(0o700)).unwrap();
+    f.write("/workspace/t/keep", b"old").unwrap();
+    f.write("/workspace/t/was-a-file", b"file").unwrap();
+    let entries = |bad: bool| {
+        let mut entries = vec![
+            raw("keep", EntryType::Regular).data(b"new"),
+            raw("d", EntryType::Directory),
+            raw("d/new", EntryType::Regular).data(b"n"),
+            raw("fresh/deep/file", EntryType::Regular).data(b"f"),
+            raw("fresh/link", EntryType::Symlink).link("deep/file"),
+            raw("was-a-file", EntryType::Directory),
+            raw("was-a-file/inside", EntryType::Regular).data(b"i"),
+        ];
+        if bad {
+            // Refused after everything above was read and written.
+            entries.push(raw("../escape", EntryType::Regular).data(b"x"));
+        }
+        raw_tar(&entries, true)
+    };
+
+    assert_err!(
+        f.sandbox
+            .extract_tar("/workspace/t", &entries(true)[..], limits()),
+        Escapes
+    );
+    assert_eq!(f.names("/workspace/t"), ["d", "keep", "was-a-file"]);
+    assert_eq!(fs::read(f.host("/workspace/t/keep")).unwrap(), b"old");
+    assert_eq!(f.names("/workspace/t/d"), Vec::<String>::new());
+    assert_eq!(
+        fs::read(f.host("/workspace/t/was-a-file")).unwrap(),
+        b"file"
+    );
+    assert!(!f.host("/workspace/escape").exists());
+
+    // The same archive without its bad entry lands whole, merged into what is
+    // there: an existing directory keeps its mode, a file gives way to a
+    // directory, and no stage is left.
+    f.sandbox
+        .extract_tar("/workspace/t", &entries(false)[..], limits())
+        .unwrap();
+    assert_eq!(fs::read(f.host("/workspace/t/keep")).unwrap(), b"new");
+    assert_eq!(fs::read(f.host("/workspace/t/d/new")).unwrap(), b"n");
+    let mode = fs::metadata(f.host("/workspace/t/d")).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o700);
+    assert_eq!(
+        fs::read(f.host("/workspace/t/fresh/link")).unwrap(),
+        b"f",
+        "the symlink resolves inside the tree"
+    );
+    assert_eq!(
+        fs::read(f.host("/workspace/t/was-a-file/inside")).unwrap(),
+        b"i"
+    );
+    assert!(stages_in(&f.host("/workspace/t")).is_empty());
+}
+
+#[test]
+fn an_archive_entry_never_replaces_a_directory_of_the_tree() {
+    let f = fixture();
+    f.sandbox.mkdir_all("/workspace/u/dir/sub").unwrap();
+    let archive = raw_tar(
+        &[
+            raw("first", EntryType::Regular).data(b"1"),
+            raw("dir", EntryType::Regular).data(b"over a directory"),
+        ],
+        true,
+    );
+    assert_err!(
+        f.sandbox
+            .extract_tar("/workspace/u", &archive[..], limits()),
+        NotAFile
+    );
+    assert_eq!(f.names("/workspace/u"), ["dir"]);
+    assert_eq!(f.names("/workspace/u/dir"), ["sub"]);
 }
 
 #[test]
@@ -1079,10 +1169,8 @@ fn extraction_never_follows_symlinks() {
         Escapes
     );
     assert!(message.contains("symlink"), "{message}");
-    assert_eq!(
-        fs::read_link(f.host("/workspace/x/evil")).unwrap(),
-        Path::new("/")
-    );
+    // All or nothing: not even the symlink stays.
+    assert!(!f.host("/workspace/x").exists());
     assert!(!f.host("/etc").exists());
 
     // A symlink to the host directory, then a file through it.
@@ -1182,7 +1270,7 @@ fn extraction_limits() {
         f.sandbox.extract_tar("/workspace/l", &huge[..], limits()),
         TooLarge
     );
-    assert_eq!(f.names("/workspace/l"), Vec::<String>::new());
+    assert!(!f.host("/workspace/l").exists());
 
     // The byte limit counts over all entries.
     let two = raw_tar(
@@ -1196,11 +1284,13 @@ fn extraction_limits() {
         max_bytes: 1000,
         max_entries: 10,
     };
+    f.sandbox.mkdir_all("/workspace/m").unwrap();
     assert_err!(
         f.sandbox.extract_tar("/workspace/m", &two[..], small),
         TooLarge
     );
-    assert_eq!(f.names("/workspace/m"), ["a"]);
+    // A directory that was there stays, as it was.
+    assert_eq!(f.names("/workspace/m"), Vec::<String>::new());
 
     let few = ExtractLimits {
         max_bytes: 1 << 20,
@@ -1221,15 +1311,15 @@ fn extraction_limits() {
         f.sandbox.extract_tar("/workspace/o", &cut[..], limits()),
         InvalidArchive
     );
-    assert_eq!(f.names("/workspace/o"), Vec::<String>::new());
+    assert!(!f.host("/workspace/o").exists());
 
-    // Cut between entries: reported, though the entries before it stay.
+    // Cut between entries: reported, and the whole entries before it go too.
     let cut = raw_tar(&[raw("whole", EntryType::Regular).data(b"w")], false);
     assert_err!(
         f.sandbox.extract_tar("/workspace/p", &cut[..], limits()),
         InvalidArchive
     );
-    assert_eq!(f.names("/workspace/p"), ["whole"]);
+    assert!(!f.host("/workspace/p").exists());
 
     // Garbage.
     assert_err!(
@@ -1663,6 +1753,68 @@ exec chroot "$R" /usr/bin/sleep 600
         // Last, as it removes what comes before the mount in the walk.
         assert_err!(sandbox.remove("/workspace", true), Busy);
         assert!(sandbox.list_dir("/workspace/kproc").is_err());
+    }
+
+    #[test]
+    fn an_archive_reaching_into_other_mounts_is_all_or_nothing() {
+        let Some(s) = spawn() else { return };
+        let sandbox = &s.root;
+        let bound = s.tmp.path().join("mnt");
+        let entries = |last: Raw<'static>| {
+            raw_tar(
+                &[
+                    raw("workspace/top", EntryType::Regular).data(b"t"),
+                    raw("mnt/inner/file", EntryType::Regular).data(b"m"),
+                    raw("mnt/keep", EntryType::Regular).data(b"replaced"),
+                    last,
+                ],
+                true,
+            )
+        };
+        // Refused at its last entry: nothing in the tmpfs root, nothing in
+        // the read-write bind, and no stage left in either.
+        let refused = entries(raw("ro/new", EntryType::Regular).data(b"r"));
+        assert_err!(sandbox.extract_tar("/", &refused[..], limits()), ReadOnly);
+        assert!(sandbox.open_read("/workspace/top").is_err());
+        assert!(!bound.join("inner").exists());
+        assert_eq!(fs::read(bound.join("keep")).unwrap(), b"read-write bind");
+        assert!(stages_in(&bound).is_empty());
+        assert_eq!(list(sandbox, "/"), list_expected());
+
+        // Accepted: each mount's entries land in it.
+        let accepted = entries(raw("workspace/last", EntryType::Regular).data(b"l"));
+        sandbox.extract_tar("/", &accepted[..], limits()).unwrap();
+        assert_eq!(read_all(sandbox, "/workspace/top"), b"t");
+        assert_eq!(fs::read(bound.join("inner/file")).unwrap(), b"m");
+        assert_eq!(fs::read(bound.join("keep")).unwrap(), b"replaced");
+        assert!(stages_in(&bound).is_empty());
+        assert_eq!(list(sandbox, "/"), list_expected());
+    }
+
+    fn list(sandbox: &SandboxRoot, path: &str) -> Vec<String> {
+        let mut names: Vec<_> = sandbox
+            .list_dir(path)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// What the namespace's root holds (see `SCRIPT`), with nothing staged.
+    fn list_expected() -> Vec<String> {
+        let mut names: Vec<String> = ["usr", "proc", "workspace", "ro", "mnt"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        for d in ["bin", "sbin", "lib", "lib64"] {
+            if Path::new("/").join(d).exists() {
+                names.push(d.to_string());
+            }
+        }
+        names.sort();
+        names
     }
 
     fn read_all(sandbox: &SandboxRoot, path: &str) -> Vec<u8> {
