@@ -121,6 +121,8 @@ pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
         .merge(crate::audit::routes())
         .merge(crate::filestore::routes(args).layer(Extension(Frontend::Onyx)))
         .merge(crate::sessions::routes())
+        .merge(crate::rest::files::routes())
+        .merge(crate::rest::snapshots::routes())
         .merge(crate::volumes::routes())
         .merge(crate::execute::routes().layer(Extension(Frontend::Onyx)))
 }

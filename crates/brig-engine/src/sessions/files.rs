@@ -6,39 +6,27 @@
 //! Bodies are streamed both ways through a blocking task; nothing is held whole in
 //! memory.
 
+use std::future::Future;
 use std::io::{Read, Write};
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
-use serde::{Deserialize, Serialize};
-use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
-use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
+use tokio::io::{AsyncRead, DuplexStream, ReadBuf};
+use tokio_util::io::SyncIoBridge;
 
 use super::copy_in::CopyIn;
 use super::launch::Launched;
 use super::{ensure_running, lookup, workspace_path, FileRef, Session};
 use crate::audit;
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiPath, ApiQuery, ErrorCode};
+use crate::error::{ApiError, ErrorCode};
 use crate::rootfs::{Direct, ExtractLimits, FillError, Filler, RootfsError, SandboxRoot};
 use crate::state::AppState;
 
 /// Entries an uploaded archive may hold.
 const MAX_ARCHIVE_ENTRIES: u64 = 100_000;
-
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(download, upload, remove))
-        .routes(routes!(list_dir, make_dir))
-        .routes(routes!(download_archive, upload_archive))
-}
 
 pub fn rootfs_error(e: RootfsError) -> ApiError {
     match e.code() {
@@ -72,29 +60,22 @@ fn root_in(session: &Session, sandbox: &Launched) -> Result<SandboxRoot, ApiErro
     Ok(root)
 }
 
-#[derive(Clone, Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-pub struct PathQuery {
-    /// Absolute path inside the sandbox.
-    pub path: String,
-    /// For DELETE: remove a directory and everything in it.
-    pub recursive: Option<bool>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+/// A file written: where, and how many bytes.
+#[derive(Clone, Debug)]
 pub struct Written {
     pub path: String,
     pub size_bytes: u64,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+/// An archive unpacked: where, and how many entries it held.
+#[derive(Clone, Debug)]
 pub struct Extracted {
     pub path: String,
     pub entries: u64,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+/// One entry of a directory.
+#[derive(Clone, Debug)]
 pub struct DirEntry {
     pub name: String,
     /// "file", "directory", "symlink" or "other".
@@ -105,10 +86,18 @@ pub struct DirEntry {
     pub modified_at: String,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+/// A directory's entries.
+#[derive(Clone, Debug)]
 pub struct DirListing {
     pub path: String,
     pub entries: Vec<DirEntry>,
+}
+
+/// A file opened for reading, and its size.
+#[derive(Debug)]
+pub struct FileRead {
+    pub file: tokio::fs::File,
+    pub size_bytes: u64,
 }
 
 /// Runs a file operation and records it in the audit log, to its end even if the
@@ -268,42 +257,27 @@ impl<R: Read> Read for Capped<R> {
     }
 }
 
+/// An upload's body as a blocking reader, at most --max-file-size bytes.
+type BodyReader<R> = Capped<SyncIoBridge<R>>;
+
 /// What an upload needs before its body is read: the running session, a transfer
 /// permit (held until the upload ends), and the body as a bounded reader.
-fn start_upload(
+fn start_upload<R: AsyncRead + Unpin>(
     state: &AppState,
     caller: &Caller,
     id: &str,
-    body: Body,
-) -> Result<
-    (
-        std::sync::Arc<Session>,
-        crate::auth::Permit,
-        Capped<SyncIoBridge<impl tokio::io::AsyncRead + Unpin>>,
-    ),
-    ApiError,
-> {
+    body: R,
+) -> Result<(std::sync::Arc<Session>, crate::auth::Permit, BodyReader<R>), ApiError> {
     let session = lookup(state, caller, id)?;
     ensure_running(&session)?;
     let permit = state.auth.transfer_permit(&caller.tenant)?;
-    let reader = body_reader(body, state.args.max_file_size_bytes);
+    // A stalled client is the front end's to cut off (under --body-timeout): its
+    // error reaches the reader as an io error of kind `TimedOut`.
+    let reader = Capped {
+        inner: SyncIoBridge::new(body),
+        left: state.args.max_file_size_bytes,
+    };
     Ok((session, permit, reader))
-}
-
-/// The request body as a blocking reader for a file operation: at most `limit`
-/// bytes. A stalled client is cut off by the router (`server::body_deadline`, under
-/// --body-timeout), whose error reaches the reader as an io error of kind `TimedOut`.
-fn body_reader(body: Body, limit: u64) -> Capped<SyncIoBridge<impl tokio::io::AsyncRead + Unpin>> {
-    let chunks = body.into_data_stream().map(|chunk| {
-        chunk.map_err(|e| match e.into_inner().downcast::<std::io::Error>() {
-            Ok(e) => *e,
-            Err(e) => std::io::Error::other(e),
-        })
-    });
-    Capped {
-        inner: SyncIoBridge::new(StreamReader::new(Box::pin(chunks))),
-        left: limit,
-    }
 }
 
 fn stalled(idle: Duration, verb: &str) -> std::io::Error {
@@ -369,7 +343,7 @@ impl BlockingBody {
         caller: &Caller,
         id: &str,
         write: impl FnOnce(&mut dyn Write) -> Result<(), String> + Send + 'static,
-    ) -> Body {
+    ) -> Download {
         let (reader, writer) = tokio::io::duplex(256 << 10);
         let (finished, outcome) = tokio::sync::oneshot::channel();
         let (state, caller, id) = (state.clone(), caller.clone(), id.to_string());
@@ -397,15 +371,45 @@ impl BlockingBody {
             }
             let _ = finished.send(written);
         });
-        let end = futures_util::stream::once(async move {
-            match outcome.await {
-                Ok(Ok(())) => None,
-                Ok(Err(message)) => Some(Err(std::io::Error::other(message))),
-                Err(_) => Some(Err(std::io::Error::other("the body was not finished"))),
-            }
+        Download {
+            reader,
+            outcome: Some(outcome),
+        }
+    }
+}
+
+/// The body of a large answer (an archive, a listing), read as it is written: it
+/// ends with an error rather than early if writing it failed, so that a front end
+/// cuts the response off instead of sending a short one that looks whole. Dropping
+/// it (the client went away) stops the writing.
+pub struct Download {
+    reader: DuplexStream,
+    /// The writer's outcome, until it is read at the end of the bytes.
+    outcome: Option<tokio::sync::oneshot::Receiver<Result<(), String>>>,
+}
+
+impl AsyncRead for Download {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.reader).poll_read(cx, buf))?;
+        // No room to read into looks like the end: only a real end reads the outcome.
+        if buf.filled().len() > before || buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        let Some(outcome) = self.outcome.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let outcome = ready!(Pin::new(outcome).poll(cx));
+        self.outcome = None;
+        Poll::Ready(match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(std::io::Error::other(message)),
+            Err(_) => Err(std::io::Error::other("the body was not finished")),
         })
-        .filter_map(std::future::ready);
-        Body::from_stream(ReaderStream::new(reader).chain(end))
     }
 }
 
@@ -441,73 +445,70 @@ fn archive_error(e: RootfsError) -> ApiError {
     }
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/files", tag = "files", operation_id = "download_session_file",
-    params(("id" = String, Path), PathQuery),
-    responses((status = 200, description = "the file's bytes", content_type = "application/octet-stream"),
-              (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn download(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiQuery(query): ApiQuery<PathQuery>,
-) -> Result<Response, ApiError> {
+/// Opens `path` in session `id` for reading (audited as `file.read`).
+pub async fn read(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+) -> Result<FileRead, ApiError> {
     let operation = {
-        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        let (state, caller, id, path) = (
+            state.clone(),
+            caller.clone(),
+            id.to_string(),
+            path.to_string(),
+        );
         async move {
             let session = lookup(&state, &caller, &id)?;
-            let path = query.path.clone();
             let (file, meta) = with_root(&session, move |root| {
                 root.open_read(&path).map_err(rootfs_error)
             })
             .await?;
-            let stream = ReaderStream::new(tokio::fs::File::from_std(file));
-            Ok((
-                [
-                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-                    (header::CONTENT_LENGTH, meta.size_bytes.to_string()),
-                ],
-                Body::from_stream(stream),
-            )
-                .into_response())
+            Ok(FileRead {
+                file: tokio::fs::File::from_std(file),
+                size_bytes: meta.size_bytes,
+            })
         }
     };
-    audited(&state, &caller, &id, "file.read", &query.path, operation).await
+    audited(state, caller, id, "file.read", path, operation).await
 }
 
-#[utoipa::path(put, path = "/v1/sessions/{id}/files", tag = "files", operation_id = "upload_session_file",
-    params(("id" = String, Path), PathQuery),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 201, body = Written), (status = 404, body = crate::error::ErrorBody),
-              (status = 413, body = crate::error::ErrorBody), (status = 422, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn upload(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiQuery(query): ApiQuery<PathQuery>,
-    body: Body,
-) -> Result<impl IntoResponse, ApiError> {
+/// Writes `body` to `path` in session `id` (parents made), replacing the file
+/// atomically; at most --max-file-size bytes (audited as `file.write`). A refused
+/// body is read to its end, bounded as the upload, so that its client gets the
+/// answer (see [`drain_after`]).
+pub async fn write(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+    body: impl AsyncRead + Send + Unpin + 'static,
+) -> Result<Written, ApiError> {
     let operation = {
-        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        let (state, caller, id, path) = (
+            state.clone(),
+            caller.clone(),
+            id.to_string(),
+            path.to_string(),
+        );
         async move {
             let (session, _transfer, reader) = start_upload(&state, &caller, &id, body)?;
-            let path = query.path.clone();
+            let target = path.clone();
             let size = change_filled(&session, body_timeout(&state), move |root, mut copier| {
                 let mut reader = reader;
-                let written = fill_file(&root, &path, &mut reader, None, &mut copier);
+                let written = fill_file(&root, &target, &mut reader, None, &mut copier);
                 drain_after(&written, &mut reader);
                 written
             })
             .await?;
             Ok(Written {
-                path: query.path.clone(),
+                path,
                 size_bytes: size,
             })
         }
     };
-    let written = audited(&state, &caller, &id, "file.write", &query.path, operation).await?;
-    Ok((StatusCode::CREATED, axum::Json(written)))
+    audited(state, caller, id, "file.write", path, operation).await
 }
 
 /// Writes `reader` to `path` (parents made), replacing the file atomically. The
@@ -542,56 +543,61 @@ pub fn fill_file(
     Ok(copied)
 }
 
-#[utoipa::path(delete, path = "/v1/sessions/{id}/files", tag = "files", operation_id = "remove_session_file",
-    params(("id" = String, Path), PathQuery),
-    responses((status = 204), (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn remove(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiQuery(query): ApiQuery<PathQuery>,
-) -> Result<StatusCode, ApiError> {
+/// Removes `path` in session `id`, a directory with everything in it if
+/// `recursive` (audited as `file.delete`).
+pub async fn remove(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+    recursive: bool,
+) -> Result<(), ApiError> {
     let operation = {
-        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        let (state, caller, id, path) = (
+            state.clone(),
+            caller.clone(),
+            id.to_string(),
+            path.to_string(),
+        );
         async move {
-            let path = query.path.clone();
-            let recursive = query.recursive.unwrap_or(false);
             change_root(&state, &caller, &id, move |root| {
                 root.remove(&path, recursive).map_err(rootfs_error)
             })
             .await
         }
     };
-    audited(&state, &caller, &id, "file.delete", &query.path, operation).await?;
-    Ok(StatusCode::NO_CONTENT)
+    audited(state, caller, id, "file.delete", path, operation).await
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/dir", tag = "files",
-    params(("id" = String, Path), PathQuery),
-    responses((status = 200, body = DirListing), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn list_dir(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiQuery(query): ApiQuery<PathQuery>,
-) -> Result<Response, ApiError> {
+/// Lists directory `path` in session `id` (audited as `file.list`), written out
+/// by `encode` as the client reads it.
+pub async fn list(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+    encode: impl FnOnce(DirListing, &mut dyn Write) -> Result<(), String> + Send + 'static,
+) -> Result<Download, ApiError> {
     let operation = {
-        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        let (state, caller, id, path) = (
+            state.clone(),
+            caller.clone(),
+            id.to_string(),
+            path.to_string(),
+        );
         async move {
             let session = lookup(&state, &caller, &id)?;
             // A listing of 100,000 long names is tens of MB: it counts as a transfer,
             // and is written out as the client reads it, so a slow reader holds
             // neither more than its share nor longer than --body-timeout.
             let transfer = state.auth.transfer_permit(&caller.tenant)?;
-            let path = query.path.clone();
+            let dir = path.clone();
             let entries = with_root(&session, move |root| {
-                root.list_dir(&path).map_err(rootfs_error)
+                root.list_dir(&dir).map_err(rootfs_error)
             })
             .await?;
             let listing = DirListing {
-                path: query.path.clone(),
+                path: path.clone(),
                 entries: entries
                     .into_iter()
                     .map(|e| DirEntry {
@@ -605,114 +611,111 @@ async fn list_dir(
             };
             let body = BlockingBody {
                 action: "file.list",
-                path: query.path,
+                path,
                 transfer,
             }
             .start(&state, &caller, &id, move |out| {
                 let mut out = std::io::BufWriter::with_capacity(64 << 10, out);
-                serde_json::to_writer(&mut out, &listing).map_err(|e| e.to_string())?;
+                encode(listing, &mut out)?;
                 out.flush().map_err(|e| e.to_string())
             });
-            Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+            Ok(body)
         }
     };
-    audited(&state, &caller, &id, "file.list", &query.path, operation).await
+    audited(state, caller, id, "file.list", path, operation).await
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/dir", tag = "files",
-    params(("id" = String, Path), PathQuery),
-    responses((status = 201), (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn make_dir(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiQuery(query): ApiQuery<PathQuery>,
-) -> Result<StatusCode, ApiError> {
+/// Makes directory `path` in session `id`, and its parents (audited as
+/// `file.mkdir`).
+pub async fn mkdir(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+) -> Result<(), ApiError> {
     let operation = {
-        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        let (state, caller, id, path) = (
+            state.clone(),
+            caller.clone(),
+            id.to_string(),
+            path.to_string(),
+        );
         async move {
-            let path = query.path.clone();
             change_root(&state, &caller, &id, move |root| {
                 root.mkdir_all(&path).map_err(rootfs_error)
             })
             .await
         }
     };
-    audited(&state, &caller, &id, "file.mkdir", &query.path, operation).await?;
-    Ok(StatusCode::CREATED)
+    audited(state, caller, id, "file.mkdir", path, operation).await
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/archive", tag = "files",
-    params(("id" = String, Path), PathQuery),
-    responses((status = 200, description = "a tar of the directory", content_type = "application/x-tar"),
-              (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn download_archive(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiQuery(query): ApiQuery<PathQuery>,
-) -> Result<Response, ApiError> {
+/// A tar of directory `path` in session `id`, written as the client reads it
+/// (audited as `file.archive.read`).
+pub async fn read_archive(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+) -> Result<Download, ApiError> {
     let operation = {
-        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        let (state, caller, id, path) = (
+            state.clone(),
+            caller.clone(),
+            id.to_string(),
+            path.to_string(),
+        );
         async move {
             let session = lookup(&state, &caller, &id)?;
             let transfer = state.auth.transfer_permit(&caller.tenant)?;
             let root = root_of(&session)?;
-            let path = query.path.clone();
             // Checked first, so a missing directory is a 404 rather than a cut stream.
             let probe = path.clone();
             let root = tokio::task::spawn_blocking(move || root.check_dir(&probe).map(|()| root))
                 .await
                 .map_err(ApiError::internal)?
                 .map_err(rootfs_error)?;
+            let dir = path.clone();
             let body = BlockingBody {
                 action: "file.archive.read",
-                path: query.path.clone(),
+                path,
                 transfer,
             }
             .start(&state, &caller, &id, move |out| {
-                root.write_tar(&path, out).map_err(|e| e.to_string())
+                root.write_tar(&dir, out).map_err(|e| e.to_string())
             });
-            Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())
+            Ok(body)
         }
     };
-    audited(
-        &state,
-        &caller,
-        &id,
-        "file.archive.read",
-        &query.path,
-        operation,
-    )
-    .await
+    audited(state, caller, id, "file.archive.read", path, operation).await
 }
 
-#[utoipa::path(put, path = "/v1/sessions/{id}/archive", tag = "files",
-    params(("id" = String, Path), PathQuery),
-    request_body(content = Vec<u8>, content_type = "application/x-tar"),
-    responses((status = 201, body = Extracted), (status = 413, body = crate::error::ErrorBody),
-              (status = 422, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn upload_archive(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiQuery(query): ApiQuery<PathQuery>,
-    body: Body,
-) -> Result<impl IntoResponse, ApiError> {
+/// Unpacks the tar `body` into directory `path` in session `id`: at most
+/// --max-file-size bytes and [`MAX_ARCHIVE_ENTRIES`] entries (audited as
+/// `file.archive.write`). A refused body is read to its end as for [`write`].
+pub async fn write_archive(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+    body: impl AsyncRead + Send + Unpin + 'static,
+) -> Result<Extracted, ApiError> {
     let limit = state.args.max_file_size_bytes;
     let operation = {
-        let (state, caller, id, query) = (state.clone(), caller.clone(), id.clone(), query.clone());
+        let (state, caller, id, path) = (
+            state.clone(),
+            caller.clone(),
+            id.to_string(),
+            path.to_string(),
+        );
         async move {
             let (session, _transfer, reader) = start_upload(&state, &caller, &id, body)?;
-            let path = query.path.clone();
+            let dir = path.clone();
             let summary = change_filled(&session, body_timeout(&state), move |root, mut copier| {
                 let mut reader = reader;
                 let extracted = root
                     .extract_tar_with(
-                        &path,
+                        &dir,
                         &mut reader,
                         ExtractLimits {
                             max_bytes: limit,
@@ -726,21 +729,12 @@ async fn upload_archive(
             })
             .await?;
             Ok(Extracted {
-                path: query.path.clone(),
+                path,
                 entries: summary.entries,
             })
         }
     };
-    let extracted = audited(
-        &state,
-        &caller,
-        &id,
-        "file.archive.write",
-        &query.path,
-        operation,
-    )
-    .await?;
-    Ok((StatusCode::CREATED, axum::Json(extracted)))
+    audited(state, caller, id, "file.archive.write", path, operation).await
 }
 
 /// Copies uploaded files (`/v1/files`) into the session's working directory.

@@ -57,8 +57,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(resume_session))
         .merge(exec::routes())
         .merge(processes::routes())
-        .merge(files::routes())
-        .merge(snapshots::routes())
         .merge(stats::routes())
 }
 

@@ -28,40 +28,20 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
 use brig_jail::agent::{AgentReply, AgentRequest};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 use super::{
     ensure_not_deleted, freeze, launch_sandbox, limits_of, lookup, persist, prepare_bundles,
-    spec_for, BundleMount, Held, Session,
+    spec_for, BundleMount, Held, Session, SessionInfo,
 };
 use crate::audit;
 use crate::auth::Caller;
 use crate::db::StoredSnapshot;
-use crate::error::{ApiError, ApiJson, ApiPath, ErrorCode};
+use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
 
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(create_snapshot))
-        .routes(routes!(list_snapshots))
-        .routes(routes!(get_snapshot, delete_snapshot))
-        .routes(routes!(restore_session))
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateSnapshot {
-    pub name: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+/// A snapshot, as its tenant sees it.
+#[derive(Debug, Clone)]
 pub struct SnapshotInfo {
     pub snapshot_id: String,
     pub name: Option<String>,
@@ -78,17 +58,6 @@ pub struct SnapshotInfo {
     /// The session's bundle mounts (not part of the layer): a fork that gives no
     /// `mounts` gets these. Volumes are never part of a snapshot.
     pub mounts: Vec<BundleMount>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct SnapshotList {
-    pub snapshots: Vec<SnapshotInfo>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RestoreRequest {
-    pub snapshot_id: String,
 }
 
 fn image_name(snapshot_id: &str) -> String {
@@ -121,7 +90,7 @@ impl Source {
 
 /// A caller's snapshot to start from (404 for unknown or another tenant's).
 pub async fn source(state: &AppState, tenant: &str, snapshot_id: &str) -> Result<Source, ApiError> {
-    let info = get(state, tenant, snapshot_id).await?;
+    let info = stored(state, tenant, snapshot_id).await?;
     Ok(Source {
         image: image_name(snapshot_id),
         host: info.base == BASE_HOST,
@@ -149,7 +118,7 @@ fn held(tenant: &str, snapshot_id: &str) -> Held {
     }
 }
 
-async fn get(state: &AppState, tenant: &str, id: &str) -> Result<SnapshotInfo, ApiError> {
+async fn stored(state: &AppState, tenant: &str, id: &str) -> Result<SnapshotInfo, ApiError> {
     let missing = ApiError::not_found(format!("no snapshot {id}"));
     state
         .db
@@ -180,42 +149,26 @@ fn info_of(row: StoredSnapshot) -> SnapshotInfo {
     }
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/snapshots", tag = "snapshots",
-    params(("id" = String, Path)), request_body = CreateSnapshot,
-    responses((status = 201, body = SnapshotInfo), (status = 404, body = crate::error::ErrorBody),
-              (status = 409, body = crate::error::ErrorBody),
-              (status = 429, description = "No room for it in the tenant's disk quota, or the \
-               tenant takes its maximum of snapshots at once (--tenant-max-snapshots)",
-               body = crate::error::ErrorBody),
-              (status = 503, description = "The daemon takes its maximum of snapshots at once \
-               (--max-snapshots)", body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn create_snapshot(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiJson(request): ApiJson<CreateSnapshot>,
-) -> Result<impl IntoResponse, ApiError> {
+/// Snapshots session `id` (see [`snapshot`]), named `name` if given (audited as
+/// `snapshot.create`).
+pub async fn create(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    name: Option<String>,
+) -> Result<SnapshotInfo, ApiError> {
     let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        snapshot(&state, &session, request.name.clone()).await
+        let session = lookup(state, caller, id)?;
+        snapshot(state, &session, name.clone()).await
     }
     .await;
     let outcome = audit::outcome(&result);
     let detail = serde_json::json!({
-        "name": request.name,
+        "name": name,
         "snapshot_id": result.as_ref().ok().map(|s| s.snapshot_id.clone()),
     });
-    audit::record(
-        &state,
-        &caller,
-        Some(&id),
-        "snapshot.create",
-        detail,
-        outcome,
-    )
-    .await;
-    Ok((StatusCode::CREATED, ApiJson(result?)))
+    audit::record(state, caller, Some(id), "snapshot.create", detail, outcome).await;
+    result
 }
 
 /// Pauses the session, turns what it wrote into a new image, resumes it, and
@@ -746,49 +699,31 @@ fn scratch_exclusions(placeholders: &[String]) -> Vec<PathBuf> {
     exclude
 }
 
-#[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots",
-    responses((status = 200, body = SnapshotList)), security(("bearer" = [])))]
-async fn list_snapshots(
-    State(state): State<AppState>,
-    caller: Caller,
-) -> Result<ApiJson<SnapshotList>, ApiError> {
-    let snapshots = state
+/// The caller's snapshots.
+pub async fn list(state: &AppState, caller: &Caller) -> Result<Vec<SnapshotInfo>, ApiError> {
+    Ok(state
         .db
         .snapshots(&caller.tenant)
         .await?
         .into_iter()
         .map(info_of)
-        .collect();
-    Ok(ApiJson(SnapshotList { snapshots }))
+        .collect())
 }
 
-#[utoipa::path(get, path = "/v1/snapshots/{id}", tag = "snapshots",
-    params(("id" = String, Path)),
-    responses((status = 200, body = SnapshotInfo), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn get_snapshot(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-) -> Result<ApiJson<SnapshotInfo>, ApiError> {
-    Ok(ApiJson(get(&state, &caller.tenant, &id).await?))
+/// The caller's snapshot `id` (404 for unknown or another tenant's).
+pub async fn get(state: &AppState, caller: &Caller, id: &str) -> Result<SnapshotInfo, ApiError> {
+    stored(state, &caller.tenant, id).await
 }
 
-#[utoipa::path(delete, path = "/v1/snapshots/{id}", tag = "snapshots",
-    params(("id" = String, Path)),
-    responses((status = 204), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn delete_snapshot(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-) -> Result<StatusCode, ApiError> {
-    let (task_state, tenant, task_id) = (state.clone(), caller.tenant.clone(), id.clone());
+/// Deletes the caller's snapshot `id`, once the sessions being started from it
+/// hold its layers (audited as `snapshot.delete`).
+pub async fn delete(state: &AppState, caller: &Caller, id: &str) -> Result<(), ApiError> {
+    let (task_state, tenant, task_id) = (state.clone(), caller.tenant.clone(), id.to_string());
     // In its own task: once closed, the snapshot must be removed (or reopened) even if
     // the client hangs up while the starts under way finish.
     let result = tokio::spawn(async move {
         let (state, id) = (task_state, task_id);
-        get(&state, &tenant, &id).await?;
+        stored(&state, &tenant, &id).await?;
         // Starts of sessions from it that claimed it before this go on (their image
         // must stay until their sandbox holds its layers); later ones are 404.
         let _closing = state.holds.close(held(&tenant, &id)).await;
@@ -825,37 +760,33 @@ async fn delete_snapshot(
     .and_then(|r| r);
     let outcome = audit::outcome(&result);
     audit::record(
-        &state,
-        &caller,
+        state,
+        caller,
         None,
         "snapshot.delete",
         serde_json::json!({"snapshot_id": id}),
         outcome,
     )
     .await;
-    result.map(|()| StatusCode::NO_CONTENT)
+    result
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/restore", tag = "snapshots",
-    params(("id" = String, Path)), request_body = RestoreRequest,
-    responses((status = 200, body = super::SessionInfo), (status = 404, body = crate::error::ErrorBody),
-              (status = 422, description = "The snapshot does not fit in the session's disk or memory",
-               body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn restore_session(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiJson(request): ApiJson<RestoreRequest>,
-) -> Result<ApiJson<super::SessionInfo>, ApiError> {
+/// Replaces the sandbox of session `id` with a new one started from the caller's
+/// snapshot `snapshot_id` (audited as `session.restore`).
+pub async fn restore(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    snapshot_id: &str,
+) -> Result<SessionInfo, ApiError> {
     let result = async {
-        let session = lookup(&state, &caller, &id)?;
+        let session = lookup(state, caller, id)?;
         // Until its sandbox runs, the snapshot's delete waits (or this is 404).
         let _claim = state
             .holds
-            .claim(vec![held(&caller.tenant, &request.snapshot_id)])
+            .claim(vec![held(&caller.tenant, snapshot_id)])
             .await;
-        let (image, seed) = still_there(&state, &caller.tenant, &request.snapshot_id)
+        let (image, seed) = still_there(state, &caller.tenant, snapshot_id)
             .await?
             .start();
         let _gate = session.gate.write().await;
@@ -864,19 +795,19 @@ async fn restore_session(
         ensure_not_deleted(&session)?;
         let limits = limits_of(&session.request)?;
         // The session keeps its own mounts and volume (held while it lives).
-        let spec = spec_for(&state, &caller.tenant, &session.request, &limits)?;
+        let spec = spec_for(state, &caller.tenant, &session.request, &limits)?;
         // The session's disk is reserved already: it is live.
-        prepare_bundles(&state, &caller.tenant, &session.request, 0, false).await?;
+        prepare_bundles(state, &caller.tenant, &session.request, 0, false).await?;
         // The new sandbox gets its own socket beside the old one, then replaces it.
         // Nothing of the old sandbox changes until the new one is ready (a snapshot
         // larger than the session's disk fails here).
-        let process_base = super::processes::next_base(&state, &session).await?;
-        let mut launched = launch_sandbox(&state, &session.id, spec, image, seed, false).await?;
+        let process_base = super::processes::next_base(state, &session).await?;
+        let mut launched = launch_sandbox(state, &session.id, spec, image, seed, false).await?;
         launched.process_base = process_base;
         let old = session.replace_sandbox(launched);
         let handle = old.handle.clone();
         let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
-        super::release_deleted_snapshot_layers(&state, &old).await;
+        super::release_deleted_snapshot_layers(state, &old).await;
         if old.control_socket != session.sandbox().control_socket {
             let _ = tokio::fs::remove_file(&old.control_socket).await;
             let _ = tokio::fs::remove_file(super::launch::record_path(&old.control_socket)).await;
@@ -884,21 +815,21 @@ async fn restore_session(
         session
             .paused
             .store(false, std::sync::atomic::Ordering::SeqCst);
-        persist(&state, &session, "running").await?;
-        super::processes::end_replaced(&state, &session, process_base).await;
-        super::watch_exit(&state, &session);
+        persist(state, &session, "running").await?;
+        super::processes::end_replaced(state, &session, process_base).await;
+        super::watch_exit(state, &session);
         Ok(session.info())
     }
     .await;
     let outcome = audit::outcome(&result);
     audit::record(
-        &state,
-        &caller,
-        Some(&id),
+        state,
+        caller,
+        Some(id),
         "session.restore",
-        serde_json::json!({"snapshot_id": request.snapshot_id}),
+        serde_json::json!({"snapshot_id": snapshot_id}),
         outcome,
     )
     .await;
-    result.map(ApiJson)
+    result
 }

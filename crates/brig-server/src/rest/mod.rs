@@ -1,2 +1,4 @@
 //! brig's own REST API (`/v1/...`, docs/API.md): one module per resource, each a
 //! set of handlers that parse, call the engine and encode.
+pub mod files;
+pub mod snapshots;
