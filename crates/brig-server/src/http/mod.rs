@@ -14,6 +14,8 @@ use brig_engine::auth::{Admin, Caller};
 use brig_engine::fault::Error;
 use brig_engine::state::AppState;
 
+pub mod sse;
+
 // The extractors of request bodies, paths and queries with the API's rejections.
 pub use brig_engine::error::{ApiJson, ApiPath, ApiQuery};
 
