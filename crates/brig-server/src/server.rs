@@ -123,6 +123,8 @@ pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
         .merge(crate::sessions::routes())
         .merge(crate::rest::files::routes())
         .merge(crate::rest::snapshots::routes())
+        .merge(crate::rest::exec::routes())
+        .merge(crate::rest::processes::routes())
         .merge(crate::volumes::routes())
         .merge(crate::execute::routes().layer(Extension(Frontend::Onyx)))
 }

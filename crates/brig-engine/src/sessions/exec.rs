@@ -1,5 +1,5 @@
-//! Exec in a session: synchronous, streamed (Server-Sent Events), and the
-//! onyx-compatible `bash` endpoint.
+//! Exec in a session: synchronous, streamed (a stream of [`ExecEvent`]s), and the
+//! onyx-compatible `bash`.
 //!
 //! The daemon makes the pipes, hands their far ends to the session's init with the
 //! request, and reads output itself: nothing flows through init. Output past the
@@ -8,48 +8,33 @@
 //! daemon's CPU is nobody's to spend on it (see [`Output`]).
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::IntoResponse;
 use brig_jail::agent::{AgentReply, AgentRequest};
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
-use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 use super::agent::Agent;
 use super::{ensure_running, lookup, Session};
 use crate::audit;
-use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiPath};
+use crate::auth::{Caller, Permit};
+use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
 
 /// After the command exits, how long output from processes it left behind (still
 /// holding its stdout) is awaited before the result is returned.
 const OUTPUT_GRACE: Duration = Duration::from_millis(200);
 
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(exec_sync))
-        .routes(routes!(exec_stream))
-        .routes(routes!(bash))
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// A command to run in a session, as asked.
+#[derive(Debug, Clone, Default)]
 pub struct ExecRequest {
     /// The command and its arguments (searched in PATH).
     pub argv: Option<Vec<String>>,
     /// A shell command line, run with `/bin/sh -c`.
     pub cmd: Option<String>,
-    /// Working directory (default: the session's, /workspace).
+    /// Working directory (default: the session's).
     pub cwd: Option<String>,
     /// Added to the session's environment.
     pub env: Option<BTreeMap<String, String>>,
@@ -57,11 +42,11 @@ pub struct ExecRequest {
     pub stdin: Option<String>,
     /// Kill the command's process group after this long (default and maximum:
     /// the daemon's --max-execute-timeout).
-    #[schema(minimum = 1)]
     pub timeout_ms: Option<u64>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+/// What a command did: its end and the output kept (up to the daemon's limit).
+#[derive(Debug, Clone, Default)]
 pub struct ExecResult {
     /// `null` when killed by a signal.
     pub exit_code: Option<i32>,
@@ -78,8 +63,8 @@ pub struct ExecResult {
     pub duration_ms: u64,
 }
 
-/// The exit of a streamed exec (`exit` event): the result without the output.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+/// The end of a streamed exec: the result without the output.
+#[derive(Debug, Clone)]
 pub struct ExecExit {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
@@ -89,6 +74,32 @@ pub struct ExecExit {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub duration_ms: u64,
+}
+
+impl From<&ExecResult> for ExecExit {
+    fn from(r: &ExecResult) -> ExecExit {
+        ExecExit {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            timed_out: r.timed_out,
+            oom_killed: r.oom_killed,
+            file_locks_exceeded: r.file_locks_exceeded,
+            stdout_truncated: r.stdout_truncated,
+            stderr_truncated: r.stderr_truncated,
+            duration_ms: r.duration_ms,
+        }
+    }
+}
+
+/// What a streamed exec ([`stream`]) yields: its output as it comes, then one end.
+#[derive(Debug, Clone)]
+pub enum ExecEvent {
+    /// Output, never empty and never splitting a character (see [`Utf8Chunker`]).
+    Output(Stream, String),
+    /// The command ended (or was killed).
+    Exit(ExecExit),
+    /// The exec failed once started: the last event.
+    Failed(ApiError),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,7 +220,7 @@ pub(crate) async fn run_holding(
     session: &Session,
     command: Command,
     chunks: Option<Chunks>,
-) -> Result<(ExecResult, crate::auth::Permit), ApiError> {
+) -> Result<(ExecResult, Permit), ApiError> {
     ensure_running(session)?;
     let _gate = session.gate.read().await;
     if session.deleted.load(Ordering::SeqCst) {
@@ -792,27 +803,24 @@ impl Output {
     }
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/exec", tag = "exec",
-    params(("id" = String, Path)), request_body = ExecRequest,
-    responses((status = 200, body = ExecResult), (status = 404, body = crate::error::ErrorBody),
-              (status = 409, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn exec_sync(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiJson(request): ApiJson<ExecRequest>,
-) -> Result<axum::response::Response, ApiError> {
-    let audit = ExecAudit::new(&state, &caller, &id, "exec", &request);
+/// Runs a command in session `id` to its end and gives back its result with the
+/// exec's slot, for the answer to hold until it is sent (see [`run_holding`]).
+/// Audited as `exec`, also when the caller gives up on it (see [`ExecAudit`]).
+pub async fn exec(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    request: &ExecRequest,
+) -> Result<(ExecResult, Permit), ApiError> {
+    let audit = ExecAudit::new(state, caller, id, "exec", request);
     let ran = async {
-        let session = lookup(&state, &caller, &id)?;
-        let command = Command::from_request(&state, &session, &request)?;
-        run_holding(&state, &session, command, None).await
+        let session = lookup(state, caller, id)?;
+        let command = Command::from_request(state, &session, request)?;
+        run_holding(state, &session, command, None).await
     }
     .await;
     audit.record(ran.as_ref().map(|(result, _)| result)).await;
-    let (result, slot) = ran?;
-    Ok(crate::auth::json_holding(&result, slot))
+    ran
 }
 
 /// Turns output chunks into UTF-8 text without splitting a character across two
@@ -844,24 +852,23 @@ impl Utf8Chunker {
     }
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/exec/stream", tag = "exec",
-    params(("id" = String, Path)), request_body = ExecRequest,
-    responses((status = 200, description = "Server-Sent Events: `stdout` and `stderr` {data}, then `exit` (ExecExit) or `error` {code, message}", content_type = "text/event-stream")),
-    security(("bearer" = [])))]
-async fn exec_stream(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiJson(request): ApiJson<ExecRequest>,
-) -> Result<impl IntoResponse, ApiError> {
-    // Problems found before anything runs are plain HTTP errors.
-    let session = lookup(&state, &caller, &id)?;
-    let command = Command::from_request(&state, &session, &request)?;
+/// Runs a command in session `id`, its output yielded as it comes and then its
+/// end. Problems found before anything runs are the error; once it runs, a failure
+/// is the last event. Dropping the stream kills the command (its client hung up),
+/// audited as [`CLIENT_CLOSED`]; the exec's slot is held until the stream is done.
+pub async fn stream(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    request: &ExecRequest,
+) -> Result<impl futures_util::Stream<Item = ExecEvent> + Send + 'static, ApiError> {
+    let session = lookup(state, caller, id)?;
+    let command = Command::from_request(state, &session, request)?;
     ensure_running(&session)?;
-    let (events_tx, events_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    let (events_tx, events_rx) = mpsc::channel::<ExecEvent>(64);
     let (chunks_tx, mut chunks_rx) = mpsc::channel::<(Stream, Vec<u8>)>(64);
     let task_state = state.clone();
-    let audit = ExecAudit::new(&state, &caller, &id, "exec.stream", &request);
+    let audit = ExecAudit::new(state, caller, id, "exec.stream", request);
     let client = events_tx.clone();
     let (slot, held) = held_slot();
     let runner = tokio::spawn(async move {
@@ -882,65 +889,23 @@ async fn exec_stream(
         while let Some((stream, bytes)) = chunks_rx.recv().await {
             let data = text[stream as usize].push(&bytes);
             if !data.is_empty() {
-                let event = Event::default()
-                    .event(stream.name())
-                    .json_data(serde_json::json!({ "data": data }));
-                if let Ok(event) = event {
-                    let _ = events_tx.send(Ok(event)).await;
-                }
+                let _ = events_tx.send(ExecEvent::Output(stream, data)).await;
             }
         }
         for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
             let data = text[i].flush();
             if !data.is_empty() {
-                if let Ok(event) = Event::default()
-                    .event(stream.name())
-                    .json_data(serde_json::json!({ "data": data }))
-                {
-                    let _ = events_tx.send(Ok(event)).await;
-                }
+                let _ = events_tx.send(ExecEvent::Output(stream, data)).await;
             }
         }
         let last = match runner.await {
-            Ok(Ok(r)) => Event::default().event("exit").json_data(ExecExit {
-                exit_code: r.exit_code,
-                signal: r.signal,
-                timed_out: r.timed_out,
-                oom_killed: r.oom_killed,
-                file_locks_exceeded: r.file_locks_exceeded,
-                stdout_truncated: r.stdout_truncated,
-                stderr_truncated: r.stderr_truncated,
-                duration_ms: r.duration_ms,
-            }),
-            Ok(Err(e)) => Event::default()
-                .event("error")
-                .json_data(serde_json::json!({"code": e.code.as_str(), "message": e.message})),
-            Err(e) => Event::default()
-                .event("error")
-                .json_data(serde_json::json!({"code": "internal", "message": e.to_string()})),
+            Ok(Ok(r)) => ExecEvent::Exit(ExecExit::from(&r)),
+            Ok(Err(e)) => ExecEvent::Failed(e),
+            Err(e) => ExecEvent::Failed(ApiError::new(ErrorCode::Internal, e.to_string())),
         };
-        if let Ok(event) = last {
-            let _ = events_tx.send(Ok(event)).await;
-        }
+        let _ = events_tx.send(last).await;
     });
-    Ok(sse_response(held.on(events_rx)))
-}
-
-/// A Server-Sent Events response. The charset is named: the data is UTF-8 JSON, and
-/// without it clients such as Python's `requests` decode `text/*` as ISO-8859-1
-/// (RFC 2616's default), garbling every non-ASCII character.
-pub(crate) fn sse_response<S>(events: S) -> axum::response::Response
-where
-    S: futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static,
-{
-    let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response();
-    response.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    response
+    Ok(held.on(events_rx))
 }
 
 /// An exec's slot, kept after its run by the stream of its events until the client
@@ -953,10 +918,10 @@ pub(crate) fn held_slot() -> (SlotKeeper, HeldSlot) {
 }
 
 /// The run's side of [`held_slot`].
-pub(crate) struct SlotKeeper(std::sync::Arc<std::sync::Mutex<Option<crate::auth::Permit>>>);
+pub(crate) struct SlotKeeper(std::sync::Arc<std::sync::Mutex<Option<Permit>>>);
 
 impl SlotKeeper {
-    pub(crate) fn keep<T>(&self, permit: crate::auth::Permit, result: T) -> T {
+    pub(crate) fn keep<T>(&self, permit: Permit, result: T) -> T {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(permit);
         result
     }
@@ -964,15 +929,12 @@ impl SlotKeeper {
 
 /// The stream's side of [`held_slot`]: the slot is dropped with the last side.
 pub(crate) struct HeldSlot {
-    _cell: std::sync::Arc<std::sync::Mutex<Option<crate::auth::Permit>>>,
+    _cell: std::sync::Arc<std::sync::Mutex<Option<Permit>>>,
 }
 
 impl HeldSlot {
     /// The events, holding the slot until they are all sent or the client is gone.
-    pub(crate) fn on(
-        self,
-        events: mpsc::Receiver<Result<Event, Infallible>>,
-    ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> {
+    pub(crate) fn on<T>(self, events: mpsc::Receiver<T>) -> impl futures_util::Stream<Item = T> {
         use futures_util::StreamExt;
         tokio_stream::wrappers::ReceiverStream::new(events).map(move |event| {
             let _held = &self;
@@ -981,55 +943,36 @@ impl HeldSlot {
     }
 }
 
-/// `POST /v1/sessions/{id}/bash` (onyx python-sandbox).
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BashRequest {
-    pub cmd: String,
-    #[schema(minimum = 1)]
-    pub timeout_ms: Option<u64>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct BashResult {
-    pub stdout: String,
-    pub stderr: String,
-    pub exit_code: Option<i32>,
-    pub timed_out: bool,
-    pub duration_ms: u64,
-}
-
-#[utoipa::path(post, path = "/v1/sessions/{id}/bash", tag = "execute",
-    params(("id" = String, Path)), request_body = BashRequest,
-    responses((status = 200, body = BashResult), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn bash(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiJson(request): ApiJson<BashRequest>,
-) -> Result<axum::response::Response, ApiError> {
+/// Runs a command line with `bash -c` in session `id` (with `/bin/sh -c` where the
+/// root has no bash), as [`exec`] does; audited as `bash`.
+pub async fn bash(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    cmd: &str,
+    timeout_ms: Option<u64>,
+) -> Result<(ExecResult, Permit), ApiError> {
     let exec = ExecRequest {
-        argv: Some(vec!["bash".into(), "-c".into(), request.cmd.clone()]),
-        timeout_ms: request.timeout_ms,
+        argv: Some(vec!["bash".into(), "-c".into(), cmd.to_string()]),
+        timeout_ms,
         ..Default::default()
     };
-    let audit = ExecAudit::new(&state, &caller, &id, "bash", &exec);
+    let audit = ExecAudit::new(state, caller, id, "bash", &exec);
     let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        let command = Command::from_request(&state, &session, &exec)?;
-        let ran = run_holding(&state, &session, command, None).await?;
+        let session = lookup(state, caller, id)?;
+        let command = Command::from_request(state, &session, &exec)?;
+        let ran = run_holding(state, &session, command, None).await?;
         let result = &ran.0;
         if result.exit_code == Some(127) && result.stderr.starts_with("brig: command not found") {
             drop(ran);
             // No bash in this root: a POSIX shell does for most command lines.
             let fallback = ExecRequest {
                 argv: None,
-                cmd: Some(request.cmd.clone()),
+                cmd: Some(cmd.to_string()),
                 ..exec.clone()
             };
-            let command = Command::from_request(&state, &session, &fallback)?;
-            return run_holding(&state, &session, command, None).await;
+            let command = Command::from_request(state, &session, &fallback)?;
+            return run_holding(state, &session, command, None).await;
         }
         Ok(ran)
     }
@@ -1037,15 +980,7 @@ async fn bash(
     audit
         .record(result.as_ref().map(|(result, _)| result))
         .await;
-    let (r, slot) = result?;
-    let answer = BashResult {
-        stdout: r.stdout,
-        stderr: r.stderr,
-        exit_code: r.exit_code,
-        timed_out: r.timed_out,
-        duration_ms: r.duration_ms,
-    };
-    Ok(crate::auth::json_holding(&answer, slot))
+    result
 }
 
 #[cfg(test)]

@@ -55,8 +55,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_session, update_session, delete_session))
         .routes(routes!(pause_session))
         .routes(routes!(resume_session))
-        .merge(exec::routes())
-        .merge(processes::routes())
         .merge(stats::routes())
 }
 

@@ -12,27 +12,19 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::sse::Event;
-use axum::response::{IntoResponse, Response};
 use brig_jail::agent::{AgentReply, AgentRequest, JobExit};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 use super::agent::{Agent, ANSWER_TIMEOUT};
-use super::exec::{init_not_answering, pipe, sandbox_gone, Command, ExecRequest};
+use super::exec::{init_not_answering, pipe, sandbox_gone, Command, ExecRequest, Stream};
 use super::files::{root_of, rootfs_error, with_root};
 use super::{ensure_not_deleted, ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::Caller;
 use crate::db::{NewProcessRow, ProcessRow};
-use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorCode};
+use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
 
 /// Where background output lives inside the sandbox.
@@ -41,26 +33,15 @@ pub const JOBS_DIR: &str = "/tmp/.brig/jobs";
 const TAIL_INTERVAL: Duration = Duration::from_millis(50);
 /// The most a single output request returns.
 const MAX_OUTPUT_READ: u64 = 16 << 20;
-/// The most output one streamed event carries. JSON escaping can make it 6 times
-/// larger, so with [`STREAM_QUEUE`] events queued a stream holds at most ~1.5 MiB for
-/// a client that reads slowly, and no event takes long to build.
+/// The most output one followed event carries: with [`STREAM_QUEUE`] events queued a
+/// stream holds little for a client that reads slowly, and no event takes long to
+/// encode (JSON escaping can make it 6 times larger).
 const STREAM_CHUNK: u64 = 64 << 10;
 /// Events a process's stream builds ahead of its client.
 const STREAM_QUEUE: usize = 4;
 
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(start_process, list_processes))
-        .routes(routes!(get_process))
-        .routes(routes!(process_output))
-        .routes(routes!(process_stream))
-        .routes(routes!(process_stdin))
-        .routes(routes!(process_signal))
-        .routes(routes!(process_wait))
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// A background process to start: `argv` or `cmd`, as for an exec.
+#[derive(Debug, Clone, Default)]
 pub struct StartProcess {
     pub argv: Option<Vec<String>>,
     pub cmd: Option<String>,
@@ -68,7 +49,7 @@ pub struct StartProcess {
     pub env: Option<std::collections::BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone)]
 pub struct ProcessInfo {
     /// Unique within the session, also across restores: a restored sandbox's
     /// processes are numbered on from the highest id the session has used.
@@ -84,9 +65,25 @@ pub struct ProcessInfo {
     pub stderr_bytes: u64,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ProcessList {
-    pub processes: Vec<ProcessInfo>,
+/// What following a process's output ([`follow`]) yields: its output from the
+/// offsets asked, then its end.
+#[derive(Debug, Clone)]
+pub enum ProcessEvent {
+    /// Output from the file, never splitting a character (text of a partial
+    /// character waits for the rest, so it can be empty).
+    Output(Stream, String),
+    /// The process has ended and all its output was given.
+    Exit {
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+    },
+}
+
+/// Where in each output to start following a process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Offsets {
+    pub stdout: u64,
+    pub stderr: u64,
 }
 
 /// A process's output file inside the sandbox; `tag` is chosen before the process
@@ -113,34 +110,31 @@ fn create_output(
     Ok(file)
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/processes", tag = "processes",
-    params(("id" = String, Path)), request_body = StartProcess,
-    responses((status = 201, body = ProcessInfo), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn start_process(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiJson(request): ApiJson<StartProcess>,
-) -> Result<impl IntoResponse, ApiError> {
+/// Starts a background process in session `id`; audited as `process.start`.
+pub async fn start(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    request: &StartProcess,
+) -> Result<ProcessInfo, ApiError> {
     let result = async {
-        let session = lookup(&state, &caller, &id)?;
+        let session = lookup(state, caller, id)?;
         ensure_running(&session)?;
         let _gate = session.gate.read().await;
         ensure_not_deleted(&session)?;
-        start(&state, &session, &request).await
+        start_in(state, &session, request).await
     }
     .await;
     let outcome = audit::outcome(&result);
     let detail = serde_json::json!({"argv": request.argv, "cmd": request.cmd,
         "process_id": result.as_ref().ok().map(|p| p.process_id)});
-    audit::record(&state, &caller, Some(&id), "process.start", detail, outcome).await;
-    Ok((StatusCode::CREATED, ApiJson(result?)))
+    audit::record(state, caller, Some(id), "process.start", detail, outcome).await;
+    result
 }
 
-async fn start(
+async fn start_in(
     state: &AppState,
-    session: &std::sync::Arc<Session>,
+    session: &Arc<Session>,
     request: &StartProcess,
 ) -> Result<ProcessInfo, ApiError> {
     let exec = ExecRequest {
@@ -430,46 +424,29 @@ async fn load_one(state: &AppState, session: &Session, job: u64) -> Result<Loade
         .ok_or_else(|| ApiError::not_found(format!("no process {job} in session {}", session.id)))
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/processes", tag = "processes",
-    params(("id" = String, Path)),
-    responses((status = 200, body = ProcessList), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn list_processes(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-) -> Result<ApiJson<ProcessList>, ApiError> {
-    let session = lookup(&state, &caller, &id)?;
-    Ok(ApiJson(ProcessList {
-        processes: load(&state, &session, None)
-            .await?
-            .into_iter()
-            .map(|p| p.info)
-            .collect(),
-    }))
+/// The processes of session `id`, oldest first.
+pub async fn list(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<Vec<ProcessInfo>, ApiError> {
+    let session = lookup(state, caller, id)?;
+    Ok(load(state, &session, None)
+        .await?
+        .into_iter()
+        .map(|p| p.info)
+        .collect())
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/processes/{pid}", tag = "processes",
-    params(("id" = String, Path), ("pid" = u64, Path)),
-    responses((status = 200, body = ProcessInfo), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn get_process(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, u64)>,
-) -> Result<ApiJson<ProcessInfo>, ApiError> {
-    let session = lookup(&state, &caller, &id)?;
-    Ok(ApiJson(load_one(&state, &session, pid).await?.info))
-}
-
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-pub struct OutputQuery {
-    /// "stdout" (default) or "stderr".
-    pub stream: Option<String>,
-    /// Byte offset to start from (0 to 2^64-1; past the end of the output, nothing).
-    pub offset: Option<u64>,
+/// Process `pid` of session `id`.
+pub async fn get(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    pid: u64,
+) -> Result<ProcessInfo, ApiError> {
+    let session = lookup(state, caller, id)?;
+    Ok(load_one(state, &session, pid).await?.info)
 }
 
 fn stream_name(stream: Option<&str>) -> Result<&'static str, ApiError> {
@@ -482,35 +459,29 @@ fn stream_name(stream: Option<&str>) -> Result<&'static str, ApiError> {
     }
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/processes/{pid}/output", tag = "processes",
-    params(("id" = String, Path), ("pid" = u64, Path), OutputQuery),
-    responses((status = 200, description = "raw bytes from the offset", content_type = "application/octet-stream")),
-    security(("bearer" = [])))]
-async fn process_output(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, u64)>,
-    ApiQuery(query): ApiQuery<OutputQuery>,
-) -> Result<Response, ApiError> {
-    let session = lookup(&state, &caller, &id)?;
-    let tag = load_one(&state, &session, pid).await?.tag;
-    let stream = stream_name(query.stream.as_deref())?;
+/// Process `pid`'s output (`stream`: "stdout", the default, or "stderr") from
+/// `offset`, at most 16 MiB of it; `None` when there is nothing there.
+pub async fn output(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    pid: u64,
+    stream: Option<&str>,
+    offset: u64,
+) -> Result<Option<impl tokio::io::AsyncRead + Send + Unpin + 'static>, ApiError> {
+    let session = lookup(state, caller, id)?;
+    let tag = load_one(state, &session, pid).await?.tag;
+    let stream = stream_name(stream)?;
     let root = root_of(&session)?;
-    let offset = query.offset.unwrap_or(0);
-    // Streamed from the file as the client reads (up to 16 MiB): read into memory
-    // first, each unread answer held its 16 MiB for as long as the connection lasted.
+    // Read as the caller takes it (up to 16 MiB): read into memory first, each
+    // unread answer held its 16 MiB for as long as its connection lasted.
     let file = tokio::task::spawn_blocking(move || open_at(&root, &tag, stream, offset))
         .await
         .map_err(ApiError::internal)??;
-    let body = match file {
-        Some(file) => {
-            use tokio::io::AsyncReadExt;
-            let file = tokio::fs::File::from_std(file).take(MAX_OUTPUT_READ);
-            Body::from_stream(tokio_util::io::ReaderStream::new(file))
-        }
-        None => Body::empty(),
-    };
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+    Ok(file.map(|file| {
+        use tokio::io::AsyncReadExt;
+        tokio::fs::File::from_std(file).take(MAX_OUTPUT_READ)
+    }))
 }
 
 /// A process's output file, positioned at `offset`; `None` if it has none yet, or
@@ -555,27 +526,29 @@ fn read_from(
     Ok(data)
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/processes/{pid}/stream", tag = "processes",
-    params(("id" = String, Path), ("pid" = u64, Path)),
-    responses((status = 200, description = "Server-Sent Events: `stdout`/`stderr` {data} from the start, then `exit` {exit_code, signal}", content_type = "text/event-stream")),
-    security(("bearer" = [])))]
-async fn process_stream(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, u64)>,
-) -> Result<impl IntoResponse, ApiError> {
-    let session = lookup(&state, &caller, &id)?;
-    let tag = std::sync::Arc::new(load_one(&state, &session, pid).await?.tag);
-    let root = std::sync::Arc::new(root_of(&session)?);
+/// Follows process `pid`'s output from `from` as it is written, then gives its
+/// end. The follower holds one of the tenant's streams while it lasts, builds at
+/// most a few events ahead, and stops for a caller that takes none for
+/// --body-timeout, or that drops the stream.
+pub async fn follow(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    pid: u64,
+    from: Offsets,
+) -> Result<impl futures_util::Stream<Item = ProcessEvent> + Send + 'static, ApiError> {
+    let session = lookup(state, caller, id)?;
+    let tag = Arc::new(load_one(state, &session, pid).await?.tag);
+    let root = Arc::new(root_of(&session)?);
     // Held while the stream is open: each holds what it built for its client.
     let permit = state.auth.stream_permit(&caller.tenant)?;
-    let (tx, rx) =
-        tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(STREAM_QUEUE);
+    let (tx, rx) = tokio::sync::mpsc::channel::<ProcessEvent>(STREAM_QUEUE);
     // A client that takes nothing for this long is let go, with what was built for it.
     let idle = Duration::from_millis(state.args.body_timeout_ms);
+    let state = state.clone();
     tokio::spawn(async move {
         let _permit = permit;
-        let mut offsets = [0u64, 0u64];
+        let mut offsets = [from.stdout, from.stderr];
         let mut text = [
             super::exec::Utf8Chunker::default(),
             super::exec::Utf8Chunker::default(),
@@ -594,32 +567,30 @@ async fn process_stream(
                     .filter(|p| p.ended_at.is_some()),
             };
             got = false;
-            for (i, stream) in ["stdout", "stderr"].into_iter().enumerate() {
+            for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
                 let (root, tag) = (root.clone(), tag.clone());
                 let offset = offsets[i];
                 let mut chunker = std::mem::take(&mut text[i]);
-                // Read and escaped off the runtime's workers: output that escapes to
-                // six times its size must not hold up other requests.
+                // Read off the runtime's workers.
                 let built = tokio::task::spawn_blocking(move || {
-                    let data = read_from(&root, &tag, stream, offset, STREAM_CHUNK)
+                    let data = read_from(&root, &tag, stream.name(), offset, STREAM_CHUNK)
                         .ok()
                         .unwrap_or_default();
-                    let json = (!data.is_empty())
-                        .then(|| serde_json::json!({ "data": chunker.push(&data) }).to_string());
-                    (data.len() as u64, json, chunker)
+                    let text = (!data.is_empty()).then(|| chunker.push(&data));
+                    (data.len() as u64, text, chunker)
                 })
                 .await;
-                let Ok((read, json, chunker)) = built else {
+                let Ok((read, text_read, chunker)) = built else {
                     return;
                 };
                 text[i] = chunker;
-                let Some(json) = json else {
+                let Some(text_read) = text_read else {
                     continue;
                 };
                 got = true;
                 offsets[i] += read;
-                let event = Event::default().event(stream).data(json);
-                match tokio::time::timeout(idle, tx.send(Ok(event))).await {
+                let event = ProcessEvent::Output(stream, text_read);
+                match tokio::time::timeout(idle, tx.send(event)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => return,
                     Err(_) => {
@@ -630,11 +601,11 @@ async fn process_stream(
             }
             if let Some(process) = ended {
                 if !got {
-                    if let Ok(event) = Event::default().event("exit").json_data(
-                        serde_json::json!({"exit_code": process.exit_code, "signal": process.signal}),
-                    ) {
-                        let _ = tokio::time::timeout(idle, tx.send(Ok(event))).await;
-                    }
+                    let event = ProcessEvent::Exit {
+                        exit_code: process.exit_code,
+                        signal: process.signal,
+                    };
+                    let _ = tokio::time::timeout(idle, tx.send(event)).await;
                     return;
                 }
             } else if !got {
@@ -645,44 +616,34 @@ async fn process_stream(
             }
         }
     });
-    Ok(super::exec::sse_response(
-        tokio_stream::wrappers::ReceiverStream::new(rx),
-    ))
+    Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-pub struct StdinQuery {
-    /// Close stdin after writing the body (the process sees end of file).
-    pub close: Option<bool>,
-}
-
-#[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/stdin", tag = "processes",
-    params(("id" = String, Path), ("pid" = u64, Path), StdinQuery),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 204), (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn process_stdin(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, u64)>,
-    ApiQuery(query): ApiQuery<StdinQuery>,
-    headers: axum::http::HeaderMap,
-    body: Body,
-) -> Result<StatusCode, ApiError> {
+/// Writes `body` to process `pid`'s stdin as the process takes it; `declared` is
+/// the length the caller announced, if any (refused at once past --max-body).
+/// Stdin stays open unless the process closed it or `close` asks for it (after a
+/// whole body only: a write cut short closes nothing).
+pub async fn write_stdin<B, E>(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    pid: u64,
+    declared: Option<u64>,
+    body: impl futures_util::Stream<Item = Result<B, E>>,
+    close: bool,
+) -> Result<(), ApiError>
+where
+    B: AsRef<[u8]>,
+    E: std::fmt::Display,
+{
     let limit = state.args.max_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
         return Err(ApiError::too_large(format!(
             "stdin body over the daemon's --max-body of {limit} bytes"
         )));
     }
-    let session = lookup(&state, &caller, &id)?;
-    load_one(&state, &session, pid).await?;
+    let session = lookup(state, caller, id)?;
+    load_one(state, &session, pid).await?;
     let sender = session
         .stdin
         .lock()
@@ -693,11 +654,9 @@ async fn process_stdin(
             "process {pid} has no open stdin (it exited, stdin was closed, or the daemon restarted)"
         )));
     };
-    let outcome = pipe_body(&state, pid, body, &mut sender).await;
-    // Stdin stays open unless the process closed it or the caller asked to close it
-    // (after a whole body only: a write cut short closes nothing).
+    let outcome = pipe_body(state, pid, body, &mut sender).await;
     let keep = match &outcome {
-        Ok(_) => !query.close.unwrap_or(false),
+        Ok(_) => !close,
         Err(e) => e.code != ErrorCode::Conflict,
     };
     if keep {
@@ -707,19 +666,23 @@ async fn process_stdin(
             .unwrap_or_else(|e| e.into_inner())
             .insert(pid, sender);
     }
-    outcome.map(|_| StatusCode::NO_CONTENT)
+    outcome.map(|_| ())
 }
 
 /// Streams a request body into a process's stdin as the process takes it, so a
 /// process that reads slowly holds a chunk of it, not the whole body (up to
 /// --max-body). Either side that moves nothing for --body-timeout ends it with 408;
 /// the error says how much went in. Returns the bytes written.
-async fn pipe_body(
+async fn pipe_body<B, E>(
     state: &AppState,
     pid: u64,
-    body: Body,
+    body: impl futures_util::Stream<Item = Result<B, E>>,
     sender: &mut tokio::net::unix::pipe::Sender,
-) -> Result<u64, ApiError> {
+) -> Result<u64, ApiError>
+where
+    B: AsRef<[u8]>,
+    E: std::fmt::Display,
+{
     use futures_util::StreamExt;
     use tokio::io::AsyncWriteExt;
     let (limit, idle) = (
@@ -736,7 +699,7 @@ async fn pipe_body(
             ),
         )
     };
-    let mut chunks = body.into_data_stream();
+    let mut chunks = std::pin::pin!(body);
     let mut written = 0u64;
     loop {
         let chunk = match tokio::time::timeout(idle, chunks.next()).await {
@@ -749,6 +712,7 @@ async fn pipe_body(
             }
             Err(_) => return Err(stalled("the client sent nothing", written)),
         };
+        let chunk = chunk.as_ref();
         if written + chunk.len() as u64 > limit {
             return Err(ApiError::too_large(format!(
                 "stdin body over the daemon's --max-body of {limit} bytes: {written} bytes \
@@ -769,33 +733,6 @@ async fn pipe_body(
             }
         }
     }
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SignalRequest {
-    /// A name ("TERM", "SIGKILL") or a number.
-    #[schema(schema_with = signal_schema)]
-    pub signal: serde_json::Value,
-}
-
-/// `signal` is taken as any JSON value and checked by [`parse_signal`]; the document
-/// says which values it accepts.
-fn signal_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
-    OneOfBuilder::new()
-        .item(
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .examples(["TERM"]),
-        )
-        .item(
-            ObjectBuilder::new()
-                .schema_type(Type::Integer)
-                .examples([15]),
-        )
-        .description(Some("A name (\"TERM\", \"SIGKILL\") or a number."))
-        .into()
 }
 
 pub fn parse_signal(value: &serde_json::Value) -> Result<i32, ApiError> {
@@ -821,20 +758,19 @@ pub fn parse_signal(value: &serde_json::Value) -> Result<i32, ApiError> {
     }
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/signal", tag = "processes",
-    params(("id" = String, Path), ("pid" = u64, Path)), request_body = SignalRequest,
-    responses((status = 204), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn process_signal(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, u64)>,
-    ApiJson(request): ApiJson<SignalRequest>,
-) -> Result<StatusCode, ApiError> {
+/// Sends `signal` (a name such as "TERM" or "SIGKILL", or a number) to process
+/// `pid`; audited as `process.signal`. A process that has ended takes it as done.
+pub async fn signal(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    pid: u64,
+    signal: &serde_json::Value,
+) -> Result<(), ApiError> {
     let result = async {
-        let session = lookup(&state, &caller, &id)?;
-        load_one(&state, &session, pid).await?;
-        let signal = parse_signal(&request.signal)?;
+        let session = lookup(state, caller, id)?;
+        load_one(state, &session, pid).await?;
+        let signal = parse_signal(signal)?;
         let sandbox = session.sandbox();
         // A process of a sandbox a restore replaced has ended (killed with it):
         // like any ended process, a signal to it changes nothing.
@@ -858,47 +794,38 @@ async fn process_signal(
     .await;
     let outcome = audit::outcome(&result);
     audit::record(
-        &state,
-        &caller,
-        Some(&id),
+        state,
+        caller,
+        Some(id),
         "process.signal",
-        serde_json::json!({"process_id": pid, "signal": request.signal}),
+        serde_json::json!({"process_id": pid, "signal": signal}),
         outcome,
     )
     .await;
-    result.map(|()| StatusCode::NO_CONTENT)
+    result
 }
 
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-pub struct WaitQuery {
-    /// Give up (answering the still-running process) after this long; default 30 s.
-    pub timeout_ms: Option<u64>,
-}
-
-#[utoipa::path(post, path = "/v1/sessions/{id}/processes/{pid}/wait", tag = "processes",
-    params(("id" = String, Path), ("pid" = u64, Path), WaitQuery),
-    responses((status = 200, body = ProcessInfo), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn process_wait(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, u64)>,
-    ApiQuery(query): ApiQuery<WaitQuery>,
-) -> Result<ApiJson<ProcessInfo>, ApiError> {
-    let session = lookup(&state, &caller, &id)?;
-    let info = load_one(&state, &session, pid).await?.info;
+/// Waits for process `pid` to end, at most `timeout_ms` (default 30 s, at most an
+/// hour), and gives it as it then is: ended, or still running.
+pub async fn wait(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    pid: u64,
+    timeout_ms: Option<u64>,
+) -> Result<ProcessInfo, ApiError> {
+    let session = lookup(state, caller, id)?;
+    let info = load_one(state, &session, pid).await?.info;
     if info.ended_at.is_some() {
-        return Ok(ApiJson(info));
+        return Ok(info);
     }
-    let timeout = Duration::from_millis(query.timeout_ms.unwrap_or(30_000).min(3_600_000));
+    let timeout = Duration::from_millis(timeout_ms.unwrap_or(30_000).min(3_600_000));
     let sandbox = session.sandbox();
     let Some(job) = sandbox.job(pid) else {
         // Of a sandbox a restore replaced (a daemon killed during that restore did
         // not get to end its row).
-        record_exit(&state, &session, pid, KILLED).await;
-        return Ok(ApiJson(load_one(&state, &session, pid).await?.info));
+        record_exit(state, &session, pid, KILLED).await;
+        return Ok(load_one(state, &session, pid).await?.info);
     };
     let waited = tokio::time::timeout(timeout, async {
         let mut agent = Agent::connect(&sandbox.control_socket).ok()?;
@@ -907,7 +834,7 @@ async fn process_wait(
     })
     .await;
     if let Ok(Some(exit)) = waited {
-        record_exit(&state, &session, pid, exit).await;
+        record_exit(state, &session, pid, exit).await;
     }
-    Ok(ApiJson(load_one(&state, &session, pid).await?.info))
+    Ok(load_one(state, &session, pid).await?.info)
 }
