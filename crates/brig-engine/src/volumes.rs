@@ -39,17 +39,12 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::State;
-use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 use crate::audit;
 use crate::auth::Caller;
 use crate::db::{now_rfc3339, VolumeRow};
-use crate::error::{ApiError, ApiJson, ApiPath};
+use crate::error::ApiError;
 use crate::sessions::Held;
 use crate::sessions::Size;
 use crate::state::{AppState, Shared};
@@ -550,52 +545,25 @@ pub async fn sweep(shared: &Shared) {
 }
 
 // ---------------------------------------------------------------------------------
-// HTTP
+// Verbs (`/v1/volumes`)
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+/// A volume as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeInfo {
     pub name: String,
-    /// Bytes in use in it (what `df` calls Used): live while the daemon has it
-    /// mounted, else as it was when last unmounted.
+    /// Bytes in use in it: live while the daemon has it mounted, else as it was
+    /// when last unmounted.
     pub size_bytes: u64,
-    /// The most it can hold: set when it was made, more after a `PATCH`; what the
-    /// tenant's disk quota counts.
+    /// The most it can hold; what the tenant's disk quota counts.
     pub capacity_bytes: u64,
     pub created_at: String,
     /// Live sessions that mount it now.
     pub sessions: Vec<String>,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct VolumeList {
-    pub volumes: Vec<VolumeInfo>,
-}
-
-/// `PATCH /v1/volumes/{name}`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct UpdateVolume {
-    /// The new capacity, more than the current one (volumes only grow) and at most
-    /// 1 TiB: e.g. "20G", or a number of bytes.
-    pub capacity: Size,
-}
-
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(list_volumes))
-        .routes(routes!(update_volume, delete_volume))
-}
-
-/// The tenant's volumes.
-#[utoipa::path(get, path = "/v1/volumes", tag = "volumes",
-    responses((status = 200, body = VolumeList), (status = 401, body = crate::error::ErrorBody)),
-    security(("bearer" = []), ("api_key" = [])))]
-async fn list_volumes(
-    State(state): State<AppState>,
-    caller: Caller,
-) -> Result<ApiJson<VolumeList>, ApiError> {
-    let volumes = infos(&state, &caller.tenant, None).await?;
-    Ok(ApiJson(VolumeList { volumes }))
+/// The caller's tenant's volumes.
+pub async fn list(state: &AppState, caller: &Caller) -> Result<Vec<VolumeInfo>, ApiError> {
+    infos(state, &caller.tenant, None).await
 }
 
 /// The tenant's volumes as listed, by name; only the one called `only` if given.
@@ -642,72 +610,56 @@ async fn infos(
         .collect())
 }
 
-/// Grow a volume to a larger capacity, also while sessions use it (they see the
-/// room at once); its data stays. Returns the volume as listed.
-#[utoipa::path(patch, path = "/v1/volumes/{name}", tag = "volumes",
-    params(("name" = String, Path)), request_body = UpdateVolume,
-    responses((status = 200, body = VolumeInfo), (status = 401, body = crate::error::ErrorBody),
-              (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody),
-              (status = 422, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
-    security(("bearer" = []), ("api_key" = [])))]
-async fn update_volume(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(name): ApiPath<String>,
-    ApiJson(request): ApiJson<UpdateVolume>,
-) -> Result<ApiJson<VolumeInfo>, ApiError> {
-    let mut capacity = None;
+/// Grows the caller's volume `name` to `capacity` (see [`grow`]) and returns it as
+/// listed. Audited as `volume.grow`.
+pub async fn update(
+    state: &AppState,
+    caller: &Caller,
+    name: &str,
+    capacity: &Size,
+) -> Result<VolumeInfo, ApiError> {
+    let mut bytes = None;
     let result = async {
-        validate_name(&name)?;
-        let bytes = capacity_in_range("capacity", &request.capacity)?;
-        capacity = Some(bytes);
-        grow(&state, &caller.tenant, &name, bytes).await
+        validate_name(name)?;
+        let wanted = capacity_in_range("capacity", capacity)?;
+        bytes = Some(wanted);
+        grow(state, &caller.tenant, name, wanted).await
     }
     .await;
     audit::record(
-        &state,
-        &caller,
+        state,
+        caller,
         None,
         "volume.grow",
-        serde_json::json!({"volume": name, "capacity_bytes": capacity}),
+        serde_json::json!({"volume": name, "capacity_bytes": bytes}),
         audit::outcome(&result),
     )
     .await;
     result?;
-    infos(&state, &caller.tenant, Some(&name))
+    infos(state, &caller.tenant, Some(name))
         .await?
         .pop()
-        .map(ApiJson)
         .ok_or_else(|| ApiError::not_found(format!("no volume {name}")))
 }
 
-/// Delete a volume and its files: 409 while a session uses it.
-#[utoipa::path(delete, path = "/v1/volumes/{name}", tag = "volumes",
-    params(("name" = String, Path)),
-    responses((status = 204, description = "Deleted"), (status = 401, body = crate::error::ErrorBody),
-              (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody),
-              (status = 422, body = crate::error::ErrorBody)),
-    security(("bearer" = []), ("api_key" = [])))]
-async fn delete_volume(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(name): ApiPath<String>,
-) -> Result<StatusCode, ApiError> {
+/// Deletes the caller's volume `name` and its files: 409 while a session uses it.
+/// Audited as `volume.delete`.
+pub async fn delete(state: &AppState, caller: &Caller, name: &str) -> Result<(), ApiError> {
     let result = async {
-        validate_name(&name)?;
+        validate_name(name)?;
         let held = Held::Volume {
             tenant: caller.tenant.clone(),
-            name: name.clone(),
+            name: name.to_string(),
         };
         // Held while checking and removing: no create can claim it in between.
         let lock = state.holds.lock().await;
-        let users = crate::sessions::users(&state, &held);
+        let users = crate::sessions::users(state, &held);
         if !users.is_empty() || state.holds.pending(&held) > 0 {
             return Err(ApiError::conflict(format!(
                 "volume {name} is in use by sessions {users:?}; delete them first"
             )));
         }
-        let trash = remove(&state, &caller.tenant, &name).await?;
+        let trash = remove(state, &caller.tenant, name).await?;
         drop(lock);
         match trash {
             Some(trash) => {
@@ -720,15 +672,15 @@ async fn delete_volume(
     .await;
     let outcome = audit::outcome(&result);
     audit::record(
-        &state,
-        &caller,
+        state,
+        caller,
         None,
         "volume.delete",
         serde_json::json!({"volume": name}),
         outcome,
     )
     .await;
-    result.map(|()| StatusCode::NO_CONTENT)
+    result
 }
 
 #[cfg(test)]

@@ -125,7 +125,7 @@ pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
         .merge(crate::rest::snapshots::routes())
         .merge(crate::rest::exec::routes())
         .merge(crate::rest::processes::routes())
-        .merge(crate::volumes::routes())
+        .merge(crate::rest::volumes::routes())
         .merge(crate::execute::routes().layer(Extension(Frontend::Onyx)))
 }
 

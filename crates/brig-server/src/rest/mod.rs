@@ -4,3 +4,4 @@ pub mod exec;
 pub mod files;
 pub mod processes;
 pub mod snapshots;
+pub mod volumes;
