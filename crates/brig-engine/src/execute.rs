@@ -8,22 +8,15 @@
 //! store, so they can be downloaded with `GET /v1/files/{id}`.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::response::sse::Event;
-use axum::response::IntoResponse;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::mpsc;
-use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 use crate::audit;
 use crate::auth::{Caller, Permit};
-use crate::error::{ApiError, ApiJson, ErrorCode};
+use crate::error::{ApiError, ErrorCode};
 use crate::rootfs::{EntryKind, RootfsError, SandboxRoot};
 use crate::sessions::exec::{self, Command, ExecResult, Stream};
 use crate::sessions::files::{root_of, with_root, write_file};
@@ -46,19 +39,12 @@ const COLLECT_TIME: Duration = Duration::from_secs(5);
 /// Appended to an output stream cut at `--output-limit`, as onyx marks it.
 const TRUNCATED: &str = "\n...[truncated]";
 
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(execute))
-        .routes(routes!(execute_stream))
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// Code to run once, in a session of its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ExecuteRequest {
     pub code: String,
     pub stdin: Option<String>,
-    /// Default 2000; above the daemon's --max-execute-timeout: 422.
-    #[schema(minimum = 1)]
+    /// Default 2000; at most the daemon's `--max-execute-timeout`.
     pub timeout_ms: Option<u64>,
     /// Print the value of a final expression, as in a notebook (default true).
     pub last_line_interactive: Option<bool>,
@@ -66,35 +52,53 @@ pub struct ExecuteRequest {
     pub files: Option<Vec<FileRef>>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+/// A file or directory the code created or changed in its working directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OutputFile {
     /// Relative to the working directory.
     pub path: String,
     /// "file" or "directory".
     pub kind: String,
-    /// For files: download with GET /v1/files/{file_id}. Directories have none, nor
-    /// files that were not stored (over the daemon's --max-file-size or the tenant's
-    /// disk quota, ...): a `brig: ...` line at the end of stderr says why.
+    /// The stored file, for files; `None` for directories and for files that were
+    /// not stored (a `brig: ...` line at the end of stderr says why).
     pub file_id: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+/// A finished run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ExecuteResponse {
     pub stdout: String,
     pub stderr: String,
-    /// `null` when the code was killed (timeout, memory).
+    /// `None` when the code was killed (timeout, memory).
     pub exit_code: Option<i32>,
     pub timed_out: bool,
     pub duration_ms: u64,
     pub files: Vec<OutputFile>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+/// How a streamed run ended (its output went out as [`ExecuteEvent::Output`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ExecuteResult {
     pub exit_code: Option<i32>,
     pub timed_out: bool,
     pub duration_ms: u64,
     pub files: Vec<OutputFile>,
+}
+
+/// What a streamed run sends, in order: its output as it comes, then one
+/// `Result` or `Error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecuteEvent {
+    /// Output text, cut at UTF-8 character boundaries.
+    Output {
+        stream: Stream,
+        data: String,
+    },
+    Result(ExecuteResult),
+    /// The run failed after the request was accepted.
+    Error {
+        message: String,
+    },
 }
 
 /// Checks a request before anything is started.
@@ -541,27 +545,25 @@ async fn collect_outputs(
     Ok((files, notes))
 }
 
-#[utoipa::path(post, path = "/v1/execute", tag = "execute",
-    request_body = ExecuteRequest,
-    responses((status = 200, body = ExecuteResponse), (status = 404, body = crate::error::ErrorBody),
-              (status = 422, body = crate::error::ErrorBody), (status = 503, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn execute(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiJson(request): ApiJson<ExecuteRequest>,
-) -> Result<axum::response::Response, ApiError> {
+/// Runs `request`'s code in a fresh session and gives back its result, with the
+/// exec's slot for the answer to hold until it is sent (see
+/// `exec::run_holding`). Audited as `execute`.
+pub async fn execute(
+    state: &AppState,
+    caller: &Caller,
+    request: ExecuteRequest,
+) -> Result<(ExecuteResponse, Permit), ApiError> {
     // In its own task, audit included: a client that hangs up must not leave a
     // session half made, nor a run unrecorded. The run is short (its timeout is
     // capped by --max-execute-timeout) and cleans up after itself.
-    let (response, slot) = tokio::spawn(async move {
+    let (state, caller) = (state.clone(), caller.clone());
+    tokio::spawn(async move {
         let result = run(&state, &caller, &request, None).await;
         audit_execute(&state, &caller, &request, result.as_ref().map(|(r, _)| r)).await;
         result
     })
     .await
-    .map_err(ApiError::internal)??;
-    Ok(crate::auth::json_holding(&response, slot))
+    .map_err(ApiError::internal)?
 }
 
 async fn audit_execute(
@@ -584,21 +586,20 @@ async fn audit_execute(
     audit::record(state, caller, None, "execute", detail, outcome).await;
 }
 
-#[utoipa::path(post, path = "/v1/execute/stream", tag = "execute",
-    request_body = ExecuteRequest,
-    responses((status = 200, description = "Server-Sent Events: `output` {stream, data}, then `result` (ExecuteResult) or `error` {message}", content_type = "text/event-stream"),
-              (status = 404, body = crate::error::ErrorBody), (status = 422, body = crate::error::ErrorBody),
-              (status = 503, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn execute_stream(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiJson(request): ApiJson<ExecuteRequest>,
-) -> Result<impl IntoResponse, ApiError> {
-    precheck(&state, &caller, &request).await?;
-    let (events_tx, events_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+/// [`execute`], its output streamed as it comes. Everything that can be refused
+/// before the run is refused here, as an error; once the stream is given, a failure
+/// is its last event. The stream holds the exec's slot until it is dropped.
+/// Audited as `execute`.
+pub async fn execute_stream(
+    state: &AppState,
+    caller: &Caller,
+    request: ExecuteRequest,
+) -> Result<impl futures_util::Stream<Item = ExecuteEvent> + Send + 'static, ApiError> {
+    use futures_util::StreamExt;
+    precheck(state, caller, &request).await?;
+    let (events_tx, events_rx) = mpsc::channel::<ExecuteEvent>(64);
     let (chunks_tx, mut chunks_rx) = mpsc::channel::<(Stream, Vec<u8>)>(64);
-    let task_state = state.clone();
+    let (task_state, caller) = (state.clone(), caller.clone());
     let (slot, held) = exec::held_slot();
     let runner = tokio::spawn(async move {
         let result = run(&task_state, &caller, &request, Some(chunks_tx))
@@ -609,62 +610,36 @@ async fn execute_stream(
     });
     tokio::spawn(async move {
         let mut text = [exec::Utf8Chunker::default(), exec::Utf8Chunker::default()];
-        let output = |stream: Stream, data: String| {
-            Event::default()
-                .event("output")
-                .json_data(serde_json::json!({"stream": stream.name(), "data": data}))
-        };
         while let Some((stream, bytes)) = chunks_rx.recv().await {
             let data = text[stream as usize].push(&bytes);
             if !data.is_empty() {
-                if let Ok(event) = output(stream, data) {
-                    let _ = events_tx.send(Ok(event)).await;
-                }
+                let _ = events_tx.send(ExecuteEvent::Output { stream, data }).await;
             }
         }
         for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
             let data = text[i].flush();
             if !data.is_empty() {
-                if let Ok(event) = output(stream, data) {
-                    let _ = events_tx.send(Ok(event)).await;
-                }
+                let _ = events_tx.send(ExecuteEvent::Output { stream, data }).await;
             }
         }
         let last = match runner.await {
-            Ok(Ok(r)) => Event::default().event("result").json_data(ExecuteResult {
+            Ok(Ok(r)) => ExecuteEvent::Result(ExecuteResult {
                 exit_code: r.exit_code,
                 timed_out: r.timed_out,
                 duration_ms: r.duration_ms,
                 files: r.files,
             }),
-            Ok(Err(e)) => Event::default()
-                .event("error")
-                .json_data(serde_json::json!({"message": e.message})),
-            Err(e) => Event::default()
-                .event("error")
-                .json_data(serde_json::json!({"message": e.to_string()})),
+            Ok(Err(e)) => ExecuteEvent::Error { message: e.message },
+            Err(e) => ExecuteEvent::Error {
+                message: e.to_string(),
+            },
         };
-        if let Ok(event) = last {
-            let _ = events_tx.send(Ok(event)).await;
-        }
+        let _ = events_tx.send(last).await;
     });
-    Ok(sse_response(held.on(events_rx)))
-}
-
-/// A Server-Sent Events response. The charset is named: the data is UTF-8 JSON, and
-/// without it clients such as Python's `requests` decode `text/*` as ISO-8859-1
-/// (RFC 2616's default), garbling every non-ASCII character.
-// Here until this handler moves to the server, whose `http::sse` replaces it.
-fn sse_response<S>(events: S) -> axum::response::Response
-where
-    S: futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static,
-{
-    let mut response = axum::response::sse::Sse::new(events)
-        .keep_alive(axum::response::sse::KeepAlive::default())
-        .into_response();
-    response.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    response
+    Ok(
+        tokio_stream::wrappers::ReceiverStream::new(events_rx).map(move |event| {
+            let _held = &held;
+            event
+        }),
+    )
 }

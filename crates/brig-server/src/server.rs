@@ -126,7 +126,7 @@ pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
         .merge(crate::rest::exec::routes())
         .merge(crate::rest::processes::routes())
         .merge(crate::rest::volumes::routes())
-        .merge(crate::execute::routes().layer(Extension(Frontend::Onyx)))
+        .merge(crate::onyx::execute::routes().layer(Extension(Frontend::Onyx)))
 }
 
 /// The OpenAPI document of everything [`router`] serves.
