@@ -13,36 +13,25 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::extract::multipart::{MultipartError, MultipartRejection};
-use axum::extract::{DefaultBodyLimit, Multipart, State};
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::audit;
 use crate::auth::{validate_tenant_name, Caller};
-use crate::config::ServeArgs;
 use crate::db::{now_rfc3339, rfc3339_after, FileRow};
-use crate::error::{ApiError, ApiJson, ApiPath};
+use crate::error::ApiError;
 use crate::state::{AppState, Shared};
 
 /// How often expired files are deleted.
 pub const EXPIRY_INTERVAL: Duration = Duration::from_secs(60);
-/// Room for the multipart framing and small fields around the file.
-const MULTIPART_OVERHEAD: u64 = 1 << 20;
-/// Read size when streaming a file out.
+/// Read size when copying a file in.
 const CHUNK: usize = 64 << 10;
 const TMP_PREFIX: &str = ".tmp-";
 const MAX_FILENAME_BYTES: usize = 255;
 
 /// A stored file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FileMeta {
     pub file_id: String,
     pub tenant: String,
@@ -114,32 +103,6 @@ pub fn sanitize_filename(name: Option<&str>) -> String {
     }
 }
 
-/// `attachment` with an ASCII fallback name and the exact name in RFC 5987 form.
-fn content_disposition(filename: &str) -> HeaderValue {
-    let fallback: String = filename
-        .chars()
-        .map(|c| {
-            if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let mut encoded = String::new();
-    for byte in filename.bytes() {
-        if byte.is_ascii_alphanumeric() || b"!#$&+-.^_`|~".contains(&byte) {
-            encoded.push(char::from(byte));
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    HeaderValue::from_str(&format!(
-        "attachment; filename=\"{fallback}\"; filename*=UTF-8''{encoded}"
-    ))
-    .unwrap_or_else(|_| HeaderValue::from_static("attachment"))
-}
-
 /// Removes a temporary file when dropped, unless disarmed: an upload that fails or
 /// whose client goes away (the handler's future is dropped) leaves nothing behind.
 struct TempFile {
@@ -173,20 +136,25 @@ async fn create_tenant_dir(dir: &Path) -> Result<(), ApiError> {
         .map_err(|e| ApiError::internal(format_args!("create {}: {e}", dir.display())))
 }
 
-fn multipart_error(err: MultipartError) -> ApiError {
-    if err.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::too_large("upload is over the daemon's limit (--max-file-size)")
-    } else {
-        ApiError::bad_request(format!("unreadable multipart body: {}", err.body_text()))
+/// What a failed read of an upload's body is answered with: the engine error a
+/// front end wrapped in it (`io::Error::other(error)`: its own limit, a body it
+/// cannot parse), else a bad request.
+fn read_error(err: std::io::Error) -> ApiError {
+    match err
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<ApiError>())
+    {
+        Some(error) => error.clone(),
+        None => ApiError::bad_request(format!("unreadable upload: {err}")),
     }
 }
 
-/// Streams one multipart field into the tenant's store.
+/// Streams `body` into the tenant's store.
 async fn receive(
     state: &Shared,
     tenant: &str,
     filename: String,
-    field: &mut axum::extract::multipart::Field<'_>,
+    body: &mut (dyn AsyncRead + Unpin + Send),
 ) -> Result<FileMeta, ApiError> {
     let max_size = state.args.max_file_size_bytes;
     let (room, max_disk) = disk_room(state, tenant).await?;
@@ -206,8 +174,16 @@ async fn receive(
     let mut hasher = Sha256::new();
     let mut size: u64 = 0;
     let mut over_quota = false;
-    while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
-        size += chunk.len() as u64;
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = match body.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_error(e)),
+        };
+        let chunk = &buf[..n];
+        size += n as u64;
         if size > max_size {
             return Err(ApiError::too_large(format!(
                 "file is over the limit of {max_size} bytes (--max-file-size)"
@@ -220,8 +196,8 @@ async fn receive(
         if over_quota {
             continue;
         }
-        hasher.update(&chunk);
-        file.write_all(&chunk).await?;
+        hasher.update(chunk);
+        file.write_all(chunk).await?;
     }
     if over_quota {
         return Err(ApiError::quota(format!(
@@ -248,6 +224,130 @@ async fn receive(
         return Err(e);
     }
     Ok(row.into())
+}
+
+/// Stores an upload in the caller's tenant's store: `body`'s bytes (up to
+/// `--max-file-size`, within the tenant's disk quota), named `filename` as the
+/// client gave it (sanitized here). Written to disk as it is read, never held in
+/// memory; a failure, or the caller dropping the future, leaves nothing behind. A
+/// read error is answered as [`read_error`] says. Audited as `file.upload` when
+/// stored or failed (not when refused).
+pub async fn upload(
+    state: &Shared,
+    caller: &Caller,
+    filename: Option<&str>,
+    body: &mut (dyn AsyncRead + Unpin + Send),
+) -> Result<FileMeta, ApiError> {
+    let filename = sanitize_filename(filename);
+    let meta = match receive(state, &caller.tenant, filename, body).await {
+        Ok(meta) => meta,
+        Err(e) => {
+            if e.code.is_failure() {
+                audit::record(
+                    state,
+                    caller,
+                    None,
+                    "file.upload",
+                    serde_json::json!({"error": e.code.as_str()}),
+                    "error",
+                )
+                .await;
+            }
+            return Err(e);
+        }
+    };
+    audit::record(
+        state,
+        caller,
+        None,
+        "file.upload",
+        serde_json::json!({"file_id": meta.file_id, "filename": meta.filename, "size_bytes": meta.size_bytes, "sha256": meta.sha256}),
+        "ok",
+    )
+    .await;
+    Ok(meta)
+}
+
+/// The caller's tenant's files, in the order they were stored.
+pub async fn list(state: &Shared, caller: &Caller) -> Result<Vec<FileMeta>, ApiError> {
+    let rows = state.db.files(&caller.tenant).await?;
+    Ok(rows.into_iter().map(FileMeta::from).collect())
+}
+
+/// A stored file opened for reading.
+#[derive(Debug)]
+pub struct Download {
+    pub meta: FileMeta,
+    /// Its length on disk (what will be read).
+    pub len: u64,
+    pub file: tokio::fs::File,
+}
+
+/// Opens the caller's file `file_id` for reading: 404 for an unknown, expired or
+/// other tenant's id. Audited as `file.download`.
+pub async fn download(
+    state: &Shared,
+    caller: &Caller,
+    file_id: &str,
+) -> Result<Download, ApiError> {
+    let (meta, path) = open(state, &caller.tenant, file_id).await?;
+    let file = tokio::fs::File::open(&path).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            // Expired and swept between the lookup and the open.
+            ApiError::not_found(format!("no file {file_id}"))
+        } else {
+            ApiError::internal(format_args!("open {}: {e}", path.display()))
+        }
+    })?;
+    let len = file.metadata().await?.len();
+    audit::record(
+        state,
+        caller,
+        None,
+        "file.download",
+        serde_json::json!({"file_id": meta.file_id, "filename": meta.filename}),
+        "ok",
+    )
+    .await;
+    Ok(Download { meta, len, file })
+}
+
+/// Deletes the caller's file `file_id` (row, blob and extracted bundle): 404 for
+/// an unknown one, 409 while a live session mounts it. Audited as `file.delete`.
+pub async fn delete(state: &Shared, caller: &Caller, file_id: &str) -> Result<(), ApiError> {
+    let not_found = || ApiError::not_found(format!("no file {file_id}"));
+    if !is_file_id(file_id) {
+        return Err(not_found());
+    }
+    let held = crate::sessions::Held::File {
+        tenant: caller.tenant.clone(),
+        file_id: file_id.to_string(),
+    };
+    // Held while checking and deleting: no session create can claim it in between.
+    let lock = state.holds.lock().await;
+    let users = crate::sessions::users(state, &held);
+    if !users.is_empty() || state.holds.pending(&held) > 0 {
+        return Err(ApiError::conflict(format!(
+            "file {file_id} is mounted by sessions {users:?}; delete them first"
+        )));
+    }
+    let row = state
+        .db
+        .delete_file(&caller.tenant, file_id)
+        .await?
+        .ok_or_else(not_found)?;
+    drop(lock);
+    remove_blob(&tenant_dir(state, &caller.tenant), &row.id).await;
+    audit::record(
+        state,
+        caller,
+        None,
+        "file.delete",
+        serde_json::json!({"file_id": row.id, "filename": row.filename}),
+        "ok",
+    )
+    .await;
+    Ok(())
 }
 
 /// The bytes of disk the tenant's quota has left, and the quota. Read before a
@@ -824,24 +924,6 @@ pub async fn discard(state: &Shared, tenant: &str, file_id: &str) {
     }
 }
 
-/// A response body that streams a file in 64 KiB chunks.
-pub fn file_body(file: tokio::fs::File) -> Body {
-    let stream = futures_util::stream::unfold(Some(file), |file| async move {
-        let mut file = file?;
-        let mut buf = vec![0u8; CHUNK];
-        match file.read(&mut buf).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok(Bytes::from(buf)), Some(file)))
-            }
-            // Yield the error once, then end the stream.
-            Err(e) => Some((Err(e), None)),
-        }
-    });
-    Body::from_stream(stream)
-}
-
 /// Deletes expired files (rows, then blobs); returns how many.
 pub async fn expire_now(state: &Shared) -> Result<usize, ApiError> {
     // Files that live sessions mount stay until they are unused (the next pass).
@@ -919,260 +1001,6 @@ pub async fn sweep_orphans(state: &Shared) -> anyhow::Result<()> {
         Ok(())
     })
     .await?
-}
-
-// ---------------------------------------------------------------------------------
-// HTTP
-
-/// The multipart form of `POST /v1/files`.
-#[derive(ToSchema)]
-#[allow(dead_code)] // documents the request body; the handler streams the field
-struct UploadForm {
-    #[schema(content_media_type = "application/octet-stream")]
-    file: Vec<u8>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct UploadedFile {
-    /// 32 hex characters.
-    pub file_id: String,
-    pub filename: String,
-    pub size_bytes: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct FileListItem {
-    pub file_id: String,
-    pub filename: String,
-    pub size_bytes: u64,
-    /// RFC 3339.
-    pub upload_time: String,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct FileList {
-    pub files: Vec<FileListItem>,
-}
-
-/// Upload a file (multipart field `file`), streamed to disk.
-#[utoipa::path(
-    post,
-    operation_id = "upload_file",
-    path = "/v1/files",
-    tag = "files",
-    request_body(content = inline(UploadForm), content_type = "multipart/form-data"),
-    responses(
-        (status = 201, body = UploadedFile),
-        (status = 400, body = crate::error::ErrorBody),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 413, body = crate::error::ErrorBody),
-        (status = 422, body = crate::error::ErrorBody),
-        (status = 429, body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn upload(
-    State(state): State<AppState>,
-    caller: Caller,
-    multipart: Result<Multipart, MultipartRejection>,
-) -> Result<impl IntoResponse, ApiError> {
-    let mut multipart = multipart.map_err(|e| {
-        ApiError::bad_request(format!(
-            "expected a multipart/form-data body: {}",
-            e.body_text()
-        ))
-    })?;
-    loop {
-        let Some(mut field) = multipart.next_field().await.map_err(multipart_error)? else {
-            return Err(ApiError::invalid("the form has no field named \"file\""));
-        };
-        if field.name() != Some("file") {
-            continue;
-        }
-        let filename = sanitize_filename(field.file_name());
-        let meta = match receive(&state, &caller.tenant, filename, &mut field).await {
-            Ok(meta) => meta,
-            Err(e) => {
-                if e.code.is_failure() {
-                    audit::record(
-                        &state,
-                        &caller,
-                        None,
-                        "file.upload",
-                        serde_json::json!({"error": e.code.as_str()}),
-                        "error",
-                    )
-                    .await;
-                }
-                return Err(e);
-            }
-        };
-        audit::record(
-            &state,
-            &caller,
-            None,
-            "file.upload",
-            serde_json::json!({"file_id": meta.file_id, "filename": meta.filename, "size_bytes": meta.size_bytes, "sha256": meta.sha256}),
-            "ok",
-        )
-        .await;
-        return Ok((
-            StatusCode::CREATED,
-            ApiJson(UploadedFile {
-                file_id: meta.file_id,
-                filename: meta.filename,
-                size_bytes: meta.size_bytes,
-            }),
-        ));
-    }
-}
-
-/// List the tenant's files.
-#[utoipa::path(
-    get,
-    operation_id = "list_files",
-    path = "/v1/files",
-    tag = "files",
-    responses(
-        (status = 200, body = FileList),
-        (status = 401, body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn list(
-    State(state): State<AppState>,
-    caller: Caller,
-) -> Result<ApiJson<FileList>, ApiError> {
-    let files = state.db.files(&caller.tenant).await?;
-    Ok(ApiJson(FileList {
-        files: files
-            .into_iter()
-            .map(|f| FileListItem {
-                file_id: f.id,
-                filename: f.filename,
-                size_bytes: f.size_bytes,
-                upload_time: f.created_at,
-            })
-            .collect(),
-    }))
-}
-
-/// Download a file's bytes (streamed).
-#[utoipa::path(
-    get,
-    operation_id = "download_file",
-    path = "/v1/files/{file_id}",
-    tag = "files",
-    params(("file_id" = String, Path)),
-    responses(
-        (status = 200, description = "The file's bytes", body = Vec<u8>, content_type = "application/octet-stream"),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn download(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(file_id): ApiPath<String>,
-) -> Result<Response, ApiError> {
-    let (meta, path) = open(&state, &caller.tenant, &file_id).await?;
-    let file = tokio::fs::File::open(&path).await.map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            // Expired and swept between the lookup and the open.
-            ApiError::not_found(format!("no file {file_id}"))
-        } else {
-            ApiError::internal(format_args!("open {}: {e}", path.display()))
-        }
-    })?;
-    let len = file.metadata().await?.len();
-    audit::record(
-        &state,
-        &caller,
-        None,
-        "file.download",
-        serde_json::json!({"file_id": meta.file_id, "filename": meta.filename}),
-        "ok",
-    )
-    .await;
-    let mut response = file_body(file).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    headers.insert(
-        header::CONTENT_DISPOSITION,
-        content_disposition(&meta.filename),
-    );
-    Ok(response)
-}
-
-/// Delete a file.
-#[utoipa::path(
-    delete,
-    operation_id = "delete_file",
-    path = "/v1/files/{file_id}",
-    tag = "files",
-    params(("file_id" = String, Path)),
-    responses(
-        (status = 204, description = "Deleted"),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
-        (status = 409, description = "Mounted by a live session", body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn delete(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(file_id): ApiPath<String>,
-) -> Result<StatusCode, ApiError> {
-    let not_found = || ApiError::not_found(format!("no file {file_id}"));
-    if !is_file_id(&file_id) {
-        return Err(not_found());
-    }
-    let held = crate::sessions::Held::File {
-        tenant: caller.tenant.clone(),
-        file_id: file_id.clone(),
-    };
-    // Held while checking and deleting: no session create can claim it in between.
-    let lock = state.holds.lock().await;
-    let users = crate::sessions::users(&state, &held);
-    if !users.is_empty() || state.holds.pending(&held) > 0 {
-        return Err(ApiError::conflict(format!(
-            "file {file_id} is mounted by sessions {users:?}; delete them first"
-        )));
-    }
-    let row = state
-        .db
-        .delete_file(&caller.tenant, &file_id)
-        .await?
-        .ok_or_else(not_found)?;
-    drop(lock);
-    remove_blob(&tenant_dir(&state, &caller.tenant), &row.id).await;
-    audit::record(
-        &state,
-        &caller,
-        None,
-        "file.delete",
-        serde_json::json!({"file_id": row.id, "filename": row.filename}),
-        "ok",
-    )
-    .await;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// `/v1/files`. Uploads may exceed `--max-body` (which is for JSON): this router
-/// allows bodies up to `--max-file-size` plus the multipart framing.
-pub fn routes(args: &ServeArgs) -> OpenApiRouter<AppState> {
-    let limit = args.max_file_size_bytes.saturating_add(MULTIPART_OVERHEAD);
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    OpenApiRouter::new()
-        .routes(routes!(upload, list))
-        .routes(routes!(download, delete))
-        .layer(DefaultBodyLimit::max(limit))
 }
 
 #[cfg(test)]
@@ -1363,18 +1191,6 @@ mod tests {
         let long = "é".repeat(300);
         let cut = sanitize_filename(Some(&long));
         assert!(cut.len() <= MAX_FILENAME_BYTES && cut.chars().all(|c| c == 'é'));
-    }
-
-    #[test]
-    fn disposition() {
-        assert_eq!(
-            content_disposition("a b.txt"),
-            "attachment; filename=\"a b.txt\"; filename*=UTF-8''a%20b.txt"
-        );
-        assert_eq!(
-            content_disposition("é\"x"),
-            "attachment; filename=\"__x\"; filename*=UTF-8''%C3%A9%22x"
-        );
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
         .merge(crate::metrics::routes())
         .merge(crate::auth::routes())
         .merge(crate::audit::routes())
-        .merge(crate::filestore::routes(args).layer(Extension(Frontend::Onyx)))
+        .merge(crate::onyx::files::routes(args).layer(Extension(Frontend::Onyx)))
         .merge(crate::sessions::routes())
         .merge(crate::rest::files::routes())
         .merge(crate::rest::snapshots::routes())

@@ -2,3 +2,4 @@
 //! parse onyx's requests, call the engine and answer in onyx's shapes.
 
 pub mod execute;
+pub mod files;
