@@ -120,13 +120,13 @@ pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
         .merge(crate::auth::routes())
         .merge(crate::audit::routes())
         .merge(crate::onyx::files::routes(args).layer(Extension(Frontend::Onyx)))
-        .merge(crate::sessions::routes())
         .merge(crate::rest::files::routes())
         .merge(crate::rest::snapshots::routes())
         .merge(crate::rest::exec::routes())
         .merge(crate::rest::processes::routes())
         .merge(crate::rest::volumes::routes())
         .merge(crate::onyx::execute::routes().layer(Extension(Frontend::Onyx)))
+        .merge(crate::rest::sessions::routes())
 }
 
 /// The OpenAPI document of everything [`router`] serves.

@@ -17,6 +17,7 @@ pub mod launch;
 mod locks;
 pub mod pool;
 pub mod processes;
+mod shared;
 pub mod snapshots;
 pub mod stats;
 
@@ -26,21 +27,16 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use axum::extract::{RawQuery, State};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use brig_policy::{parse_cpus_millis, parse_size, SandboxSpec};
+use brig_policy::{parse_cpus_millis, SandboxSpec};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 use crate::audit;
 use crate::auth::Caller;
 use crate::db::{now_rfc3339, NewAuditEvent, SessionRow, StoredSession};
-use crate::error::{ApiError, ApiJson, ApiPath};
+use crate::error::ApiError;
 use crate::state::{AppState, Shared};
 use launch::{LaunchReply, LaunchRequest, Launched};
+pub use shared::{BundleMount, FileRef, SessionInfo, Size};
 
 /// How often the reaper looks for expired and idle sessions.
 const REAP_INTERVAL: Duration = Duration::from_secs(1);
@@ -49,61 +45,15 @@ const REAP_INTERVAL: Duration = Duration::from_secs(1);
 /// use, and far from overflowing the unix times they are added to.
 const MAX_LIFETIME_SECONDS: u64 = 10 * 365 * 24 * 3600;
 
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(create_session, list_sessions))
-        .routes(routes!(get_session, update_session, delete_session))
-        .routes(routes!(pause_session))
-        .routes(routes!(resume_session))
-        .merge(stats::routes())
-}
-
-/// A size as a string with a unit (`"512M"`) or a number of bytes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(untagged)]
-pub enum Size {
-    Bytes(u64),
-    Text(String),
-}
-
-impl Size {
-    pub fn bytes(&self) -> Result<u64, ApiError> {
-        match self {
-            Size::Bytes(n) => Ok(*n),
-            Size::Text(t) => parse_size(t).map_err(|e| ApiError::invalid(e.to_string())),
-        }
-    }
-}
-
-/// `cpus` is taken as any JSON value and checked by hand (a number or a numeric
-/// string); the document says which values those are.
-fn cpus_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
-    OneOfBuilder::new()
-        .item(
-            ObjectBuilder::new()
-                .schema_type(Type::Number)
-                .examples([0.5]),
-        )
-        .item(
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .examples(["1.5"]),
-        )
-        .item(ObjectBuilder::new().schema_type(Type::Null))
-        .description(Some("CPUs, fractional allowed (e.g. 0.5 or \"1.5\")."))
-        .into()
-}
-
 /// Limits of a session's sandbox; each defaults to `brig run`'s default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionLimits {
     /// Memory of the whole sandbox, tmpfs included (e.g. "512M").
     pub memory: Option<Size>,
     pub pids: Option<u64>,
-    /// CPUs, fractional allowed (e.g. 0.5 or "1.5").
-    #[schema(schema_with = cpus_schema)]
+    /// CPUs, fractional allowed (e.g. 0.5 or "1.5"): a number or a numeric
+    /// string, checked by [`limits_of`].
     pub cpus: Option<serde_json::Value>,
     /// All writable storage together (the upper layer, /tmp, /workspace).
     pub disk: Option<Size>,
@@ -111,25 +61,9 @@ pub struct SessionLimits {
     pub file_size: Option<Size>,
 }
 
-/// A file uploaded through `/v1/files`, placed into the session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct FileRef {
-    /// Relative to the working directory (/workspace); no `..`.
-    pub path: String,
-    pub file_id: String,
-}
-
-/// An uploaded tar bundle mounted read-only.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BundleMount {
-    pub file_id: String,
-    /// Absolute path inside the sandbox.
-    pub path: String,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+/// What a session is created from; stored (as JSON) in its row, so a restarted
+/// daemon re-creates the session's view of itself.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
     pub image: Option<String>,
@@ -146,7 +80,6 @@ pub struct CreateSession {
     /// once made: another value for an existing volume is 409), e.g. "10G".
     pub volume_size: Option<Size>,
     pub files: Option<Vec<FileRef>>,
-    #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
     pub idle_timeout_seconds: Option<u64>,
     /// The caller's own labels (e.g. `{"user": "u42", "chat": "c7"}`), returned with
@@ -161,7 +94,9 @@ const METADATA_ENTRIES: usize = 16;
 const METADATA_KEY_CHARS: usize = 64;
 const METADATA_VALUE_BYTES: usize = 256;
 
-fn check_metadata_key(key: &str) -> Result<(), ApiError> {
+/// A `metadata` key's shape: a front end checks the keys of a filter with it as it
+/// parses them, so the first bad part of a query is the one reported.
+pub fn check_metadata_key(key: &str) -> Result<(), ApiError> {
     let valid = !key.is_empty()
         && key.len() <= METADATA_KEY_CHARS
         && key
@@ -195,14 +130,12 @@ fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `PATCH /v1/sessions/{id}`: what can change in a live session. Fields left out
-/// stay as they are.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// What can change in a live session ([`update_session`]). Fields left out stay as
+/// they are.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct UpdateSession {
     /// The session now ends this many seconds from now: a keep-alive for a session
     /// still in use near its end, or an earlier end.
-    #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
     /// A new idle timeout; 0 for none.
     pub idle_timeout_seconds: Option<u64>,
@@ -422,32 +355,6 @@ pub fn files_in_use(shared: &Shared) -> std::collections::HashSet<String> {
         }
     }
     ids
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct SessionInfo {
-    pub session_id: String,
-    /// "running" or "paused".
-    pub state: String,
-    pub image: Option<String>,
-    pub snapshot: Option<String>,
-    pub created_at: String,
-    pub expires_at: Option<String>,
-    pub idle_timeout_seconds: Option<u64>,
-    pub last_active_at: String,
-    /// Whether the sandbox came ready-made from the warm pool.
-    pub pooled: bool,
-    /// Bundles bound read-only.
-    pub mounts: Vec<BundleMount>,
-    /// The volume mounted at `/volume`.
-    pub volume: Option<String>,
-    /// The caller's labels (given at create, replaced by `PATCH`).
-    pub metadata: BTreeMap<String, String>,
-    #[schema(value_type = Object)]
-    pub limits: serde_json::Value,
-    /// What isolation the sandbox really has (as `brig run --json`'s `enforced`).
-    #[schema(value_type = Object)]
-    pub enforced: serde_json::Value,
 }
 
 /// A live session.
@@ -1239,16 +1146,13 @@ async fn check_bundles(
     Ok(())
 }
 
-#[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
-    request_body = CreateSession,
-    responses((status = 201, body = SessionInfo), (status = 404, body = crate::error::ErrorBody),
-              (status = 422, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn create_session(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiJson(request): ApiJson<CreateSession>,
-) -> Result<impl IntoResponse, ApiError> {
+/// Creates a session for `caller` as [`create`] does, and records it in the audit
+/// log (`session.create`).
+pub async fn create_session(
+    state: &AppState,
+    caller: &Caller,
+    request: CreateSession,
+) -> Result<SessionInfo, ApiError> {
     let detail = serde_json::json!({
         "image": request.image,
         "snapshot": request.snapshot,
@@ -1257,7 +1161,7 @@ async fn create_session(
         "volume": request.volume,
         "metadata": request.metadata,
     });
-    let event = audit::event(&caller, None, "session.create", detail.clone(), "ok");
+    let event = audit::event(caller, None, "session.create", detail.clone(), "ok");
     // In its own task: a client that hangs up mid-launch must not leave a sandbox
     // started but unrecorded.
     let (task_state, task_caller, task_request) = (state.clone(), caller.clone(), request.clone());
@@ -1273,22 +1177,15 @@ async fn create_session(
             Ok((session, _)) => ("ok", Some(session.id.as_str())),
             Err(e) => (e.code.as_str(), None),
         };
-        audit::record(
-            &state,
-            &caller,
-            session_id,
-            "session.create",
-            detail,
-            outcome,
-        )
-        .await;
+        audit::record(state, caller, session_id, "session.create", detail, outcome).await;
     }
     let (session, _) = result?;
-    Ok((StatusCode::CREATED, ApiJson(session.info())))
+    Ok(session.info())
 }
 
 /// Creates a session for `caller`: checks quotas, takes a pooled sandbox when one
-/// fits or launches one, records it, and copies the requested files in.
+/// fits or launches one, records it, and copies the requested files in. No audit
+/// event: for a session that is part of another verb's work (an onyx execute's).
 pub async fn create(
     state: &AppState,
     caller: &Caller,
@@ -1815,101 +1712,53 @@ async fn reap_expired(state: &AppState) {
     }
 }
 
-/// The `metadata=K=V` pairs of a list query (parsed by hand: the parameter
-/// repeats); anything else in it is refused.
-fn metadata_filter(query: Option<&str>) -> Result<Vec<(String, String)>, ApiError> {
-    let mut wanted = Vec::new();
-    for (name, pair) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
-        if name != "metadata" {
-            return Err(ApiError::invalid(format!(
-                "unknown query parameter {name:?} (filter with metadata=KEY=VALUE)"
-            )));
-        }
-        let Some((key, value)) = pair.split_once('=') else {
-            return Err(ApiError::invalid(format!(
-                "metadata={pair}: expected metadata=KEY=VALUE"
-            )));
-        };
+/// The caller's live sessions whose metadata has every `(key, value)` of `wanted`,
+/// oldest first.
+pub fn list_sessions(
+    state: &AppState,
+    caller: &Caller,
+    wanted: &[(String, String)],
+) -> Result<Vec<SessionInfo>, ApiError> {
+    for (key, _) in wanted {
         check_metadata_key(key)?;
-        wanted.push((key.to_string(), value.to_string()));
     }
-    Ok(wanted)
-}
-
-#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
-    params(("metadata" = Option<Vec<String>>, Query,
-        description = "`KEY=VALUE`: only sessions whose metadata has it; repeat for several (all must match)")),
-    responses((status = 200, body = SessionList), (status = 422, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn list_sessions(
-    State(state): State<AppState>,
-    caller: Caller,
-    RawQuery(query): RawQuery,
-) -> Result<ApiJson<SessionList>, ApiError> {
-    let wanted = metadata_filter(query.as_deref())?;
     let matches = |session: &Session| {
         let terms = session.terms();
         wanted
             .iter()
             .all(|(key, value)| terms.metadata.get(key) == Some(value))
     };
-    Ok(ApiJson(SessionList {
-        sessions: state
-            .sessions()
-            .of_tenant(&caller.tenant)
-            .iter()
-            .filter(|s| matches(s))
-            .map(|s| s.info())
-            .collect(),
-    }))
+    Ok(state
+        .sessions()
+        .of_tenant(&caller.tenant)
+        .iter()
+        .filter(|s| matches(s))
+        .map(|s| s.info())
+        .collect())
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct SessionList {
-    pub sessions: Vec<SessionInfo>,
+/// One of the caller's live sessions (a read that counts as activity).
+pub fn get_session(state: &AppState, caller: &Caller, id: &str) -> Result<SessionInfo, ApiError> {
+    Ok(lookup(state, caller, id)?.info())
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
-    params(("id" = String, Path)),
-    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn get_session(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-) -> Result<ApiJson<SessionInfo>, ApiError> {
-    Ok(ApiJson(lookup(&state, &caller, &id)?.info()))
-}
-
-#[utoipa::path(patch, path = "/v1/sessions/{id}", tag = "sessions",
-    params(("id" = String, Path)),
-    request_body = UpdateSession,
-    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody),
-              (status = 422, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn update_session(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-    ApiJson(update): ApiJson<UpdateSession>,
-) -> Result<ApiJson<SessionInfo>, ApiError> {
+/// Changes a live session's terms ([`update_terms`]) and records it in the audit
+/// log (`session.update`).
+pub async fn update_session(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    update: UpdateSession,
+) -> Result<SessionInfo, ApiError> {
     let detail = serde_json::json!({
         "ttl_seconds": update.ttl_seconds,
         "idle_timeout_seconds": update.idle_timeout_seconds,
         "metadata": update.metadata,
     });
-    let result = update_terms(&state, &caller, &id, update).await;
+    let result = update_terms(state, caller, id, update).await;
     let outcome = audit::outcome(&result);
-    audit::record(
-        &state,
-        &caller,
-        Some(&id),
-        "session.update",
-        detail,
-        outcome,
-    )
-    .await;
-    result.map(ApiJson)
+    audit::record(state, caller, Some(id), "session.update", detail, outcome).await;
+    result
 }
 
 /// Checks `update`, writes it to the session's row, then applies it: what a client
@@ -1963,17 +1812,11 @@ async fn update_terms(
     Ok(session.info())
 }
 
-#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
-    params(("id" = String, Path)),
-    responses((status = 204), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn delete_session(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-) -> Result<StatusCode, ApiError> {
-    let result = match lookup(&state, &caller, &id) {
-        // Finished even if the client hangs up.
+/// Ends one of the caller's sessions and records it in the audit log
+/// (`session.delete`).
+pub async fn delete_session(state: &AppState, caller: &Caller, id: &str) -> Result<(), ApiError> {
+    let result = match lookup(state, caller, id) {
+        // Finished even if the caller goes away.
         Ok(session) => {
             let task_state = state.clone();
             tokio::spawn(async move { delete(&task_state, &session).await })
@@ -1984,48 +1827,19 @@ async fn delete_session(
         Err(e) => Err(e),
     };
     let outcome = audit::outcome(&result);
-    audit::record(
-        &state,
-        &caller,
-        Some(&id),
-        "session.delete",
-        serde_json::json!({}),
-        outcome,
-    )
-    .await;
-    result.map(|()| StatusCode::NO_CONTENT)
+    let detail = serde_json::json!({});
+    audit::record(state, caller, Some(id), "session.delete", detail, outcome).await;
+    result
 }
 
-#[utoipa::path(post, path = "/v1/sessions/{id}/pause", tag = "sessions",
-    params(("id" = String, Path)),
-    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn pause_session(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-) -> Result<ApiJson<SessionInfo>, ApiError> {
-    set_paused(&state, &caller, &id, true).await
-}
-
-#[utoipa::path(post, path = "/v1/sessions/{id}/resume", tag = "sessions",
-    params(("id" = String, Path)),
-    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn resume_session(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-) -> Result<ApiJson<SessionInfo>, ApiError> {
-    set_paused(&state, &caller, &id, false).await
-}
-
-async fn set_paused(
+/// Pauses (freezes) or resumes one of the caller's sessions, and records it in the
+/// audit log (`session.pause`, `session.resume`).
+pub async fn set_paused(
     state: &AppState,
     caller: &Caller,
     id: &str,
     paused: bool,
-) -> Result<ApiJson<SessionInfo>, ApiError> {
+) -> Result<SessionInfo, ApiError> {
     let result = async {
         let session = lookup(state, caller, id)?;
         let _gate = session.gate.write().await;
@@ -2051,7 +1865,7 @@ async fn set_paused(
         outcome,
     )
     .await;
-    result.map(ApiJson)
+    result
 }
 
 pub async fn freeze(session: &Session, frozen: bool) -> Result<(), ApiError> {

@@ -3,24 +3,14 @@
 //! limit, one that has spun for an hour). Reading them is not activity: polling a
 //! session's stats does not keep it from its idle timeout.
 
-use axum::extract::State;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
-
 use super::{files::root_of, find};
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiJson, ApiPath};
+use crate::error::ApiError;
 use crate::state::AppState;
-
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(session_stats))
-}
 
 /// A session's use of its resources, read when asked. A value the host does not
 /// report is null.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SessionStats {
     pub session_id: String,
     /// Memory charged to the session now: its processes', and the page cache and
@@ -50,16 +40,13 @@ pub struct SessionStats {
     pub oom_kills: u64,
 }
 
-#[utoipa::path(get, path = "/v1/sessions/{id}/stats", tag = "sessions",
-    params(("id" = String, Path)),
-    responses((status = 200, body = SessionStats), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn session_stats(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<String>,
-) -> Result<ApiJson<SessionStats>, ApiError> {
-    let session = find(&state, &caller, &id)?;
+/// What one of the caller's sessions uses now (not activity: see the module).
+pub async fn session_stats(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<SessionStats, ApiError> {
+    let session = find(state, caller, id)?;
     // A few small files under /sys and a statfs: quick, but blocking calls.
     let stats = tokio::task::spawn_blocking(move || {
         let sandbox = session.sandbox();
@@ -94,5 +81,5 @@ async fn session_stats(
     })
     .await
     .map_err(ApiError::internal)?;
-    Ok(ApiJson(stats))
+    Ok(stats)
 }

@@ -3,5 +3,6 @@
 pub mod exec;
 pub mod files;
 pub mod processes;
+pub mod sessions;
 pub mod snapshots;
 pub mod volumes;

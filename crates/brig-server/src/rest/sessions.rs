@@ -1,0 +1,491 @@
+//! `/v1/sessions`: create, list, get, update (`PATCH`), delete, pause, resume, and a
+//! session's stats. The wire types are the API's (their doc comments are the
+//! OpenAPI document's descriptions); the engine's verbs take and give its own.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{RawQuery, State};
+use axum::http::StatusCode;
+use brig_engine::sessions::{self, stats};
+use brig_engine::state::AppState;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::http::{ApiJson, ApiPath, Authed, HttpError, HttpResult};
+
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_session, list_sessions))
+        .routes(routes!(get_session, update_session, delete_session))
+        .routes(routes!(pause_session))
+        .routes(routes!(resume_session))
+        .routes(routes!(session_stats))
+}
+
+/// A size as a string with a unit (`"512M"`) or a number of bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+impl From<Size> for sessions::Size {
+    fn from(size: Size) -> sessions::Size {
+        match size {
+            Size::Bytes(n) => sessions::Size::Bytes(n),
+            Size::Text(t) => sessions::Size::Text(t),
+        }
+    }
+}
+
+/// `cpus` is taken as any JSON value and checked by hand (a number or a numeric
+/// string); the document says which values those are.
+fn cpus_schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .examples([0.5]),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .examples(["1.5"]),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .description(Some("CPUs, fractional allowed (e.g. 0.5 or \"1.5\")."))
+        .into()
+}
+
+/// Limits of a session's sandbox; each defaults to `brig run`'s default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionLimits {
+    /// Memory of the whole sandbox, tmpfs included (e.g. "512M").
+    pub memory: Option<Size>,
+    pub pids: Option<u64>,
+    /// CPUs, fractional allowed (e.g. 0.5 or "1.5").
+    #[schema(schema_with = cpus_schema)]
+    pub cpus: Option<serde_json::Value>,
+    /// All writable storage together (the upper layer, /tmp, /workspace).
+    pub disk: Option<Size>,
+    pub nofile: Option<u64>,
+    pub file_size: Option<Size>,
+}
+
+impl From<SessionLimits> for sessions::SessionLimits {
+    fn from(limits: SessionLimits) -> sessions::SessionLimits {
+        let SessionLimits {
+            memory,
+            pids,
+            cpus,
+            disk,
+            nofile,
+            file_size,
+        } = limits;
+        sessions::SessionLimits {
+            memory: memory.map(Into::into),
+            pids,
+            cpus,
+            disk: disk.map(Into::into),
+            nofile,
+            file_size: file_size.map(Into::into),
+        }
+    }
+}
+
+/// A file uploaded through `/v1/files`, placed into the session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileRef {
+    /// Relative to the working directory (/workspace); no `..`.
+    pub path: String,
+    pub file_id: String,
+}
+
+impl From<FileRef> for sessions::FileRef {
+    fn from(FileRef { path, file_id }: FileRef) -> sessions::FileRef {
+        sessions::FileRef { path, file_id }
+    }
+}
+
+/// An uploaded tar bundle mounted read-only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BundleMount {
+    pub file_id: String,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+}
+
+impl From<BundleMount> for sessions::BundleMount {
+    fn from(BundleMount { file_id, path }: BundleMount) -> sessions::BundleMount {
+        sessions::BundleMount { file_id, path }
+    }
+}
+
+impl From<sessions::BundleMount> for BundleMount {
+    fn from(sessions::BundleMount { file_id, path }: sessions::BundleMount) -> BundleMount {
+        BundleMount { file_id, path }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    pub image: Option<String>,
+    pub snapshot: Option<String>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub limits: Option<SessionLimits>,
+    /// Uploaded tar bundles bound read-only. A fork (`snapshot`) without `mounts`
+    /// gets the mounts of the session its snapshot was taken from.
+    pub mounts: Option<Vec<BundleMount>>,
+    /// The tenant's persistent volume of that name, read-write at `/volume`
+    /// (created on first use).
+    pub volume: Option<String>,
+    /// The capacity of `volume` when this request makes it (default 1 GiB; fixed
+    /// once made: another value for an existing volume is 409), e.g. "10G".
+    pub volume_size: Option<Size>,
+    pub files: Option<Vec<FileRef>>,
+    #[schema(minimum = 1)]
+    pub ttl_seconds: Option<u64>,
+    pub idle_timeout_seconds: Option<u64>,
+    /// The caller's own labels (e.g. `{"user": "u42", "chat": "c7"}`), returned with
+    /// the session and matched by `GET /v1/sessions?metadata=K=V`: at most
+    /// 16 entries, keys 1-64 characters of `A-Z a-z 0-9 _ . -`, values at most 256
+    /// bytes.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+impl From<CreateSession> for sessions::CreateSession {
+    fn from(request: CreateSession) -> sessions::CreateSession {
+        let CreateSession {
+            image,
+            snapshot,
+            env,
+            limits,
+            mounts,
+            volume,
+            volume_size,
+            files,
+            ttl_seconds,
+            idle_timeout_seconds,
+            metadata,
+        } = request;
+        sessions::CreateSession {
+            image,
+            snapshot,
+            env,
+            limits: limits.map(Into::into),
+            mounts: mounts.map(|m| m.into_iter().map(Into::into).collect()),
+            volume,
+            volume_size: volume_size.map(Into::into),
+            files: files.map(|f| f.into_iter().map(Into::into).collect()),
+            ttl_seconds,
+            idle_timeout_seconds,
+            metadata,
+        }
+    }
+}
+
+/// `PATCH /v1/sessions/{id}`: what can change in a live session. Fields left out
+/// stay as they are.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSession {
+    /// The session now ends this many seconds from now: a keep-alive for a session
+    /// still in use near its end, or an earlier end.
+    #[schema(minimum = 1)]
+    pub ttl_seconds: Option<u64>,
+    /// A new idle timeout; 0 for none.
+    pub idle_timeout_seconds: Option<u64>,
+    /// Replaces the labels, all of them (`{}` removes them); the bounds of create's.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+impl From<UpdateSession> for sessions::UpdateSession {
+    fn from(update: UpdateSession) -> sessions::UpdateSession {
+        let UpdateSession {
+            ttl_seconds,
+            idle_timeout_seconds,
+            metadata,
+        } = update;
+        sessions::UpdateSession {
+            ttl_seconds,
+            idle_timeout_seconds,
+            metadata,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionInfo {
+    pub session_id: String,
+    /// "running" or "paused".
+    pub state: String,
+    pub image: Option<String>,
+    pub snapshot: Option<String>,
+    pub created_at: String,
+    pub expires_at: Option<String>,
+    pub idle_timeout_seconds: Option<u64>,
+    pub last_active_at: String,
+    /// Whether the sandbox came ready-made from the warm pool.
+    pub pooled: bool,
+    /// Bundles bound read-only.
+    pub mounts: Vec<BundleMount>,
+    /// The volume mounted at `/volume`.
+    pub volume: Option<String>,
+    /// The caller's labels (given at create, replaced by `PATCH`).
+    pub metadata: BTreeMap<String, String>,
+    #[schema(value_type = Object)]
+    pub limits: serde_json::Value,
+    /// What isolation the sandbox really has (as `brig run --json`'s `enforced`).
+    #[schema(value_type = Object)]
+    pub enforced: serde_json::Value,
+}
+
+impl From<sessions::SessionInfo> for SessionInfo {
+    fn from(info: sessions::SessionInfo) -> SessionInfo {
+        let sessions::SessionInfo {
+            session_id,
+            state,
+            image,
+            snapshot,
+            created_at,
+            expires_at,
+            idle_timeout_seconds,
+            last_active_at,
+            pooled,
+            mounts,
+            volume,
+            metadata,
+            limits,
+            enforced,
+        } = info;
+        SessionInfo {
+            session_id,
+            state,
+            image,
+            snapshot,
+            created_at,
+            expires_at,
+            idle_timeout_seconds,
+            last_active_at,
+            pooled,
+            mounts: mounts.into_iter().map(Into::into).collect(),
+            volume,
+            metadata,
+            limits,
+            enforced,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// A session's use of its resources, read when asked. A value the host does not
+/// report is null.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionStats {
+    pub session_id: String,
+    /// Memory charged to the session now: its processes', and the page cache and
+    /// the files it wrote (`/tmp`, `/workspace` and changes to the image are in
+    /// memory), as its memory limit counts them.
+    pub memory_bytes: Option<u64>,
+    /// The most memory charged to it at once so far.
+    pub memory_peak_bytes: Option<u64>,
+    pub memory_limit_bytes: Option<u64>,
+    /// CPU time used by all its processes since it started.
+    pub cpu_seconds: Option<f64>,
+    /// CPU bandwidth it may use, in CPUs.
+    pub cpus_limit: Option<f64>,
+    /// Processes and threads now.
+    pub tasks: Option<u64>,
+    pub tasks_limit: Option<u64>,
+    /// Bytes its writes take of its writable storage (`limits.disk`); its volume
+    /// is counted apart.
+    pub disk_used_bytes: Option<u64>,
+    pub disk_limit_bytes: u64,
+    /// With a volume: bytes in use on it (what `df` calls Used, shared with the
+    /// other sessions that mount it), and its size as its filesystem reports it (a
+    /// little less than its capacity: the filesystem's own structures).
+    pub volume_used_bytes: Option<u64>,
+    pub volume_size_bytes: Option<u64>,
+    /// Processes in it killed for want of memory.
+    pub oom_kills: u64,
+}
+
+impl From<stats::SessionStats> for SessionStats {
+    fn from(stats: stats::SessionStats) -> SessionStats {
+        let stats::SessionStats {
+            session_id,
+            memory_bytes,
+            memory_peak_bytes,
+            memory_limit_bytes,
+            cpu_seconds,
+            cpus_limit,
+            tasks,
+            tasks_limit,
+            disk_used_bytes,
+            disk_limit_bytes,
+            volume_used_bytes,
+            volume_size_bytes,
+            oom_kills,
+        } = stats;
+        SessionStats {
+            session_id,
+            memory_bytes,
+            memory_peak_bytes,
+            memory_limit_bytes,
+            cpu_seconds,
+            cpus_limit,
+            tasks,
+            tasks_limit,
+            disk_used_bytes,
+            disk_limit_bytes,
+            volume_used_bytes,
+            volume_size_bytes,
+            oom_kills,
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
+    request_body = CreateSession,
+    responses((status = 201, body = SessionInfo), (status = 404, body = crate::error::ErrorBody),
+              (status = 422, body = crate::error::ErrorBody), (status = 429, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn create_session(
+    State(state): State<AppState>,
+    Authed(caller): Authed,
+    ApiJson(request): ApiJson<CreateSession>,
+) -> HttpResult<(StatusCode, ApiJson<SessionInfo>)> {
+    let info = sessions::create_session(&state, &caller, request.into()).await?;
+    Ok((StatusCode::CREATED, ApiJson(info.into())))
+}
+
+/// The `metadata=K=V` pairs of a list query (parsed by hand: the parameter
+/// repeats); anything else in it is refused. Keys are checked as they come, so
+/// the first bad part of the query is the one reported.
+fn metadata_filter(query: Option<&str>) -> HttpResult<Vec<(String, String)>> {
+    let mut wanted = Vec::new();
+    for (name, pair) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if name != "metadata" {
+            return Err(HttpError(brig_engine::fault::Error::invalid(format!(
+                "unknown query parameter {name:?} (filter with metadata=KEY=VALUE)"
+            ))));
+        }
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(HttpError(brig_engine::fault::Error::invalid(format!(
+                "metadata={pair}: expected metadata=KEY=VALUE"
+            ))));
+        };
+        sessions::check_metadata_key(key)?;
+        wanted.push((key.to_string(), value.to_string()));
+    }
+    Ok(wanted)
+}
+
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
+    params(("metadata" = Option<Vec<String>>, Query,
+        description = "`KEY=VALUE`: only sessions whose metadata has it; repeat for several (all must match)")),
+    responses((status = 200, body = SessionList), (status = 422, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn list_sessions(
+    State(state): State<AppState>,
+    Authed(caller): Authed,
+    RawQuery(query): RawQuery,
+) -> HttpResult<ApiJson<SessionList>> {
+    let wanted = metadata_filter(query.as_deref())?;
+    let found = sessions::list_sessions(&state, &caller, &wanted)?;
+    Ok(ApiJson(SessionList {
+        sessions: found.into_iter().map(Into::into).collect(),
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn get_session(
+    State(state): State<AppState>,
+    Authed(caller): Authed,
+    ApiPath(id): ApiPath<String>,
+) -> HttpResult<ApiJson<SessionInfo>> {
+    Ok(ApiJson(sessions::get_session(&state, &caller, &id)?.into()))
+}
+
+#[utoipa::path(patch, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    request_body = UpdateSession,
+    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody),
+              (status = 422, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn update_session(
+    State(state): State<AppState>,
+    Authed(caller): Authed,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(update): ApiJson<UpdateSession>,
+) -> HttpResult<ApiJson<SessionInfo>> {
+    let info = sessions::update_session(&state, &caller, &id, update.into()).await?;
+    Ok(ApiJson(info.into()))
+}
+
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn delete_session(
+    State(state): State<AppState>,
+    Authed(caller): Authed,
+    ApiPath(id): ApiPath<String>,
+) -> HttpResult<StatusCode> {
+    sessions::delete_session(&state, &caller, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/pause", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn pause_session(
+    State(state): State<AppState>,
+    Authed(caller): Authed,
+    ApiPath(id): ApiPath<String>,
+) -> HttpResult<ApiJson<SessionInfo>> {
+    let info = sessions::set_paused(&state, &caller, &id, true).await?;
+    Ok(ApiJson(info.into()))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/resume", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionInfo), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn resume_session(
+    State(state): State<AppState>,
+    Authed(caller): Authed,
+    ApiPath(id): ApiPath<String>,
+) -> HttpResult<ApiJson<SessionInfo>> {
+    let info = sessions::set_paused(&state, &caller, &id, false).await?;
+    Ok(ApiJson(info.into()))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/stats", tag = "sessions",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SessionStats), (status = 404, body = crate::error::ErrorBody)),
+    security(("bearer" = [])))]
+async fn session_stats(
+    State(state): State<AppState>,
+    Authed(caller): Authed,
+    ApiPath(id): ApiPath<String>,
+) -> HttpResult<ApiJson<SessionStats>> {
+    let stats = stats::session_stats(&state, &caller, &id).await?;
+    Ok(ApiJson(stats.into()))
+}
