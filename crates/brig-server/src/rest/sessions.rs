@@ -489,3 +489,85 @@ async fn session_stats(
     let stats = stats::session_stats(&state, &caller, &id).await?;
     Ok(ApiJson(stats.into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A request reaches the engine as sent: the engine stores it (JSON) in the
+    /// session's row, so a field lost or renamed on the way would be lost there too.
+    #[test]
+    fn a_create_request_reaches_the_engine_whole() {
+        let sent = json!({
+            "image": "python",
+            "snapshot": null,
+            "env": {"A": "1"},
+            "limits": {"memory": "512M", "pids": 64, "cpus": 0.5, "disk": 1048576,
+                       "nofile": 1024, "file_size": "1M"},
+            "mounts": [{"file_id": "file_1", "path": "/data"}],
+            "volume": "v",
+            "volume_size": "10G",
+            "files": [{"path": "a.txt", "file_id": "file_2"}],
+            "ttl_seconds": 60,
+            "idle_timeout_seconds": 0,
+            "metadata": {"user": "u42"},
+        });
+        let wire: CreateSession = serde_json::from_value(sent.clone()).unwrap();
+        let engine: sessions::CreateSession = wire.into();
+        assert_eq!(serde_json::to_value(&engine).unwrap(), sent);
+    }
+
+    /// A session and its stats answer as the engine reports them.
+    #[test]
+    fn a_session_and_its_stats_answer_as_the_engine_has_them() {
+        let info = sessions::SessionInfo {
+            session_id: "ses_1".into(),
+            state: "paused".into(),
+            image: Some("python".into()),
+            snapshot: Some("snap_1".into()),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            expires_at: Some("2026-01-02T00:00:00Z".into()),
+            idle_timeout_seconds: Some(60),
+            last_active_at: "2026-01-01T00:00:01Z".into(),
+            pooled: true,
+            mounts: vec![sessions::BundleMount {
+                file_id: "file_1".into(),
+                path: "/data".into(),
+            }],
+            volume: Some("v".into()),
+            metadata: BTreeMap::from([("user".into(), "u42".into())]),
+            limits: json!({"pids": 64}),
+            enforced: json!({"seccomp": true}),
+        };
+        let engine = serde_json::to_value(&info).unwrap();
+        assert_eq!(
+            serde_json::to_value(SessionInfo::from(info)).unwrap(),
+            engine
+        );
+
+        let stats = stats::SessionStats {
+            session_id: "ses_1".into(),
+            memory_bytes: Some(1),
+            memory_peak_bytes: Some(2),
+            memory_limit_bytes: Some(3),
+            cpu_seconds: Some(0.5),
+            cpus_limit: Some(1.5),
+            tasks: Some(4),
+            tasks_limit: Some(5),
+            disk_used_bytes: Some(6),
+            disk_limit_bytes: 7,
+            volume_used_bytes: Some(8),
+            volume_size_bytes: Some(9),
+            oom_kills: 10,
+        };
+        assert_eq!(
+            serde_json::to_value(SessionStats::from(stats)).unwrap(),
+            json!({"session_id": "ses_1", "memory_bytes": 1, "memory_peak_bytes": 2,
+                   "memory_limit_bytes": 3, "cpu_seconds": 0.5, "cpus_limit": 1.5,
+                   "tasks": 4, "tasks_limit": 5, "disk_used_bytes": 6,
+                   "disk_limit_bytes": 7, "volume_used_bytes": 8, "volume_size_bytes": 9,
+                   "oom_kills": 10})
+        );
+    }
+}
