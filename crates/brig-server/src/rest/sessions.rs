@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
+use brig_engine::fault::Error;
 use brig_engine::sessions::{self, stats};
 use brig_engine::state::AppState;
 use serde::{Deserialize, Serialize};
@@ -13,7 +14,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::http::{ApiJson, ApiPath, Authed, HttpError, HttpResult};
+use crate::http::{ApiJson, ApiPath, Authed, HttpResult};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -378,14 +379,15 @@ fn metadata_filter(query: Option<&str>) -> HttpResult<Vec<(String, String)>> {
     let mut wanted = Vec::new();
     for (name, pair) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if name != "metadata" {
-            return Err(HttpError(brig_engine::fault::Error::invalid(format!(
+            return Err(Error::invalid(format!(
                 "unknown query parameter {name:?} (filter with metadata=KEY=VALUE)"
-            ))));
+            ))
+            .into());
         }
         let Some((key, value)) = pair.split_once('=') else {
-            return Err(HttpError(brig_engine::fault::Error::invalid(format!(
-                "metadata={pair}: expected metadata=KEY=VALUE"
-            ))));
+            return Err(
+                Error::invalid(format!("metadata={pair}: expected metadata=KEY=VALUE")).into(),
+            );
         };
         sessions::check_metadata_key(key)?;
         wanted.push((key.to_string(), value.to_string()));
