@@ -978,22 +978,27 @@ async fn files_expire() {
     let id = r.json()["file_id"].as_str().unwrap().to_string();
     assert_eq!(h.tenant_files("acme"), std::slice::from_ref(&id));
     let task = crate::filestore::spawn_expiry(&h.state, Duration::from_millis(200));
-    // Up to a minute: what this guards against is never.
-    let mut gone = false;
+    // Up to a minute: what this guards against is never. The blob goes before its
+    // event is written: the task is stopped only once both are done.
+    let mut events = Vec::new();
     for _ in 0..600 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         if h.tenant_files("acme").is_empty() {
-            gone = true;
-            break;
+            events = h.audit(&acme, "action=file.expire").await;
+            if !events.is_empty() {
+                break;
+            }
         }
     }
     task.abort();
-    assert!(gone, "the expiry task did not delete the blob");
+    assert!(
+        h.tenant_files("acme").is_empty(),
+        "the expiry task did not delete the blob"
+    );
     h.call(Method::GET, &format!("/v1/files/{id}"), Some(&acme), None)
         .await
         .error(404, "not_found");
-    let events = h.audit(&acme, "action=file.expire").await;
-    assert_eq!(events.len(), 1);
+    assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0]["detail"]["file_id"], id.as_str());
     assert_eq!(events[0]["tenant"], "acme");
     assert_eq!(events[0]["key_id"], Value::Null);
