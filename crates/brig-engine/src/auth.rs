@@ -31,7 +31,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::audit;
-use crate::config::{ByteSize, ServeArgs};
+use crate::config::{ByteSize, Config};
 use crate::db::{now_rfc3339, Db, KeyRow, QuotaUpdate, TenantRow};
 use crate::error::{ApiError, ApiJson, ApiPath};
 use crate::state::AppState;
@@ -429,7 +429,7 @@ fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 
 impl Auth {
     /// Loads the tenants' quota overrides.
-    pub async fn new(db: Db, args: &ServeArgs) -> anyhow::Result<Auth> {
+    pub async fn new(db: Db, args: &Config) -> anyhow::Result<Auth> {
         let tenants = db
             .tenants()
             .await
@@ -1078,19 +1078,16 @@ mod tests {
         assert_eq!(presented_key(&h).unwrap_err().code.as_str(), "unauthorized");
     }
 
-    async fn auth_with(extra: &[&str]) -> (tempfile::TempDir, Auth) {
+    async fn auth_with(config: Config) -> (tempfile::TempDir, Auth) {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("brig.db")).unwrap();
-        let mut argv = vec!["brig-serve"];
-        argv.extend_from_slice(extra);
-        let args = ServeArgs::try_parse_from(argv).unwrap();
-        let auth = Auth::new(db, &args).await.unwrap();
+        let auth = Auth::new(db, &config).await.unwrap();
         (dir, auth)
     }
 
     #[tokio::test]
     async fn verify_cache_and_revoke() {
-        let (_dir, auth) = auth_with(&[]).await;
+        let (_dir, auth) = auth_with(Config::default()).await;
         let (key, row) = auth.create_key("acme", Some("ci".into())).await.unwrap();
         let caller = auth.verify(&key).await.unwrap();
         assert_eq!(
@@ -1125,7 +1122,7 @@ mod tests {
     #[tokio::test]
     async fn bootstrap_writes_a_private_key_once() {
         use std::os::unix::fs::PermissionsExt;
-        let (dir, auth) = auth_with(&[]).await;
+        let (dir, auth) = auth_with(Config::default()).await;
         let path = auth.bootstrap_admin(dir.path()).await.unwrap().unwrap();
         assert_eq!(path, dir.path().join("admin.key"));
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
@@ -1151,7 +1148,11 @@ mod tests {
 
     #[tokio::test]
     async fn no_auth_default_tenant() {
-        let (_dir, auth) = auth_with(&["--no-auth"]).await;
+        let (_dir, auth) = auth_with(Config {
+            no_auth: true,
+            ..Config::default()
+        })
+        .await;
         let caller = auth.authenticate(&HeaderMap::new()).await.unwrap();
         assert_eq!(caller.tenant, DEFAULT_TENANT);
         assert!(!caller.admin);
@@ -1161,7 +1162,7 @@ mod tests {
             auth.authenticate(&h).await.unwrap_err().code.as_str(),
             "unauthorized"
         );
-        let (_dir, auth) = auth_with(&[]).await;
+        let (_dir, auth) = auth_with(Config::default()).await;
         assert_eq!(
             auth.authenticate(&HeaderMap::new())
                 .await
@@ -1174,12 +1175,11 @@ mod tests {
 
     #[tokio::test]
     async fn exec_permits() {
-        let (_dir, auth) = auth_with(&[
-            "--max-concurrent-execs",
-            "3",
-            "--tenant-max-concurrent-execs",
-            "2",
-        ])
+        let (_dir, auth) = auth_with(Config {
+            max_concurrent_execs: 3,
+            tenant_max_concurrent_execs: 2,
+            ..Config::default()
+        })
         .await;
         let a1 = auth.exec_permit("a").unwrap();
         let a2 = auth.exec_permit("a").unwrap();

@@ -3,7 +3,7 @@
 //!
 //! | module | concern |
 //! |---|---|
-//! | `config` | the daemon's settings (`brig serve` flags) |
+//! | `config` | the daemon's settings (parsed from `brig serve`'s flags by the server) |
 //! | `db` | state in SQLite (WAL): tenants, keys, sessions, files, snapshots, audit |
 //! | `fault` | the domain error: a stable code and a one-line message, no HTTP |
 //! | `error` | HTTP: each code's status, the `{"error": {...}}` body, JSON extractors |
@@ -33,7 +33,7 @@ pub mod sessions;
 pub mod state;
 pub mod volumes;
 
-pub use config::ServeArgs;
+pub use config::{Config, ServeArgs};
 
 /// Threads the daemon's runtime may start for blocking work (file operations,
 /// SQLite, sandbox launches); the caller of [`server::serve`] builds its runtime

@@ -12,7 +12,7 @@ use anyhow::Context;
 use tokio::sync::{watch, OnceCell};
 
 use crate::auth::Auth;
-use crate::config::ServeArgs;
+use crate::config::Config;
 use crate::db::Db;
 // The domain error; `crate::error` decides how it is answered over HTTP.
 use crate::fault::Error as ApiError;
@@ -21,7 +21,8 @@ use crate::sessions::{Holds, Sessions};
 
 /// What every handler shares.
 pub struct Shared {
-    pub args: ServeArgs,
+    /// The daemon's settings (named `args` after the flags they come from).
+    pub args: Config,
     /// `--data-dir`, created with mode 0700.
     pub data_dir: PathBuf,
     pub db: Db,
@@ -67,9 +68,9 @@ where
 
 impl Shared {
     /// Creates the data dir (0700) and opens the database, keys and metrics. Does not
-    /// validate `args` (see `ServeArgs::validate`), create the admin key or start
+    /// validate `args` (see `Config::validate`), create the admin key or start
     /// sessions: `server::start` does all of that in order.
-    pub async fn new(args: ServeArgs) -> anyhow::Result<AppState> {
+    pub async fn new(args: Config) -> anyhow::Result<AppState> {
         let data_dir = args.data_dir.clone();
         create_private_dir(&data_dir)?;
         let data_dir_lock = DataDirLock::acquire(&data_dir)?;

@@ -26,7 +26,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::auth::{Frontend, DEFAULT_TENANT};
-use crate::config::{LogFormat, ServeArgs};
+use crate::config::{Config, LogFormat, ServeArgs};
 use crate::error::{method_not_allowed_fallback, not_found_fallback, ApiError, ApiJson, ErrorBody};
 use crate::state::{AppState, Shared};
 
@@ -112,7 +112,7 @@ async fn openapi_json(Extension(doc): Extension<OpenApiJson>) -> Response {
 }
 
 /// Every route with its OpenAPI description, before middleware.
-pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
+pub fn api_router(args: &Config) -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(health))
         .routes(routes!(openapi_json))
@@ -130,7 +130,7 @@ pub fn api_router(args: &ServeArgs) -> OpenApiRouter<AppState> {
 }
 
 /// The OpenAPI document of everything [`router`] serves.
-pub fn openapi(args: &ServeArgs) -> utoipa::openapi::OpenApi {
+pub fn openapi(args: &Config) -> utoipa::openapi::OpenApi {
     described(api_router(args).into_openapi())
 }
 
@@ -461,10 +461,10 @@ pub fn init_logging(format: LogFormat) {
     };
 }
 
-/// Everything before serving, in order: validate the flags, create the data dir
+/// Everything before serving, in order: validate the settings, create the data dir
 /// (0700), open the database, create the admin key on first start, clean up after
 /// interrupted uploads, start the live sessions. The state is then complete.
-pub async fn start(args: ServeArgs) -> anyhow::Result<AppState> {
+pub async fn start(args: Config) -> anyhow::Result<AppState> {
     args.validate()?;
     // Takes the data dir's lock: a daemon refused it says that one line and nothing else.
     let state = Shared::new(args).await?;
@@ -527,6 +527,7 @@ pub fn spawn_background(state: &AppState, expiry_interval: Duration) {
 /// `brig serve`: runs the daemon until SIGTERM or SIGINT.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
+    let args = Config::from(args);
     let listen = args.listen;
     args.validate()?;
     raise_open_file_limit();

@@ -59,7 +59,7 @@ async fn harness(extra: &[&str]) -> Harness {
         store.display().to_string(),
     ];
     argv.extend(extra.iter().map(|s| s.to_string()));
-    let args = ServeArgs::try_parse_from(argv).unwrap();
+    let args = Config::from(ServeArgs::try_parse_from(argv).unwrap());
     args.validate().unwrap();
     let state = Shared::new(args).await.unwrap();
     if state.args.no_auth {
@@ -1476,7 +1476,7 @@ async fn start_refuses_no_auth_off_loopback() {
         &dir.path().join("d").display().to_string(),
     ])
     .unwrap();
-    let err = start(args).await.err().unwrap().to_string();
+    let err = start(args.into()).await.err().unwrap().to_string();
     assert!(err.contains("--no-auth"), "{err}");
     assert!(
         !dir.path().join("d").exists(),
