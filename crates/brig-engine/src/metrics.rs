@@ -1,4 +1,5 @@
-//! Prometheus metrics, rendered on `GET /metrics` (no auth).
+//! Prometheus metrics: the recorder and what the daemon records. The server renders
+//! them on `GET /metrics` (no auth).
 //!
 //! The `metrics` facade has one global recorder per process, so the Prometheus
 //! recorder is installed once (tests build several daemons in one process) and every
@@ -17,17 +18,9 @@
 //! | `brig_failures_total` | counter | `code` |
 
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderValue};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
-
-use crate::state::AppState;
 
 /// Histogram buckets in seconds: from a fast API call to a long exec.
 const BUCKETS: &[f64] = &[
@@ -181,73 +174,24 @@ pub fn failure(code: &str) {
     metrics::counter!("brig_failures_total", "code" => code.to_string()).increment(1);
 }
 
-/// Middleware: counts and times every request by its route template (never the raw
-/// path, which would make a label per id).
-pub async fn track_requests(request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
-    let method = method_label(request.method()).to_string();
-    let started = Instant::now();
-    let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
+/// A request answered with `status` after `elapsed` (until its response head).
+/// `route` is the route's template, never the raw path (that would make a label
+/// per id); `method` one of a fixed set (a label per token a client may send as a
+/// method would grow the registry without bound).
+pub fn http_request(route: String, method: &'static str, status: u16, elapsed: Duration) {
     metrics::histogram!(
         "brig_http_request_duration_seconds",
         "route" => route.clone(),
-        "method" => method.clone()
+        "method" => method
     )
-    .record(started.elapsed().as_secs_f64());
+    .record(elapsed.as_secs_f64());
     metrics::counter!(
         "brig_http_requests_total",
         "route" => route,
         "method" => method,
-        "status" => status
+        "status" => status.to_string()
     )
     .increment(1);
-    response
-}
-
-/// The `method` label: the methods HTTP defines, or `other`. A client may send any
-/// token as a method, and a label per token would grow the registry (and every
-/// scrape) without bound.
-fn method_label(method: &axum::http::Method) -> &'static str {
-    use axum::http::Method;
-    match *method {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::PATCH => "PATCH",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        Method::CONNECT => "CONNECT",
-        Method::TRACE => "TRACE",
-        _ => "other",
-    }
-}
-
-/// Prometheus text exposition of the daemon's metrics.
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    tag = "operations",
-    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"))
-)]
-async fn get_metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-        )],
-        state.metrics.render(),
-    )
-}
-
-/// `GET /metrics`.
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(get_metrics))
 }
 
 #[cfg(test)]

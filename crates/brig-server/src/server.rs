@@ -116,7 +116,7 @@ pub fn api_router(args: &Config) -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(health))
         .routes(routes!(openapi_json))
-        .merge(crate::metrics::routes())
+        .merge(crate::rest::metrics::routes())
         .merge(crate::auth::routes())
         .merge(crate::audit::routes())
         .merge(crate::onyx::files::routes(args).layer(Extension(Frontend::Onyx)))
@@ -214,7 +214,7 @@ pub fn router(state: AppState) -> Router {
         .layer(from_fn_with_state(state.clone(), body_deadline))
         .layer(from_fn_with_state(state.clone(), crate::audit::refusals))
         .layer(from_fn(close_if_body_unread))
-        .layer(from_fn(crate::metrics::track_requests))
+        .layer(from_fn(crate::http::metrics::track_requests))
         // One span and one `info` line per request (method, path, status, latency);
         // headers are not logged, so keys never reach the log.
         .layer(

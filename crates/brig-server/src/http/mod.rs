@@ -14,6 +14,7 @@ use brig_engine::auth::{Admin, Caller};
 use brig_engine::fault::Error;
 use brig_engine::state::AppState;
 
+pub mod metrics;
 pub mod sse;
 
 // The extractors of request bodies, paths and queries with the API's rejections.

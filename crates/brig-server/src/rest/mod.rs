@@ -2,6 +2,7 @@
 //! set of handlers that parse, call the engine and encode.
 pub mod exec;
 pub mod files;
+pub mod metrics;
 pub mod processes;
 pub mod sessions;
 pub mod snapshots;
