@@ -1,30 +1,23 @@
 //! The audit log: who did what, when, with which outcome.
 //!
-//! Handlers call [`record`] for every state change (session lifecycle, exec, file
+//! Verbs call [`record`] for every state change (session lifecycle, exec, file
 //! operation, key and quota changes). Requests refused with 401/403/404/413/422/429
-//! are recorded by the [`refusals`] middleware as action `refused`; a 401 has no
-//! tenant yet and is recorded under tenant `""`, which only an admin sees.
+//! are recorded by the server's refusal middleware through [`record_refusal`] as
+//! action `refused`; a 401 has no tenant yet and is recorded under tenant `""`,
+//! which only an admin sees. [`query`] reads the log back.
 //!
 //! Outcomes are `ok`, `error` (the action was attempted and failed) and `refused`.
 
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use futures_util::stream::BoxStream;
 use serde_json::Value;
-use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
-use crate::auth::{Caller, CallerSlot};
+use crate::auth::{Caller, Permit};
 use crate::db::{
     now_rfc3339, parse_rfc3339, rfc3339_before, AuditFilter, AuditRow, Db, NewAuditEvent,
 };
-use crate::error::{code_for_status, response_with_status, ApiError, ApiQuery, ErrorCode};
+use crate::error::ApiError;
 use crate::state::{AppState, Shared};
 
 /// Longest string kept in an event's detail (commands, code, paths).
@@ -35,13 +28,6 @@ pub const MAX_DETAIL_ITEMS: usize = 100;
 /// six): a refused request with a hundred long arguments would otherwise add ~600
 /// KiB to the log, kept for its retention and counted in no quota.
 pub const MAX_DETAIL_BYTES: usize = 4096;
-/// Whether the refusal middleware records a response: the client's errors, and the
-/// daemon's "not now" (503: a global cap, shutting down). A 500 is not a refusal:
-/// it is logged with its cause instead.
-pub fn is_refusal(status: StatusCode) -> bool {
-    status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE
-}
-
 /// Longest method kept of a request in its refusal's event and its log line, and
 /// longest path (see [`bounded`]): any token is a method to HTTP, and one of 1,100
 /// characters with a path of 1 KiB, answered 405 before any key is looked at, made
@@ -62,8 +48,9 @@ pub fn bounded(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     format!("{}… ({} bytes)", &text[..end], text.len()).into()
 }
 
-const DEFAULT_LIMIT: u32 = 100;
-const MAX_LIMIT: u32 = 1000;
+/// Events of a [`Format::Json`] answer without a `limit`, and the most with one.
+pub const DEFAULT_LIMIT: u32 = 100;
+pub const MAX_LIMIT: u32 = 1000;
 /// Rows read per database round trip while streaming JSON lines.
 const STREAM_PAGE: u32 = 500;
 
@@ -127,8 +114,8 @@ pub async fn record_in(
 }
 
 /// The outcomes of refused requests, whose events draw on the [`RefusalBudget`]:
-/// the error codes the daemon answers with a 4xx or a 503 (a test holds this to
-/// `error::code_for_status` and the session file errors).
+/// the error codes the daemon answers with a 4xx or a 503 (a test in the server's
+/// refusal middleware holds this to the statuses of the codes).
 pub const REFUSAL_CODES: &[&str] = &[
     "bad_request",
     "unauthorized",
@@ -426,136 +413,91 @@ fn cut_detail(value: Value, string: usize, items: usize) -> Value {
     }
 }
 
-/// Middleware (outside the routes): makes every error response JSON, counts it in
-/// `brig_failures_total{code}`, and audits refusals under the caller's tenant.
-pub async fn refusals(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    let slot = CallerSlot::default();
-    request.extensions_mut().insert(slot.clone());
-    let method = bounded(request.method().as_str(), MAX_RECORDED_METHOD).into_owned();
-    let path = bounded(request.uri().path(), MAX_RECORDED_PATH).into_owned();
-    let response = next.run(request).await;
-    let status = response.status();
-    if !(status.is_client_error() || status.is_server_error()) {
-        return response;
-    }
-    let response = ensure_json_error(response).await;
-    let code = response
-        .extensions()
-        .get::<ErrorCode>()
-        .copied()
-        .unwrap_or_else(|| code_for_status(status))
-        .as_str();
-    crate::metrics::failure(code);
-    if is_refusal(status) {
-        let caller = slot.0.get().cloned().unwrap_or(Caller {
-            tenant: String::new(),
-            key_id: None,
-            admin: false,
-            frontend: crate::auth::Frontend::Rest,
-        });
-        if state
-            .refusals
-            .admit(&caller.tenant, code, std::time::Instant::now())
-        {
-            let detail = serde_json::json!({
-                "method": method,
-                "path": path,
-                "status": status.as_u16(),
-                "code": code,
-            });
-            record_in(&state.db, &caller, None, "refused", detail, "refused").await;
+/// Records a request refused with `status` and error `code` (a 4xx or a 503), under
+/// the tenant of `caller` (`""` when no key was accepted), unless the tenant's
+/// refusal budget is spent: then it is only counted in the next summary. `method`
+/// and `path` come cut by [`bounded`] to [`MAX_RECORDED_METHOD`] and
+/// [`MAX_RECORDED_PATH`] (the front end holds them while the request runs).
+pub async fn record_refusal(
+    state: &Shared,
+    caller: Option<&Caller>,
+    method: &str,
+    path: &str,
+    status: u16,
+    code: &str,
+) {
+    let keyless;
+    let caller = match caller {
+        Some(caller) => caller,
+        None => {
+            keyless = Caller {
+                tenant: String::new(),
+                key_id: None,
+                admin: false,
+                frontend: crate::auth::Frontend::Rest,
+            };
+            &keyless
         }
+    };
+    if !state
+        .refusals
+        .admit(&caller.tenant, code, std::time::Instant::now())
+    {
+        return;
     }
-    response
-}
-
-/// Rewrites an error response that did not come from `ApiError` (an axum rejection
-/// in a handler that used a plain extractor) into the API's JSON error shape.
-async fn ensure_json_error(response: Response) -> Response {
-    if response.extensions().get::<ErrorCode>().is_some() {
-        return response;
-    }
-    let (parts, body) = response.into_parts();
-    let status = parts.status;
-    let text = axum::body::to_bytes(body, 4096)
-        .await
-        .ok()
-        .and_then(|b| String::from_utf8(b.to_vec()).ok())
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_string());
-    let mut rewritten = response_with_status(status, ApiError::new(code_for_status(status), text));
-    for (name, value) in &parts.headers {
-        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
-            rewritten.headers_mut().append(name, value.clone());
-        }
-    }
-    rewritten
+    let detail = serde_json::json!({
+        "method": method,
+        "path": path,
+        "status": status,
+        "code": code,
+    });
+    record_in(&state.db, caller, None, "refused", detail, "refused").await;
 }
 
 // ---------------------------------------------------------------------------------
-// GET /v1/audit
+// Reading the log
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum AuditFormat {
+/// How [`query`] answers: a page, or every event as a stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Format {
+    /// At most [`MAX_LIMIT`] events at once (default [`DEFAULT_LIMIT`]).
     #[default]
     Json,
+    /// Every event that matches (or `limit`), a page at a time.
     Jsonl,
 }
 
-/// Filters of `GET /v1/audit`.
-#[derive(Debug, Default, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct AuditQuery {
-    /// Admin only: events of this tenant (empty for requests refused without a key).
+/// What [`query`] looks for. Times are RFC 3339 as given by the client.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// Admin only: events of this tenant (`""`: requests refused without a key).
     pub tenant: Option<String>,
     pub session_id: Option<String>,
-    /// e.g. `refused`, `key.create`, `file.upload`.
     pub action: Option<String>,
-    /// `ok`, `error` or `refused`.
     pub outcome: Option<String>,
-    /// RFC 3339; events at or after this time.
     pub since: Option<String>,
-    /// RFC 3339; events before this time.
     pub until: Option<String>,
-    /// At most this many events (json: default 100, at most 1000; jsonl: default all).
     pub limit: Option<u32>,
-    /// Events after this id (for paging: pass the last id seen).
     pub after_id: Option<i64>,
-    /// `json` (default) or `jsonl` (one event per line, streamed).
-    pub format: Option<AuditFormat>,
+    pub format: Format,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct AuditList {
-    pub events: Vec<AuditRow>,
+/// What [`query`] found.
+pub enum Listing {
+    /// [`Format::Json`]: one page. Up to 1,000 events (a few MB): the answer counts
+    /// as a transfer until the client has read it, so the permit goes with it.
+    Page {
+        events: Vec<AuditRow>,
+        transfer: Permit,
+    },
+    /// [`Format::Jsonl`]: pages of events until the end, holding the transfer permit
+    /// for as long as the stream lives.
+    Export(BoxStream<'static, Result<Vec<AuditRow>, ApiError>>),
 }
 
-/// Read the audit log (tenant: its own events; admin: all, `tenant=` to filter).
-#[utoipa::path(
-    get,
-    path = "/v1/audit",
-    tag = "audit",
-    params(AuditQuery),
-    responses(
-        (status = 200, content(
-            (AuditList = "application/json"),
-            (AuditRow = "application/x-ndjson"),
-        )),
-        (status = 400, body = crate::error::ErrorBody),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 422, body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn list_audit(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiQuery(query): ApiQuery<AuditQuery>,
-) -> Result<Response, ApiError> {
+/// Reads the audit log: a tenant its own events (another tenant's is 403), an
+/// administrator every tenant's, or one tenant's with `tenant`.
+pub async fn query(state: &Shared, caller: &Caller, query: Query) -> Result<Listing, ApiError> {
     let tenant = match (caller.admin, query.tenant) {
         (true, tenant) => tenant,
         (false, Some(t)) if t != caller.tenant => {
@@ -573,16 +515,15 @@ async fn list_audit(
             ))
         }),
     };
-    let format = query.format.unwrap_or_default();
-    let limit = match (format, query.limit) {
+    let limit = match (query.format, query.limit) {
         (_, Some(0)) => return Err(ApiError::invalid("limit must be at least 1")),
-        (AuditFormat::Json, Some(n)) if n > MAX_LIMIT => {
+        (Format::Json, Some(n)) if n > MAX_LIMIT => {
             return Err(ApiError::invalid(format!(
                 "limit must be at most {MAX_LIMIT} (use format=jsonl for more)"
             )));
         }
-        (AuditFormat::Json, n) => n.unwrap_or(DEFAULT_LIMIT),
-        (AuditFormat::Jsonl, n) => n.unwrap_or(u32::MAX),
+        (Format::Json, n) => n.unwrap_or(DEFAULT_LIMIT),
+        (Format::Jsonl, n) => n.unwrap_or(u32::MAX),
     };
     let filter = AuditFilter {
         tenant,
@@ -595,26 +536,26 @@ async fn list_audit(
         max_id: None,
         limit,
     };
-    // An answer is up to 1,000 events (a few MB) or a whole export: it counts as a
-    // transfer until the client has read it.
     let transfer = state.auth.transfer_permit(&caller.tenant)?;
-    match format {
-        AuditFormat::Json => {
+    match query.format {
+        Format::Json => {
             let events = state.db.audit_events(filter).await?;
-            Ok(crate::auth::json_holding(&AuditList { events }, transfer))
+            Ok(Listing::Page { events, transfer })
         }
-        AuditFormat::Jsonl => Ok(jsonl_response(state.db.clone(), filter, transfer).await?),
+        Format::Jsonl => Ok(Listing::Export(
+            export(state.db.clone(), filter, transfer).await?,
+        )),
     }
 }
 
-/// Streams the events as JSON lines, a page at a time. Events appended while the
-/// stream runs are left out (the stream stops at the newest id when it started), so
-/// it always ends.
-async fn jsonl_response(
+/// The events a page at a time. Events appended while the stream runs are left out
+/// (the stream stops at the newest id when it started), so it always ends; after an
+/// error it ends too.
+async fn export(
     db: Db,
     mut filter: AuditFilter,
-    transfer: crate::auth::Permit,
-) -> Result<Response, ApiError> {
+    transfer: Permit,
+) -> Result<BoxStream<'static, Result<Vec<AuditRow>, ApiError>>, ApiError> {
     filter.max_id = Some(db.max_audit_id().await?);
     let remaining = filter.limit;
     let stream = futures_util::stream::unfold(
@@ -627,38 +568,15 @@ async fn jsonl_response(
             match db.audit_events(filter.clone()).await {
                 Ok(rows) => {
                     let last_page = (rows.len() as u32) < filter.limit;
-                    let last = rows.last()?;
-                    filter.after_id = Some(last.id);
-                    let mut out = Vec::with_capacity(rows.len() * 200);
-                    for row in &rows {
-                        // Serializing plain data into a Vec cannot fail.
-                        if serde_json::to_writer(&mut out, row).is_ok() {
-                            out.push(b'\n');
-                        }
-                    }
+                    filter.after_id = Some(rows.last()?.id);
                     let remaining = remaining - rows.len() as u32;
-                    let state = (db, filter, remaining, last_page, transfer);
-                    Some((Ok(Bytes::from(out)), state))
+                    Some((Ok(rows), (db, filter, remaining, last_page, transfer)))
                 }
-                Err(e) => Some((
-                    Err(std::io::Error::other(e.message)),
-                    (db, filter, remaining, true, transfer),
-                )),
+                Err(e) => Some((Err(e), (db, filter, remaining, true, transfer))),
             }
         },
     );
-    let mut response = Body::from_stream(stream).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
-    *response.status_mut() = StatusCode::OK;
-    Ok(response)
-}
-
-/// `GET /v1/audit`.
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_audit))
+    Ok(Box::pin(stream))
 }
 
 #[cfg(test)]
@@ -666,53 +584,6 @@ mod tests {
     use super::*;
     use crate::db::rfc3339_after;
     use std::time::Instant;
-
-    #[test]
-    fn refusal_codes_are_those_of_4xx_and_503_answers_only() {
-        use axum::http::StatusCode;
-        for status in 400..=599u16 {
-            let status = StatusCode::from_u16(status).unwrap();
-            let code = code_for_status(status).as_str();
-            assert_eq!(
-                REFUSAL_CODES.contains(&code),
-                is_refusal(status),
-                "{status}: {code}"
-            );
-        }
-        use crate::rootfs::RootfsError as E;
-        let s = String::new;
-        for e in [
-            E::NotFound(s()),
-            E::NotADirectory(s()),
-            E::NotAFile(s()),
-            E::AlreadyExists(s()),
-            E::NotEmpty(s()),
-            E::InvalidPath(s()),
-            E::Escapes(s()),
-            E::Busy(s()),
-            E::PermissionDenied(s()),
-            E::TooLarge(s()),
-            E::ReadOnly(s()),
-            E::NoSpace(s()),
-            E::InvalidArchive(s()),
-        ] {
-            let refused = is_refusal(crate::error::status_of(e.code()));
-            let code = e.code().as_str();
-            assert_eq!(REFUSAL_CODES.contains(&code), refused, "{code}");
-        }
-        // Every code the daemon answers with, not only those a bare status maps to.
-        for &code in crate::error::ErrorCode::ALL {
-            let refused = is_refusal(crate::error::status_of(code));
-            assert_eq!(REFUSAL_CODES.contains(&code.as_str()), refused, "{code}");
-        }
-        assert!(REFUSAL_CODES.iter().all(|c| crate::error::ErrorCode::ALL
-            .iter()
-            .any(|k| k.as_str() == *c)));
-        // What ran is never a refusal.
-        for ran in ["ok", "error", "internal", "timeout", "oom", "client_closed"] {
-            assert!(!REFUSAL_CODES.contains(&ran), "{ran}");
-        }
-    }
 
     #[test]
     fn refusals_past_the_budget_are_summed_up_per_tenant() {

@@ -41,7 +41,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
             `{\"error\": {\"code\", \"message\"}}`; see docs/API.md."
     ),
     modifiers(&SecuritySchemes),
-    components(schemas(ErrorBody, crate::audit::AuditFormat)),
+    components(schemas(ErrorBody, crate::rest::audit::AuditFormat)),
     tags(
         (name = "operations", description = "Health, metrics, this document"),
         (name = "tenants", description = "API keys, tenants and quotas"),
@@ -118,7 +118,6 @@ pub fn api_router(args: &Config) -> OpenApiRouter<AppState> {
         .routes(routes!(openapi_json))
         .merge(crate::rest::metrics::routes())
         .merge(crate::auth::routes())
-        .merge(crate::audit::routes())
         .merge(crate::onyx::files::routes(args).layer(Extension(Frontend::Onyx)))
         .merge(crate::rest::files::routes())
         .merge(crate::rest::snapshots::routes())
@@ -127,6 +126,7 @@ pub fn api_router(args: &Config) -> OpenApiRouter<AppState> {
         .merge(crate::rest::volumes::routes())
         .merge(crate::onyx::execute::routes().layer(Extension(Frontend::Onyx)))
         .merge(crate::rest::sessions::routes())
+        .merge(crate::rest::audit::routes())
 }
 
 /// The OpenAPI document of everything [`router`] serves.
@@ -212,7 +212,10 @@ pub fn router(state: AppState) -> Router {
     routes
         // Inside the refusal audit, so that a stalled body is recorded as the 408 it is.
         .layer(from_fn_with_state(state.clone(), body_deadline))
-        .layer(from_fn_with_state(state.clone(), crate::audit::refusals))
+        .layer(from_fn_with_state(
+            state.clone(),
+            crate::http::refusals::refusals,
+        ))
         .layer(from_fn(close_if_body_unread))
         .layer(from_fn(crate::http::metrics::track_requests))
         // One span and one `info` line per request (method, path, status, latency);

@@ -1421,7 +1421,7 @@ pub struct NewAuditEvent {
 }
 
 /// A stored audit event.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct AuditRow {
     pub id: i64,
     /// RFC 3339, UTC.
@@ -1431,7 +1431,6 @@ pub struct AuditRow {
     pub key_id: Option<String>,
     pub session_id: Option<String>,
     pub action: String,
-    #[schema(value_type = Object)]
     pub detail: serde_json::Value,
     /// `ok`, `error` or `refused`.
     pub outcome: String,

@@ -15,6 +15,7 @@ use brig_engine::fault::Error;
 use brig_engine::state::AppState;
 
 pub mod metrics;
+pub mod refusals;
 pub mod sse;
 
 // The extractors of request bodies, paths and queries with the API's rejections.

@@ -1,5 +1,6 @@
 //! brig's own REST API (`/v1/...`, docs/API.md): one module per resource, each a
 //! set of handlers that parse, call the engine and encode.
+pub mod audit;
 pub mod exec;
 pub mod files;
 pub mod metrics;
