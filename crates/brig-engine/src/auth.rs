@@ -1,4 +1,4 @@
-//! API keys, tenants, the caller extractor and quotas.
+//! API keys, tenants, callers and quotas, and the verbs that manage them.
 //!
 //! A key is `brig_` followed by 24 random url-safe characters (144 bits from the
 //! thread CSPRNG, seeded by the OS). Only its SHA-256 is stored: a slow password hash
@@ -20,21 +20,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use anyhow::Context;
-use axum::extract::{FromRequestParts, State};
-use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::IntoResponse;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
-use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 use crate::audit;
-use crate::config::{ByteSize, Config};
+use crate::config::Config;
 use crate::db::{now_rfc3339, Db, KeyRow, QuotaUpdate, TenantRow};
-use crate::error::{ApiError, ApiJson, ApiPath};
-use crate::state::AppState;
+use crate::error::ApiError;
+use crate::state::Shared;
+
+// Transitional: where the handlers not yet moved out of the engine look for them.
+pub use crate::http_compat::{bytes_holding, json_holding};
 
 /// The administrators' tenant.
 pub const ADMIN_TENANT: &str = "admin";
@@ -106,43 +102,8 @@ impl Caller {
 #[derive(Clone, Default, Debug)]
 pub struct CallerSlot(pub Arc<std::sync::OnceLock<Caller>>);
 
-impl FromRequestParts<AppState> for Caller {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, ApiError> {
-        if let Some(caller) = parts.extensions.get::<Caller>() {
-            return Ok(caller.clone());
-        }
-        let mut caller = state.auth.authenticate(&parts.headers).await?;
-        // The router tags each front end's routes (see `server::router`).
-        if let Some(frontend) = parts.extensions.get::<Frontend>() {
-            caller.frontend = *frontend;
-        }
-        if let Some(slot) = parts.extensions.get::<CallerSlot>() {
-            let _ = slot.0.set(caller.clone());
-        }
-        parts.extensions.insert(caller.clone());
-        Ok(caller)
-    }
-}
-
-/// A caller that must be an administrator (401 without a key, 403 with a tenant
-/// key), checked before the body is read.
-#[derive(Clone, Debug)]
-pub struct Admin(pub Caller);
-
-impl FromRequestParts<AppState> for Admin {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Admin, ApiError> {
-        let caller = Caller::from_request_parts(parts, state).await?;
-        caller.require_admin()?;
-        Ok(Admin(caller))
-    }
-}
-
 /// Effective quotas of a tenant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Quotas {
     pub max_sessions: u64,
     pub max_concurrent_execs: u64,
@@ -273,73 +234,6 @@ impl Drop for Permit {
     }
 }
 
-/// `answer` as a JSON response whose body holds `permit` until the client has
-/// (nearly) all of it, or its connection is gone: a large answer a client reads
-/// slowly then counts against the caps the permit counts in.
-pub fn json_holding<T: Serialize>(answer: &T, permit: Permit) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    match serde_json::to_vec(answer) {
-        Ok(json) => bytes_holding("application/json", json.into(), permit),
-        Err(e) => ApiError::internal(e).into_response(),
-    }
-}
-
-/// `bytes` as a response whose body holds `permit`, as [`json_holding`].
-pub fn bytes_holding(
-    content_type: &'static str,
-    bytes: axum::body::Bytes,
-    permit: Permit,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    // An answer of one piece goes to hyper's buffer whole anyway: plainly, as any.
-    let body = if bytes.len() <= HOLDING_PIECE {
-        axum::body::Body::from(bytes)
-    } else {
-        axum::body::Body::new(Holding {
-            rest: bytes,
-            _permit: permit,
-        })
-    };
-    ([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response()
-}
-
-/// What [`Holding`] gives hyper at a time.
-const HOLDING_PIECE: usize = 64 << 10;
-
-/// A body given to hyper a piece at a time: it takes the next piece only when it
-/// has written out most of the last, so the body (and the permit it holds) lives
-/// until the client has read nearly all of it. Given whole, it would be dropped at
-/// once.
-struct Holding {
-    rest: axum::body::Bytes,
-    _permit: Permit,
-}
-
-impl http_body::Body for Holding {
-    type Data = axum::body::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        if self.rest.is_empty() {
-            return std::task::Poll::Ready(None);
-        }
-        let n = self.rest.len().min(HOLDING_PIECE);
-        let piece = self.rest.split_to(n);
-        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(piece))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.rest.is_empty()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.rest.len() as u64)
-    }
-}
-
 fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
 }
@@ -404,29 +298,6 @@ pub fn validate_tenant_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
-/// The key from `Authorization: Bearer <key>` or `X-API-Key: <key>`.
-fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
-    if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
-        let text = value
-            .to_str()
-            .map_err(|_| ApiError::unauthorized("unreadable Authorization header"))?;
-        let (scheme, token) = text.trim().split_once(' ').unwrap_or((text, ""));
-        if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
-            return Err(ApiError::unauthorized(
-                "use Authorization: Bearer <key> or X-API-Key: <key>",
-            ));
-        }
-        return Ok(Some(token.trim()));
-    }
-    if let Some(value) = headers.get("x-api-key") {
-        let text = value
-            .to_str()
-            .map_err(|_| ApiError::unauthorized("unreadable X-API-Key header"))?;
-        return Ok(Some(text.trim()));
-    }
-    Ok(None)
-}
-
 impl Auth {
     /// Loads the tenants' quota overrides.
     pub async fn new(db: Db, args: &Config) -> anyhow::Result<Auth> {
@@ -460,10 +331,11 @@ impl Auth {
         })
     }
 
-    /// The caller of a request, from its headers: 401 `unauthorized` if the key is
-    /// missing (unless `--no-auth`), malformed, unknown or revoked.
-    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        match presented_key(headers)? {
+    /// The caller a request stands for, from the key it presented (if any): 401
+    /// `unauthorized` if the key is missing (unless `--no-auth`), malformed, unknown
+    /// or revoked.
+    pub async fn authenticate(&self, key: Option<&str>) -> Result<Caller, ApiError> {
+        match key {
             Some(key) => self.verify(key).await,
             None if self.no_auth => Ok(Caller {
                 tenant: DEFAULT_TENANT.to_string(),
@@ -688,67 +560,15 @@ fn write_secret_file(path: &Path, content: &str) -> anyhow::Result<()> {
 }
 
 // ---------------------------------------------------------------------------------
-// HTTP
-
-/// `POST /v1/keys`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateKeyRequest {
-    /// The tenant the key belongs to; created if new.
-    pub tenant: String,
-    /// A label for humans.
-    #[serde(default)]
-    pub name: Option<String>,
-}
-
-/// A new key: `key` is shown this once.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct CreatedKey {
-    pub key_id: String,
-    pub key: String,
-    pub tenant: String,
-    pub name: Option<String>,
-    pub created_at: String,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct KeyInfo {
-    pub key_id: String,
-    pub tenant: String,
-    pub name: Option<String>,
-    pub created_at: String,
-    pub revoked_at: Option<String>,
-}
-
-impl From<KeyRow> for KeyInfo {
-    fn from(row: KeyRow) -> KeyInfo {
-        KeyInfo {
-            key_id: row.id,
-            tenant: row.tenant,
-            name: row.name,
-            created_at: row.created_at,
-            revoked_at: row.revoked_at,
-        }
-    }
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct KeyList {
-    pub keys: Vec<KeyInfo>,
-}
+// Verbs: keys, tenants and quotas
 
 /// What a tenant uses now.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Usage {
-    /// Live sessions.
     pub sessions: u64,
-    /// Execs running now.
     pub concurrent_execs: u64,
-    /// Bytes of stored files (`/v1/files`).
     pub file_bytes: u64,
-    /// The capacity of its volumes (`/v1/volumes`).
     pub volume_bytes: u64,
-    /// The layers its snapshots hold (`/v1/snapshots`), each once.
     pub snapshot_bytes: u64,
     /// The `disk` limits of its live sessions: reserved whether written or not.
     pub session_disk_bytes: u64,
@@ -756,7 +576,8 @@ pub struct Usage {
     pub disk_bytes: u64,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+/// A tenant with its quotas and what it uses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TenantInfo {
     pub tenant: String,
     pub created_at: String,
@@ -764,37 +585,7 @@ pub struct TenantInfo {
     pub usage: Usage,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-pub struct TenantList {
-    pub tenants: Vec<TenantInfo>,
-}
-
-/// `PUT /v1/tenants/{tenant}/quotas`: an absent field is left alone, `null` resets
-/// the quota to the daemon's default, a value sets it.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct QuotaRequest {
-    #[serde(default, deserialize_with = "some")]
-    #[schema(value_type = Option<u64>)]
-    pub max_sessions: Option<Option<u64>>,
-    #[serde(default, deserialize_with = "some")]
-    #[schema(value_type = Option<u64>)]
-    pub max_concurrent_execs: Option<Option<u64>>,
-    #[serde(default, deserialize_with = "some")]
-    #[schema(value_type = Option<ByteSize>)]
-    pub max_disk_bytes: Option<Option<ByteSize>>,
-}
-
-/// A present field (even `null`) is `Some`; with `#[serde(default)]` an absent one is `None`.
-fn some<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    T::deserialize(deserializer).map(Some)
-}
-
-async fn tenant_info(state: &AppState, row: TenantRow) -> Result<TenantInfo, ApiError> {
+async fn tenant_info(state: &Shared, row: TenantRow) -> Result<TenantInfo, ApiError> {
     let file_bytes = state.db.file_bytes(&row.name).await?;
     let volume_bytes = crate::volumes::usage(state, &row.name).await?;
     let snapshot_bytes = state.db.snapshot_bytes(&row.name).await?;
@@ -818,26 +609,16 @@ async fn tenant_info(state: &AppState, row: TenantRow) -> Result<TenantInfo, Api
     })
 }
 
-/// Create an API key (admin).
-#[utoipa::path(
-    post,
-    path = "/v1/keys",
-    tag = "tenants",
-    request_body = CreateKeyRequest,
-    responses(
-        (status = 201, description = "The key (shown once)", body = CreatedKey),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 422, body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn create_key(
-    State(state): State<AppState>,
-    Admin(caller): Admin,
-    ApiJson(request): ApiJson<CreateKeyRequest>,
-) -> Result<impl IntoResponse, ApiError> {
-    let name = match request.name {
+/// Creates a key for `tenant` (and the tenant if new), named `name` (admin). Returns
+/// the key itself, shown this once, and its row. Audited as `key.create`.
+pub async fn create_key(
+    state: &Shared,
+    caller: &Caller,
+    tenant: &str,
+    name: Option<String>,
+) -> Result<(String, KeyRow), ApiError> {
+    caller.require_admin()?;
+    let name = match name {
         Some(name) if name.chars().count() > MAX_KEY_NAME || name.chars().any(char::is_control) => {
             return Err(ApiError::invalid(format!(
                 "invalid key name: at most {MAX_KEY_NAME} characters, no control characters"
@@ -845,156 +626,76 @@ async fn create_key(
         }
         name => name,
     };
-    let (key, row) = state.auth.create_key(&request.tenant, name).await?;
+    let (key, row) = state.auth.create_key(tenant, name).await?;
     audit::record(
-        &state,
-        &caller,
+        state,
+        caller,
         None,
         "key.create",
         serde_json::json!({"key_id": row.id, "tenant": row.tenant, "name": row.name}),
         "ok",
     )
     .await;
-    Ok((
-        StatusCode::CREATED,
-        ApiJson(CreatedKey {
-            key_id: row.id,
-            key,
-            tenant: row.tenant,
-            name: row.name,
-            created_at: row.created_at,
-        }),
-    ))
+    Ok((key, row))
 }
 
-/// List keys (admin: all tenants; tenant: its own). Keys themselves are never shown.
-#[utoipa::path(
-    get,
-    path = "/v1/keys",
-    tag = "tenants",
-    responses(
-        (status = 200, body = KeyList),
-        (status = 401, body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn list_keys(
-    State(state): State<AppState>,
-    caller: Caller,
-) -> Result<ApiJson<KeyList>, ApiError> {
+/// The keys an administrator sees (every tenant's) or a tenant sees (its own).
+pub async fn list_keys(state: &Shared, caller: &Caller) -> Result<Vec<KeyRow>, ApiError> {
     let scope = (!caller.admin).then_some(caller.tenant.as_str());
-    let keys = state.db.keys(scope).await?;
-    Ok(ApiJson(KeyList {
-        keys: keys.into_iter().map(KeyInfo::from).collect(),
-    }))
+    state.db.keys(scope).await
 }
 
-/// Revoke a key (admin). Takes effect at once.
-#[utoipa::path(
-    delete,
-    path = "/v1/keys/{key_id}",
-    tag = "tenants",
-    params(("key_id" = String, Path, description = "e.g. key_0a1b2c3d")),
-    responses(
-        (status = 204, description = "Revoked"),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn delete_key(
-    State(state): State<AppState>,
-    Admin(caller): Admin,
-    ApiPath(key_id): ApiPath<String>,
-) -> Result<StatusCode, ApiError> {
-    let Some(row) = state.auth.revoke(&key_id).await? else {
+/// Revokes a key (admin), at once; 404 if there is no such key. Audited as
+/// `key.revoke`.
+pub async fn revoke_key(state: &Shared, caller: &Caller, key_id: &str) -> Result<KeyRow, ApiError> {
+    caller.require_admin()?;
+    let Some(row) = state.auth.revoke(key_id).await? else {
         return Err(ApiError::not_found(format!("no key {key_id}")));
     };
     audit::record(
-        &state,
-        &caller,
+        state,
+        caller,
         None,
         "key.revoke",
         serde_json::json!({"key_id": row.id, "tenant": row.tenant}),
         "ok",
     )
     .await;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(row)
 }
 
-/// List tenants with their quotas and usage (admin).
-#[utoipa::path(
-    get,
-    path = "/v1/tenants",
-    tag = "tenants",
-    responses(
-        (status = 200, body = TenantList),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 403, body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn list_tenants(
-    State(state): State<AppState>,
-    Admin(_caller): Admin,
-) -> Result<ApiJson<TenantList>, ApiError> {
+/// Every tenant with its quotas and usage (admin).
+pub async fn list_tenants(state: &Shared, caller: &Caller) -> Result<Vec<TenantInfo>, ApiError> {
+    caller.require_admin()?;
     let mut tenants = Vec::new();
     for row in state.db.tenants().await? {
-        tenants.push(tenant_info(&state, row).await?);
+        tenants.push(tenant_info(state, row).await?);
     }
-    Ok(ApiJson(TenantList { tenants }))
+    Ok(tenants)
 }
 
 /// One tenant's quotas and usage: any tenant for an administrator, otherwise the
-/// caller's own (another tenant's name answers 404, as an unknown one).
-#[utoipa::path(
-    get,
-    path = "/v1/tenants/{tenant}",
-    tag = "tenants",
-    params(("tenant" = String, Path)),
-    responses(
-        (status = 200, body = TenantInfo),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn get_tenant(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(tenant): ApiPath<String>,
-) -> Result<ApiJson<TenantInfo>, ApiError> {
+/// caller's own (another tenant's name is 404, as an unknown one: tenants do not
+/// learn of each other).
+pub async fn tenant(state: &Shared, caller: &Caller, tenant: &str) -> Result<TenantInfo, ApiError> {
     let unknown = || ApiError::not_found(format!("no tenant {tenant}"));
     if !caller.admin && caller.tenant != tenant {
         return Err(unknown());
     }
-    let row = state.db.tenant(&tenant).await?.ok_or_else(unknown)?;
-    Ok(ApiJson(tenant_info(&state, row).await?))
+    let row = state.db.tenant(tenant).await?.ok_or_else(unknown)?;
+    tenant_info(state, row).await
 }
 
-/// Set a tenant's quotas (admin).
-#[utoipa::path(
-    put,
-    path = "/v1/tenants/{tenant}/quotas",
-    tag = "tenants",
-    params(("tenant" = String, Path)),
-    request_body = QuotaRequest,
-    responses(
-        (status = 200, body = TenantInfo),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 403, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
-        (status = 422, body = crate::error::ErrorBody),
-    ),
-    security(("bearer" = []), ("api_key" = []))
-)]
-async fn put_quotas(
-    State(state): State<AppState>,
-    Admin(caller): Admin,
-    ApiPath(tenant): ApiPath<String>,
-    ApiJson(request): ApiJson<QuotaRequest>,
-) -> Result<ApiJson<TenantInfo>, ApiError> {
+/// Changes a tenant's quotas (admin): an absent field (`None`) is left alone,
+/// `Some(None)` resets the quota to the daemon's default. 404 for an unknown tenant.
+/// Audited as `tenant.quotas`.
+pub async fn set_quotas(
+    state: &Shared,
+    caller: &Caller,
+    tenant: &str,
+    update: QuotaUpdate,
+) -> Result<TenantInfo, ApiError> {
+    caller.require_admin()?;
     // SQLite stores signed 64-bit integers.
     let check = |field: &str, v: Option<Option<u64>>| match v {
         Some(Some(n)) if i64::try_from(n).is_err() => Err(ApiError::invalid(format!(
@@ -1004,12 +705,9 @@ async fn put_quotas(
         other => Ok(other),
     };
     let update = QuotaUpdate {
-        max_sessions: check("max_sessions", request.max_sessions)?,
-        max_concurrent_execs: check("max_concurrent_execs", request.max_concurrent_execs)?,
-        max_disk_bytes: check(
-            "max_disk_bytes",
-            request.max_disk_bytes.map(|v| v.map(|s| s.0)),
-        )?,
+        max_sessions: check("max_sessions", update.max_sessions)?,
+        max_concurrent_execs: check("max_concurrent_execs", update.max_concurrent_execs)?,
+        max_disk_bytes: check("max_disk_bytes", update.max_disk_bytes)?,
     };
     let detail = serde_json::json!({
         "tenant": tenant,
@@ -1017,21 +715,11 @@ async fn put_quotas(
         "max_concurrent_execs": update.max_concurrent_execs,
         "max_disk_bytes": update.max_disk_bytes,
     });
-    let Some(row) = state.auth.set_quotas(&tenant, update).await? else {
+    let Some(row) = state.auth.set_quotas(tenant, update).await? else {
         return Err(ApiError::not_found(format!("no tenant {tenant}")));
     };
-    audit::record(&state, &caller, None, "tenant.quotas", detail, "ok").await;
-    Ok(ApiJson(tenant_info(&state, row).await?))
-}
-
-/// `/v1/keys` and `/v1/tenants`.
-pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(create_key, list_keys))
-        .routes(routes!(delete_key))
-        .routes(routes!(list_tenants))
-        .routes(routes!(get_tenant))
-        .routes(routes!(put_quotas))
+    audit::record(state, caller, None, "tenant.quotas", detail, "ok").await;
+    tenant_info(state, row).await
 }
 
 #[cfg(test)]
@@ -1062,20 +750,6 @@ mod tests {
         for bad in ["", "-a", "_a", "a b", "a/b", "..", "é", &"x".repeat(65)] {
             assert!(validate_tenant_name(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn headers() {
-        let mut h = HeaderMap::new();
-        assert_eq!(presented_key(&h).unwrap(), None);
-        h.insert("x-api-key", "k1".parse().unwrap());
-        assert_eq!(presented_key(&h).unwrap(), Some("k1"));
-        h.insert("authorization", "bearer  k2 ".parse().unwrap());
-        assert_eq!(presented_key(&h).unwrap(), Some("k2"));
-        h.insert("authorization", "Basic abc".parse().unwrap());
-        assert_eq!(presented_key(&h).unwrap_err().code.as_str(), "unauthorized");
-        h.insert("authorization", "Bearer".parse().unwrap());
-        assert_eq!(presented_key(&h).unwrap_err().code.as_str(), "unauthorized");
     }
 
     async fn auth_with(config: Config) -> (tempfile::TempDir, Auth) {
@@ -1153,22 +827,20 @@ mod tests {
             ..Config::default()
         })
         .await;
-        let caller = auth.authenticate(&HeaderMap::new()).await.unwrap();
+        let caller = auth.authenticate(None).await.unwrap();
         assert_eq!(caller.tenant, DEFAULT_TENANT);
         assert!(!caller.admin);
-        let mut h = HeaderMap::new();
-        h.insert("x-api-key", "brig_wrong".parse().unwrap());
         assert_eq!(
-            auth.authenticate(&h).await.unwrap_err().code.as_str(),
-            "unauthorized"
-        );
-        let (_dir, auth) = auth_with(Config::default()).await;
-        assert_eq!(
-            auth.authenticate(&HeaderMap::new())
+            auth.authenticate(Some("brig_wrong"))
                 .await
                 .unwrap_err()
                 .code
                 .as_str(),
+            "unauthorized"
+        );
+        let (_dir, auth) = auth_with(Config::default()).await;
+        assert_eq!(
+            auth.authenticate(None).await.unwrap_err().code.as_str(),
             "unauthorized"
         );
     }

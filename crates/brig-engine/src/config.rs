@@ -225,61 +225,6 @@ const FILE_MAX_SYSTEMD: u64 = i64::MAX as u64;
 /// mapping (measured on Linux 6.18: a struct file and a VMA).
 const BYTES_PER_MAPPED_FILE: u64 = 400;
 
-/// A size in a JSON request: an integer (bytes) or a string like `"512M"`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ByteSize(pub u64);
-
-impl<'de> serde::Deserialize<'de> for ByteSize {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = ByteSize;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a size in bytes or a string like \"512M\"")
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ByteSize, E> {
-                Ok(ByteSize(v))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ByteSize, E> {
-                u64::try_from(v)
-                    .map(ByteSize)
-                    .map_err(|_| E::custom(format!("invalid size {v}: must not be negative")))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteSize, E> {
-                brig_policy::parse_size(v).map(ByteSize).map_err(E::custom)
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
-}
-
-impl serde::Serialize for ByteSize {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_u64(self.0)
-    }
-}
-
-impl utoipa::PartialSchema for ByteSize {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
-        OneOfBuilder::new()
-            .item(
-                ObjectBuilder::new()
-                    .schema_type(Type::Integer)
-                    .minimum(Some(0)),
-            )
-            .item(
-                ObjectBuilder::new()
-                    .schema_type(Type::String)
-                    .examples(["512M"]),
-            )
-            .description(Some("bytes, or a binary size such as \"512M\" or \"10G\""))
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for ByteSize {}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 //! | `db` | state in SQLite (WAL): tenants, keys, sessions, files, snapshots, audit |
 //! | `fault` | the domain error: a stable code and a one-line message, no HTTP |
 //! | `error` | HTTP: each code's status, the `{"error": {...}}` body, JSON extractors |
-//! | `auth` | API keys, tenants, the caller extractor, quotas |
+//! | `auth` | API keys, tenants, callers, quotas |
 //! | `audit` | recording and querying the audit log |
 //! | `metrics` | Prometheus metrics |
 //! | `filestore` | uploaded files (`/v1/files`) and their expiry |
@@ -27,6 +27,8 @@ pub mod error;
 pub mod execute;
 pub mod fault;
 pub mod filestore;
+/// Transitional: HTTP the engine's handlers need until they move to brig-server.
+pub mod http_compat;
 pub mod metrics;
 pub mod rootfs;
 pub mod sessions;

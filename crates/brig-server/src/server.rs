@@ -117,7 +117,6 @@ pub fn api_router(args: &Config) -> OpenApiRouter<AppState> {
         .routes(routes!(health))
         .routes(routes!(openapi_json))
         .merge(crate::rest::metrics::routes())
-        .merge(crate::auth::routes())
         .merge(crate::onyx::files::routes(args).layer(Extension(Frontend::Onyx)))
         .merge(crate::rest::files::routes())
         .merge(crate::rest::snapshots::routes())
@@ -126,6 +125,7 @@ pub fn api_router(args: &Config) -> OpenApiRouter<AppState> {
         .merge(crate::rest::volumes::routes())
         .merge(crate::onyx::execute::routes().layer(Extension(Frontend::Onyx)))
         .merge(crate::rest::sessions::routes())
+        .merge(crate::rest::tenants::routes())
         .merge(crate::rest::audit::routes())
 }
 

@@ -8,9 +8,10 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 
-use brig_engine::auth::{Admin, Caller};
+use brig_engine::auth::{Caller, CallerSlot, Frontend};
 use brig_engine::fault::Error;
 use brig_engine::state::AppState;
 
@@ -20,6 +21,9 @@ pub mod sse;
 
 // The extractors of request bodies, paths and queries with the API's rejections.
 pub use brig_engine::error::{ApiJson, ApiPath, ApiQuery};
+// Answers that hold a permit until the client has read them (still in the engine
+// while handlers there use them).
+pub use brig_engine::http_compat::{bytes_holding, json_holding};
 
 /// An engine error on its way out as an HTTP response.
 #[derive(Debug)]
@@ -49,8 +53,46 @@ impl FromRequestParts<AppState> for Authed {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> HttpResult<Authed> {
-        Ok(Authed(Caller::from_request_parts(parts, state).await?))
+        // A request is authenticated once, whichever extractors ask.
+        if let Some(caller) = parts.extensions.get::<Caller>() {
+            return Ok(Authed(caller.clone()));
+        }
+        let key = presented_key(&parts.headers)?;
+        let mut caller = state.auth.authenticate(key).await?;
+        // The router tags each front end's routes (see `server::api_router`).
+        if let Some(frontend) = parts.extensions.get::<Frontend>() {
+            caller.frontend = *frontend;
+        }
+        // So that the refusal audit records a refused request under its tenant.
+        if let Some(slot) = parts.extensions.get::<CallerSlot>() {
+            let _ = slot.0.set(caller.clone());
+        }
+        parts.extensions.insert(caller.clone());
+        Ok(Authed(caller))
     }
+}
+
+/// The key from `Authorization: Bearer <key>` or `X-API-Key: <key>`.
+fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, Error> {
+    if let Some(value) = headers.get(header::AUTHORIZATION) {
+        let text = value
+            .to_str()
+            .map_err(|_| Error::unauthorized("unreadable Authorization header"))?;
+        let (scheme, token) = text.trim().split_once(' ').unwrap_or((text, ""));
+        if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+            return Err(Error::unauthorized(
+                "use Authorization: Bearer <key> or X-API-Key: <key>",
+            ));
+        }
+        return Ok(Some(token.trim()));
+    }
+    if let Some(value) = headers.get("x-api-key") {
+        let text = value
+            .to_str()
+            .map_err(|_| Error::unauthorized("unreadable X-API-Key header"))?;
+        return Ok(Some(text.trim()));
+    }
+    Ok(None)
 }
 
 /// A caller that must be an administrator (401 without a key, 403 with a tenant
@@ -62,7 +104,27 @@ impl FromRequestParts<AppState> for AdminCaller {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> HttpResult<AdminCaller> {
-        let Admin(caller) = Admin::from_request_parts(parts, state).await?;
+        let Authed(caller) = Authed::from_request_parts(parts, state).await?;
+        caller.require_admin()?;
         Ok(AdminCaller(caller))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers() {
+        let mut h = HeaderMap::new();
+        assert_eq!(presented_key(&h).unwrap(), None);
+        h.insert("x-api-key", "k1".parse().unwrap());
+        assert_eq!(presented_key(&h).unwrap(), Some("k1"));
+        h.insert("authorization", "bearer  k2 ".parse().unwrap());
+        assert_eq!(presented_key(&h).unwrap(), Some("k2"));
+        h.insert("authorization", "Basic abc".parse().unwrap());
+        assert_eq!(presented_key(&h).unwrap_err().code.as_str(), "unauthorized");
+        h.insert("authorization", "Bearer".parse().unwrap());
+        assert_eq!(presented_key(&h).unwrap_err().code.as_str(), "unauthorized");
     }
 }

@@ -155,7 +155,7 @@ async fn list_audit(
     Ok(match audit::query(&state, &caller, query.into()).await? {
         Listing::Page { events, transfer } => {
             let events = events.into_iter().map(AuditRow::from).collect();
-            crate::auth::json_holding(&AuditList { events }, transfer)
+            crate::http::json_holding(&AuditList { events }, transfer)
         }
         Listing::Export(pages) => jsonl(pages),
     })

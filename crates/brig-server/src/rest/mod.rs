@@ -7,4 +7,5 @@ pub mod metrics;
 pub mod processes;
 pub mod sessions;
 pub mod snapshots;
+pub mod tenants;
 pub mod volumes;
