@@ -8,9 +8,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// What front ends and the daemon's state may use, and the layers below may not:
-/// HTTP servers and clients, OpenAPI, the CLI parser, SQLite, the async runtime.
-const FRONT_END_ONLY: &[&str] = &[
+/// HTTP servers and clients, OpenAPI, the CLI parser: what only front ends know.
+const HTTP_AND_CLI: &[&str] = &[
     "axum",
     "hyper",
     "hyper-util",
@@ -21,19 +20,28 @@ const FRONT_END_ONLY: &[&str] = &[
     "utoipa-axum",
     "ureq",
     "clap",
-    "rusqlite",
-    "tokio",
-    "metrics",
 ];
 
-/// Each layer, bottom first, with the workspace crates it may depend on.
-const LAYERS: &[(&str, &[&str])] = &[
-    ("brig-sys", &[]),
-    ("brig-policy", &[]),
-    ("brig-jail", &["brig-policy", "brig-sys"]),
+/// What the session engine may use and the layers below it may not: SQLite, the
+/// async runtime, the metrics recorder.
+const ENGINE_ONLY: &[&str] = &["rusqlite", "tokio", "metrics"];
+
+/// Each layer, bottom first, with the workspace crates it may depend on and
+/// whether it may use what the engine uses.
+const LAYERS: &[(&str, &[&str], bool)] = &[
+    ("brig-sys", &[], false),
+    ("brig-policy", &[], false),
+    ("brig-jail", &["brig-policy", "brig-sys"], false),
     // Images share kernel calls with the enforcement layer through brig-sys, and
     // know nothing of how a sandbox is built.
-    ("brig-image", &["brig-policy", "brig-sys"]),
+    ("brig-image", &["brig-policy", "brig-sys"], false),
+    // The daemon's domain: every front end (REST, onyx, E2B, MCP) calls it, so it
+    // knows none of them.
+    (
+        "brig-engine",
+        &["brig-policy", "brig-sys", "brig-jail", "brig-image"],
+        true,
+    ),
 ];
 
 /// Every package the named package depends on for its build (normal and build
@@ -82,7 +90,7 @@ fn dependencies(metadata: &Value) -> BTreeMap<String, BTreeSet<String>> {
 }
 
 #[test]
-fn the_lower_layers_know_nothing_of_http_the_cli_or_sql() {
+fn no_layer_knows_what_the_layers_above_it_know() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // This machine's platform only: other platforms' crates are never downloaded.
     let platform = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
@@ -110,11 +118,14 @@ fn the_lower_layers_know_nothing_of_http_the_cli_or_sql() {
     ]
     .into_iter()
     .collect();
-    for (layer, allowed) in LAYERS {
+    for (layer, allowed, engine) in LAYERS {
         let below = &deps[*layer];
         let forbidden: Vec<&String> = below
             .iter()
-            .filter(|dep| FRONT_END_ONLY.contains(&dep.as_str()))
+            .filter(|dep| {
+                HTTP_AND_CLI.contains(&dep.as_str())
+                    || (!engine && ENGINE_ONLY.contains(&dep.as_str()))
+            })
             .collect();
         assert!(
             forbidden.is_empty(),
@@ -131,5 +142,6 @@ fn the_lower_layers_know_nothing_of_http_the_cli_or_sql() {
     }
     // The check sees what it guards: the daemon does use them.
     assert!(deps["brig-server"].contains("axum"));
+    assert!(deps["brig-engine"].contains("rusqlite"));
     assert!(deps["brig-image"].contains("brig-sys"));
 }

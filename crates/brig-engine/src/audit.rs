@@ -17,7 +17,7 @@ use crate::auth::{Caller, Permit};
 use crate::db::{
     now_rfc3339, parse_rfc3339, rfc3339_before, AuditFilter, AuditRow, Db, NewAuditEvent,
 };
-use crate::error::ApiError;
+use crate::fault::Error as ApiError;
 use crate::state::{AppState, Shared};
 
 /// Longest string kept in an event's detail (commands, code, paths).
@@ -347,7 +347,7 @@ fn truncate_str(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 }
 
 /// The audit outcome of a request's result: "ok", or the error's stable code.
-pub fn outcome<T>(result: &Result<T, crate::error::ApiError>) -> &'static str {
+pub fn outcome<T>(result: &Result<T, crate::fault::Error>) -> &'static str {
     match result {
         Ok(_) => "ok",
         Err(e) => e.code.as_str(),

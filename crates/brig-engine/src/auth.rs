@@ -26,11 +26,10 @@ use sha2::{Digest, Sha256};
 use crate::audit;
 use crate::config::Config;
 use crate::db::{now_rfc3339, Db, KeyRow, QuotaUpdate, TenantRow};
-use crate::error::ApiError;
+use crate::fault::Error as ApiError;
 use crate::state::Shared;
 
 // Transitional: where the handlers not yet moved out of the engine look for them.
-pub use crate::http_compat::{bytes_holding, json_holding};
 
 /// The administrators' tenant.
 pub const ADMIN_TENANT: &str = "admin";

@@ -62,9 +62,6 @@ pub struct Config {
     pub id_range: Option<IdRange>,
 }
 
-/// The old name, kept while modules not yet moved out of the engine still say it.
-pub type ServeArgs = Config;
-
 /// The defaults of `brig serve` (the server's flags hold the same; a test there
 /// keeps the two alike).
 impl Default for Config {

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use crate::audit;
 use crate::auth::{Caller, Permit};
-use crate::error::{ApiError, ErrorCode};
+use crate::fault::{Error as ApiError, ErrorCode};
 use crate::rootfs::{EntryKind, RootfsError, SandboxRoot};
 use crate::sessions::exec::{self, Command, ExecResult, Stream};
 use crate::sessions::files::{root_of, with_root, write_file};

@@ -2,7 +2,7 @@
 //! about HTTP.
 //!
 //! Sessions, the database, quotas and file operations say *what* went wrong with an
-//! [`ErrorCode`]; only the HTTP front end (`crate::error`) decides which status that
+//! [`ErrorCode`]; only a front end (brig-server's `error`) decides which status that
 //! is, in one place. This is the first step of moving the domain into an engine that
 //! other front ends (E2B, MCP) share, so nothing here may import axum or `http`.
 

@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use crate::audit;
 use crate::auth::{validate_tenant_name, Caller};
 use crate::db::{now_rfc3339, rfc3339_after, FileRow};
-use crate::error::ApiError;
+use crate::fault::Error as ApiError;
 use crate::state::{AppState, Shared};
 
 /// How often expired files are deleted.

@@ -1,20 +1,23 @@
 //! brig's session engine: the daemon's domain (sessions, exec, files, snapshots,
-//! volumes, tenants, audit), called by every front end (`brig-server`).
+//! volumes, tenants, audit), called by every front end (`brig-server`'s REST and
+//! onyx routes today; E2B and MCP next). Every verb takes a `Caller` (tenant, key,
+//! front end) and typed input, returns typed output or a [`fault::Error`] with a
+//! stable code, and writes its own audit event. Nothing here knows HTTP, OpenAPI or
+//! the CLI (`tests/architecture.rs` holds it so).
 //!
 //! | module | concern |
 //! |---|---|
 //! | `config` | the daemon's settings (parsed from `brig serve`'s flags by the server) |
 //! | `db` | state in SQLite (WAL): tenants, keys, sessions, files, snapshots, audit |
 //! | `fault` | the domain error: a stable code and a one-line message, no HTTP |
-//! | `error` | HTTP: each code's status, the `{"error": {...}}` body, JSON extractors |
 //! | `auth` | API keys, tenants, callers, quotas |
 //! | `audit` | recording and querying the audit log |
 //! | `metrics` | Prometheus metrics |
-//! | `filestore` | uploaded files (`/v1/files`) and their expiry |
+//! | `filestore` | the tenants' stored files and their expiry |
 //! | `rootfs` | files inside a sandbox's root, resolved as with RESOLVE_IN_ROOT |
 //! | `sessions` | live sandboxes: create, exec, processes, pause, snapshots, re-attach |
-//! | `volumes` | per-tenant persistent directories mounted at `/volume` (`/v1/volumes`) |
-//! | `execute` | one-shot Python execution (onyx-compatible `/v1/execute`) |
+//! | `volumes` | per-tenant persistent disks mounted at `/volume` |
+//! | `execute` | one-shot Python execution (onyx's code interpreter) |
 //!
 //! The daemon is multi-threaded (tokio) and never forks: sandboxes are started by
 //! re-executing the brig binary in a hidden helper mode (see `sessions::launch`).
@@ -23,23 +26,20 @@ pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod db;
-pub mod error;
 pub mod execute;
 pub mod fault;
 pub mod filestore;
-/// Transitional: HTTP the engine's handlers need until they move to brig-server.
-pub mod http_compat;
 pub mod metrics;
 pub mod rootfs;
 pub mod sessions;
 pub mod state;
 pub mod volumes;
 
-pub use config::{Config, ServeArgs};
+pub use config::Config;
 
 /// Threads the daemon's runtime may start for blocking work (file operations,
-/// SQLite, sandbox launches); the caller of [`server::serve`] builds its runtime
-/// with this many (tokio's default, made explicit because caps depend on it).
+/// SQLite, sandbox launches); whoever builds the daemon's runtime gives it
+/// this many (tokio's default, made explicit because caps depend on it).
 pub const BLOCKING_THREADS: usize = 512;
 
 /// `value` of flag `flag`, held to `1/divisor` of the open-file limit (a warning

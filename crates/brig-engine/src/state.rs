@@ -14,7 +14,7 @@ use tokio::sync::{watch, OnceCell};
 use crate::auth::Auth;
 use crate::config::Config;
 use crate::db::Db;
-// The domain error; `crate::error` decides how it is answered over HTTP.
+// The domain error; the front ends decide how it is answered.
 use crate::fault::Error as ApiError;
 use crate::metrics::Metrics;
 use crate::sessions::{Holds, Sessions};

@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 use crate::audit;
 use crate::auth::Caller;
 use crate::db::{now_rfc3339, VolumeRow};
-use crate::error::ApiError;
+use crate::fault::Error as ApiError;
 use crate::sessions::Held;
 use crate::sessions::Size;
 use crate::state::{AppState, Shared};

@@ -3,12 +3,13 @@
 //! answers; the domain lives in the engine.
 
 pub use brig_engine::{
-    audit, auth, db, error, execute, fault, filestore, held_to_open_files, metrics, rootfs,
-    sessions, state, volumes, BLOCKING_THREADS,
+    audit, auth, db, execute, fault, filestore, held_to_open_files, metrics, rootfs, sessions,
+    state, volumes, BLOCKING_THREADS,
 };
 pub use config::ServeArgs;
 
 pub mod config;
+pub mod error;
 pub mod http;
 pub mod hyper_refusals;
 pub mod onyx;

@@ -27,7 +27,9 @@ use utoipa_axum::routes;
 
 use crate::auth::{Frontend, DEFAULT_TENANT};
 use crate::config::{Config, LogFormat, ServeArgs};
-use crate::error::{method_not_allowed_fallback, not_found_fallback, ApiError, ApiJson, ErrorBody};
+use crate::error::{
+    method_not_allowed_fallback, not_found_fallback, ApiJson, Error, ErrorBody, HttpError,
+};
 use crate::state::{AppState, Shared};
 
 /// How long in-flight requests may run on after SIGTERM/SIGINT.
@@ -252,9 +254,9 @@ fn request_span<B>(request: &axum::http::Request<B>) -> tracing::Span {
 /// preflight; brig's clients, curl and scripts send none.
 async fn loopback_only(request: axum::extract::Request, next: Next) -> Response {
     if request.headers().contains_key(header::ORIGIN) {
-        return ApiError::forbidden(
+        return HttpError(Error::forbidden(
             "requests from web pages (with an Origin header) are refused under --no-auth",
-        )
+        ))
         .into_response();
     }
     // HTTP/1.0 clients may send no Host; an absolute-form target names one too, and
@@ -266,9 +268,9 @@ async fn loopback_only(request: axum::extract::Request, next: Next) -> Response 
         .map(|value| value.to_str().ok())
         .chain(request.uri().authority().map(|a| Some(a.as_str())));
     if !hosts.all(|host| host.is_some_and(is_loopback_host)) {
-        return ApiError::forbidden(
+        return HttpError(Error::forbidden(
             "under --no-auth only a Host of localhost, 127.0.0.0/8 or [::1] is served",
-        )
+        ))
         .into_response();
     }
     next.run(request).await
@@ -329,7 +331,7 @@ async fn body_deadline(
         .await;
     let status = response.status();
     if stalled.load(Ordering::SeqCst) && (status.is_client_error() || status.is_server_error()) {
-        return ApiError::request_timeout(stalled_message(idle)).into_response();
+        return HttpError(Error::request_timeout(stalled_message(idle))).into_response();
     }
     response
 }

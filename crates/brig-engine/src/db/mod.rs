@@ -28,7 +28,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use time::{OffsetDateTime, UtcOffset};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-// The domain error; `crate::error` decides how it is answered over HTTP.
+// The domain error; the front ends decide how it is answered.
 use crate::fault::Error as ApiError;
 
 mod processes;

@@ -20,7 +20,7 @@ use super::agent::Agent;
 use super::{ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::{Caller, Permit};
-use crate::error::{ApiError, ErrorCode};
+use crate::fault::{Error as ApiError, ErrorCode};
 use crate::state::AppState;
 
 /// After the command exits, how long output from processes it left behind (still

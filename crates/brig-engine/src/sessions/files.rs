@@ -21,7 +21,7 @@ use super::launch::Launched;
 use super::{ensure_running, lookup, workspace_path, FileRef, Session};
 use crate::audit;
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorCode};
+use crate::fault::{Error as ApiError, ErrorCode};
 use crate::rootfs::{Direct, ExtractLimits, FillError, Filler, RootfsError, SandboxRoot};
 use crate::state::AppState;
 

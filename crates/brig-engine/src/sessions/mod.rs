@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::audit;
 use crate::auth::Caller;
 use crate::db::{now_rfc3339, NewAuditEvent, SessionRow, StoredSession};
-use crate::error::ApiError;
+use crate::fault::Error as ApiError;
 use crate::state::{AppState, Shared};
 use launch::{LaunchReply, LaunchRequest, Launched};
 pub use shared::{BundleMount, FileRef, SessionInfo, Size};
@@ -910,7 +910,7 @@ pub fn limits_of(request: &CreateSession) -> Result<brig_policy::Limits, ApiErro
 /// tenant.
 pub fn check_limit_caps(
     limits: &brig_policy::Limits,
-    args: &crate::ServeArgs,
+    args: &crate::Config,
 ) -> Result<(), ApiError> {
     let over = |what: &str, asked: String, flag: &str, cap: String| {
         Err(ApiError::invalid(format!(

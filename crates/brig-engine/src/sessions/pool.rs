@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use super::launch::Launched;
 use super::{launch_sandbox, session_dir, CreateSession};
-use crate::config::ServeArgs;
-// The domain error; `crate::error` decides how it is answered over HTTP.
+use crate::config::Config;
+// The domain error; the front ends decide how it is answered.
 use crate::fault::Error as ApiError;
 use crate::state::{AppState, Shared};
 
@@ -51,7 +51,7 @@ pub struct Ready {
 }
 
 impl Pool {
-    pub fn new(args: &ServeArgs) -> Pool {
+    pub fn new(args: &Config) -> Pool {
         Pool {
             targets: args
                 .pool

@@ -24,7 +24,7 @@ use super::{ensure_not_deleted, ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::Caller;
 use crate::db::{NewProcessRow, ProcessRow};
-use crate::error::{ApiError, ErrorCode};
+use crate::fault::{Error as ApiError, ErrorCode};
 use crate::state::AppState;
 
 /// Where background output lives inside the sandbox.

@@ -1,22 +1,17 @@
-//! The session types other resources embed in their own wire types: a volume's
-//! capacity (`Size`), a snapshot's mounts (`BundleMount`), an onyx execute's files
-//! (`FileRef`) and a restore's answer (`SessionInfo`).
-//!
-//! They still derive `ToSchema` only because those wire types are still in the
-//! engine; the sessions API's own wire types are in `brig-server` (`rest::sessions`).
-//! Once volumes, snapshots and execute have moved theirs there (converting from
-//! these), the derives go, and with them this crate's last use of utoipa here.
+//! The session types other verbs share: a volume's capacity (`Size`), a snapshot's
+//! mounts (`BundleMount`), an onyx execute's files (`FileRef`) and what a caller sees
+//! of a session (`SessionInfo`, also a restore's answer). Their wire forms, with the
+//! OpenAPI schemas, are brig-server's (`rest::sessions`).
 
 use std::collections::BTreeMap;
 
 use brig_policy::parse_size;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
-use crate::error::ApiError;
+use crate::fault::Error as ApiError;
 
 /// A size as a string with a unit (`"512M"`) or a number of bytes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Size {
     Bytes(u64),
@@ -33,7 +28,7 @@ impl Size {
 }
 
 /// A file uploaded through `/v1/files`, placed into the session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileRef {
     /// Relative to the working directory (/workspace); no `..`.
@@ -42,7 +37,7 @@ pub struct FileRef {
 }
 
 /// An uploaded tar bundle mounted read-only.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BundleMount {
     pub file_id: String,
@@ -52,7 +47,7 @@ pub struct BundleMount {
 
 // What a caller sees of a live session (no doc comment: it would be the schema's
 // description, which has none).
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionInfo {
     pub session_id: String,
     /// "running" or "paused".
@@ -71,9 +66,7 @@ pub struct SessionInfo {
     pub volume: Option<String>,
     /// The caller's labels (given at create, replaced by `PATCH`).
     pub metadata: BTreeMap<String, String>,
-    #[schema(value_type = Object)]
     pub limits: serde_json::Value,
     /// What isolation the sandbox really has (as `brig run --json`'s `enforced`).
-    #[schema(value_type = Object)]
     pub enforced: serde_json::Value,
 }

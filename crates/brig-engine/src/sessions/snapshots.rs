@@ -37,7 +37,7 @@ use super::{
 use crate::audit;
 use crate::auth::Caller;
 use crate::db::StoredSnapshot;
-use crate::error::{ApiError, ErrorCode};
+use crate::fault::{Error as ApiError, ErrorCode};
 use crate::state::AppState;
 
 /// A snapshot, as its tenant sees it.

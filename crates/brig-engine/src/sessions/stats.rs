@@ -5,7 +5,7 @@
 
 use super::{files::root_of, find};
 use crate::auth::Caller;
-use crate::error::ApiError;
+use crate::fault::Error as ApiError;
 use crate::state::AppState;
 
 /// A session's use of its resources, read when asked. A value the host does not

@@ -9,40 +9,21 @@
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
-use axum::response::{IntoResponse, Response};
 
 use brig_engine::auth::{Caller, CallerSlot, Frontend};
 use brig_engine::fault::Error;
 use brig_engine::state::AppState;
 
+mod holding;
 pub mod metrics;
 pub mod refusals;
 pub mod sse;
 
-// The extractors of request bodies, paths and queries with the API's rejections.
-pub use brig_engine::error::{ApiJson, ApiPath, ApiQuery};
-// Answers that hold a permit until the client has read them (still in the engine
-// while handlers there use them).
-pub use brig_engine::http_compat::{bytes_holding, json_holding};
-
-/// An engine error on its way out as an HTTP response.
-#[derive(Debug)]
-pub struct HttpError(pub Error);
-
-/// What a handler returns.
-pub type HttpResult<T> = Result<T, HttpError>;
-
-impl From<Error> for HttpError {
-    fn from(error: Error) -> HttpError {
-        HttpError(error)
-    }
-}
-
-impl IntoResponse for HttpError {
-    fn into_response(self) -> Response {
-        self.0.into_response()
-    }
-}
+// The error and the extractors of request bodies, paths and queries with the
+// API's rejections.
+pub use crate::error::{ApiJson, ApiPath, ApiQuery, HttpError, HttpResult};
+// Answers that hold a permit until the client has read them.
+pub use holding::{bytes_holding, json_holding};
 
 /// The authenticated caller of a request (401 without a valid key), tagged with
 /// the front end whose routes it came in on.

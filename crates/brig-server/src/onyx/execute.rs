@@ -12,8 +12,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::rest::sessions::FileRef;
 use brig_engine::execute::{self as engine, ExecuteEvent};
-use brig_engine::sessions::FileRef;
 use brig_engine::state::AppState;
 
 use crate::http::{ApiJson, Authed, HttpResult};
@@ -52,7 +52,7 @@ impl From<ExecuteRequest> for engine::ExecuteRequest {
             stdin,
             timeout_ms,
             last_line_interactive,
-            files,
+            files: files.map(|files| files.into_iter().map(Into::into).collect()),
         }
     }
 }
@@ -152,7 +152,7 @@ async fn execute(
     ApiJson(request): ApiJson<ExecuteRequest>,
 ) -> HttpResult<Response> {
     let (response, slot) = engine::execute(&state, &caller, request.into()).await?;
-    Ok(crate::auth::json_holding(
+    Ok(crate::http::json_holding(
         &ExecuteResponse::from(response),
         slot,
     ))

@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use brig_engine::config::ServeArgs;
+use brig_engine::config::Config;
 use brig_engine::fault::Error;
 use brig_engine::filestore::{self, FileMeta};
 use brig_engine::state::AppState;
@@ -96,7 +96,7 @@ pub struct FileList {
 
 /// `/v1/files`. Uploads may exceed `--max-body` (which is for JSON): this router
 /// allows bodies up to `--max-file-size` plus the multipart framing.
-pub fn routes(args: &ServeArgs) -> OpenApiRouter<AppState> {
+pub fn routes(args: &Config) -> OpenApiRouter<AppState> {
     let limit = args.max_file_size_bytes.saturating_add(MULTIPART_OVERHEAD);
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     OpenApiRouter::new()

@@ -177,7 +177,7 @@ async fn exec_sync(
 ) -> HttpResult<Response> {
     let (result, slot) = engine::exec(&state, &caller, &id, &request.into()).await?;
     // The answer holds the exec's slot until the client has it (see run_holding).
-    Ok(crate::auth::json_holding(&ExecResult::from(result), slot))
+    Ok(crate::http::json_holding(&ExecResult::from(result), slot))
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/exec/stream", tag = "exec",
@@ -219,5 +219,5 @@ async fn bash(
         timed_out: r.timed_out,
         duration_ms: r.duration_ms,
     };
-    Ok(crate::auth::json_holding(&answer, slot))
+    Ok(crate::http::json_holding(&answer, slot))
 }

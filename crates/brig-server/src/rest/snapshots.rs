@@ -11,7 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::http::{ApiJson, ApiPath, Authed, HttpResult};
-use crate::sessions::{BundleMount, SessionInfo};
+use crate::rest::sessions::{BundleMount, SessionInfo};
 use crate::state::AppState;
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -67,7 +67,7 @@ impl From<engine::SnapshotInfo> for SnapshotInfo {
             base,
             created_at,
             size_bytes,
-            mounts,
+            mounts: mounts.into_iter().map(BundleMount::from).collect(),
         }
     }
 }
@@ -154,7 +154,6 @@ async fn restore_session(
     ApiJson(request): ApiJson<RestoreRequest>,
 ) -> HttpResult<ApiJson<SessionInfo>> {
     let RestoreRequest { snapshot_id } = request;
-    Ok(ApiJson(
-        engine::restore(&state, &caller, &id, &snapshot_id).await?,
-    ))
+    let info = engine::restore(&state, &caller, &id, &snapshot_id).await?;
+    Ok(ApiJson(info.into()))
 }

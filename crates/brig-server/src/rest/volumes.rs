@@ -7,7 +7,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use brig_engine::sessions::Size;
+use crate::rest::sessions::Size;
 use brig_engine::state::AppState;
 use brig_engine::volumes;
 
@@ -95,7 +95,7 @@ async fn update_volume(
     ApiJson(request): ApiJson<UpdateVolume>,
 ) -> HttpResult<ApiJson<VolumeInfo>> {
     let UpdateVolume { capacity } = request;
-    let info = volumes::update(&state, &caller, &name, &capacity).await?;
+    let info = volumes::update(&state, &caller, &name, &capacity.into()).await?;
     Ok(ApiJson(info.into()))
 }
 

@@ -16,9 +16,21 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-// Handlers keep writing `ApiError`: the type is the domain's, only its status is
-// decided here.
-pub use crate::fault::{Error as ApiError, ErrorCode};
+pub use brig_engine::fault::{Error, ErrorCode};
+
+/// An engine error on its way out as an HTTP response: what every handler's `?`
+/// turns an engine error into.
+#[derive(Debug)]
+pub struct HttpError(pub Error);
+
+/// What a handler returns.
+pub type HttpResult<T> = Result<T, HttpError>;
+
+impl From<Error> for HttpError {
+    fn from(error: Error) -> HttpError {
+        HttpError(error)
+    }
+}
 
 /// The status each code is answered with: the one place the daemon maps its
 /// errors to HTTP (docs/API.md lists the same pairs).
@@ -53,7 +65,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
 }
 
 /// The code that goes with a status when nothing more specific is known: for error
-/// responses that did not come from an `ApiError` (an axum rejection, a layer's
+/// responses that did not come from an `Error` (an axum rejection, a layer's
 /// answer), which keep their own status.
 pub fn code_for_status(status: StatusCode) -> ErrorCode {
     match status {
@@ -87,10 +99,10 @@ pub struct ErrorDetail {
 }
 
 /// `error` answered with `status` rather than its code's own: for rewriting error
-/// responses that did not come from an `ApiError`, whose status is already decided.
+/// responses that did not come from an `Error`, whose status is already decided.
 /// The code goes into the response's extensions, so middleware (refusal audit,
 /// metrics) learns it without parsing the body.
-pub fn response_with_status(status: StatusCode, error: ApiError) -> Response {
+pub fn response_with_status(status: StatusCode, error: Error) -> Response {
     let body = ErrorBody {
         error: ErrorDetail {
             code: error.code.as_str().to_string(),
@@ -102,38 +114,38 @@ pub fn response_with_status(status: StatusCode, error: ApiError) -> Response {
     response
 }
 
-impl IntoResponse for ApiError {
+impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        response_with_status(status_of(self.code), self)
+        response_with_status(status_of(self.0.code), self.0)
     }
 }
 
 /// 404 for any route that does not exist.
-pub async fn not_found_fallback() -> ApiError {
-    ApiError::not_found("no such route")
+pub async fn not_found_fallback() -> HttpError {
+    HttpError(Error::not_found("no such route"))
 }
 
 /// 405 for a known route called with the wrong method.
-pub async fn method_not_allowed_fallback() -> ApiError {
-    ApiError::new(
+pub async fn method_not_allowed_fallback() -> HttpError {
+    HttpError(Error::new(
         ErrorCode::MethodNotAllowed,
         "method not allowed for this route",
-    )
+    ))
 }
 
-fn json_rejection(rejection: JsonRejection) -> ApiError {
+fn json_rejection(rejection: JsonRejection) -> Error {
     match rejection {
         // Well-formed JSON that does not fit the request type: unknown field
         // (`deny_unknown_fields`), wrong type, missing field.
-        JsonRejection::JsonDataError(e) => ApiError::invalid(e.body_text()),
-        JsonRejection::JsonSyntaxError(e) => ApiError::bad_request(e.body_text()),
+        JsonRejection::JsonDataError(e) => Error::invalid(e.body_text()),
+        JsonRejection::JsonSyntaxError(e) => Error::bad_request(e.body_text()),
         JsonRejection::MissingJsonContentType(_) => {
-            ApiError::bad_request("expected a JSON body with Content-Type: application/json")
+            Error::bad_request("expected a JSON body with Content-Type: application/json")
         }
         other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::too_large("request body is over the daemon's limit (--max-body)")
+            Error::too_large("request body is over the daemon's limit (--max-body)")
         }
-        other => ApiError::bad_request(other.body_text()),
+        other => Error::bad_request(other.body_text()),
     }
 }
 
@@ -147,12 +159,12 @@ where
     T: DeserializeOwned,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(value)) => Ok(ApiJson(value)),
-            Err(rejection) => Err(json_rejection(rejection)),
+            Err(rejection) => Err(HttpError(json_rejection(rejection))),
         }
     }
 }
@@ -172,15 +184,15 @@ where
     T: DeserializeOwned,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(value)) => Ok(ApiQuery(value)),
             Err(QueryRejection::FailedToDeserializeQueryString(e)) => {
-                Err(ApiError::bad_request(e.body_text()))
+                Err(Error::bad_request(e.body_text()).into())
             }
-            Err(other) => Err(ApiError::bad_request(other.body_text())),
+            Err(other) => Err(Error::bad_request(other.body_text()).into()),
         }
     }
 }
@@ -194,13 +206,15 @@ where
     T: DeserializeOwned + Send,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Path::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Path(value)) => Ok(ApiPath(value)),
-            Err(e @ PathRejection::MissingPathParams(_)) => Err(ApiError::internal(e.body_text())),
-            Err(other) => Err(ApiError::bad_request(other.body_text())),
+            Err(e @ PathRejection::MissingPathParams(_)) => {
+                Err(Error::internal(e.body_text()).into())
+            }
+            Err(other) => Err(Error::bad_request(other.body_text()).into()),
         }
     }
 }
@@ -279,7 +293,7 @@ mod tests {
 
     #[tokio::test]
     async fn response_shape() {
-        let response = ApiError::quota("too many sessions").into_response();
+        let response = HttpError(Error::quota("too many sessions")).into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(
             response.extensions().get::<ErrorCode>().map(|c| c.as_str()),
@@ -297,7 +311,7 @@ mod tests {
 
     #[test]
     fn internal_is_a_500() {
-        let e = ApiError::internal("open /secret/path: permission denied");
+        let e = Error::internal("open /secret/path: permission denied");
         assert_eq!(status_of(e.code), StatusCode::INTERNAL_SERVER_ERROR);
     }
 
