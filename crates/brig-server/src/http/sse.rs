@@ -89,7 +89,7 @@ where
 /// A Server-Sent Events response. The charset is named: the data is UTF-8 JSON, and
 /// without it clients such as Python's `requests` decode `text/*` as ISO-8859-1
 /// (RFC 2616's default), garbling every non-ASCII character.
-pub fn sse_response<S>(events: S) -> Response
+fn sse_response<S>(events: S) -> Response
 where
     S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
 {

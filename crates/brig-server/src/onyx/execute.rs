@@ -1,12 +1,8 @@
 //! onyx python-sandbox's `POST /v1/execute` and `POST /v1/execute/stream`: code
 //! run once in a fresh session (see `brig_engine::execute`).
 
-use std::convert::Infallible;
-
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -16,6 +12,7 @@ use crate::rest::sessions::FileRef;
 use brig_engine::execute::{self as engine, ExecuteEvent};
 use brig_engine::state::AppState;
 
+use crate::http::sse::{self, Frame};
 use crate::http::{ApiJson, Authed, HttpResult};
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -170,38 +167,14 @@ async fn execute_stream(
     ApiJson(request): ApiJson<ExecuteRequest>,
 ) -> HttpResult<Response> {
     let events = engine::execute_stream(&state, &caller, request.into()).await?;
-    // json_data fails only on data serde cannot write, which these are not.
-    let events = events.filter_map(|event| async move { sse_event(event).ok().map(Ok) });
-    Ok(sse_response(events))
-}
-
-fn sse_event(event: ExecuteEvent) -> Result<Event, axum::Error> {
-    match event {
-        ExecuteEvent::Output { stream, data } => Event::default()
-            .event("output")
-            .json_data(serde_json::json!({"stream": stream.name(), "data": data})),
-        ExecuteEvent::Result(result) => Event::default()
-            .event("result")
-            .json_data(ExecuteResult::from(result)),
-        ExecuteEvent::Error { message } => Event::default()
-            .event("error")
-            .json_data(serde_json::json!({"message": message})),
-    }
-}
-
-/// A Server-Sent Events response. The charset is named: the data is UTF-8 JSON, and
-/// without it clients such as Python's `requests` decode `text/*` as ISO-8859-1
-/// (RFC 2616's default), garbling every non-ASCII character.
-fn sse_response<S>(events: S) -> Response
-where
-    S: futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static,
-{
-    let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response();
-    response.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    response
+    Ok(sse::pump(events, |event| match event {
+        ExecuteEvent::Output { stream, data } => Frame::json(
+            "output",
+            &serde_json::json!({"stream": stream.name(), "data": data}),
+        ),
+        ExecuteEvent::Result(result) => Frame::json("result", &ExecuteResult::from(result)),
+        ExecuteEvent::Error { message } => {
+            Frame::json("error", &serde_json::json!({"message": message}))
+        }
+    }))
 }
