@@ -1,5 +1,5 @@
 //! Sessions of a test daemon, driven through the HTTP API: the few calls that
-//! tests outside `server_api.rs` share (create, run a shell line, delete).
+//! tests share outside tests/api/support.rs (create, run a shell line, delete).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -2,24 +2,17 @@
 //! stall, requests hyper refuses before the router, and what refusals say and leave.
 //! Raw TCP where a client library would not misbehave on purpose.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::sessions::{self, error_code};
+use crate::common::daemon::Daemon;
+use crate::common::sessions::{self, error_code};
+use crate::support::{daemon, multipart, tar_end, tar_entry};
 use serde_json::{json, Value};
 
 /// Far beyond what any answer here needs (a second or two), for a busy CI VM.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn daemon(extra: &[&str]) -> Daemon {
-    let mut args = vec!["--default-image", "host"];
-    args.extend_from_slice(extra);
-    Daemon::start(&args)
-}
 
 /// Sends `head` (request line and headers, without the blank line), then the
 /// blank line and `body`, and leaves the connection open.
@@ -102,43 +95,6 @@ fn error_of(status: u16, headers: &[(String, String)], body: &[u8]) -> String {
         "{status}: {value}"
     );
     error_code(&value).to_string()
-}
-
-/// A tar entry with any name.
-fn tar_entry(out: &mut Vec<u8>, name: &str, kind: tar::EntryType, link: &str, data: &[u8]) {
-    let mut header = tar::Header::new_old();
-    header.as_mut_bytes()[..name.len()].copy_from_slice(name.as_bytes());
-    header.set_entry_type(kind);
-    header.set_mode(if kind == tar::EntryType::Directory {
-        0o755
-    } else {
-        0o644
-    });
-    header.set_size(data.len() as u64);
-    header.set_mtime(1_700_000_000);
-    if !link.is_empty() {
-        header.as_mut_bytes()[157..157 + link.len()].copy_from_slice(link.as_bytes());
-    }
-    header.set_cksum();
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    out.extend(std::iter::repeat_n(0u8, (512 - data.len() % 512) % 512));
-}
-
-fn tar_end(out: &mut Vec<u8>) {
-    out.extend(std::iter::repeat_n(0u8, 1024));
-}
-
-fn multipart(filename: &str, data: &[u8]) -> (String, Vec<u8>) {
-    let boundary = "brig-edges-boundary";
-    let mut body = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\n\
-         Content-Type: application/octet-stream\r\n\r\n"
-    )
-    .into_bytes();
-    body.extend_from_slice(data);
-    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-    (format!("multipart/form-data; boundary={boundary}"), body)
 }
 
 /// A request whose body stops after `sent` of its declared `length` bytes is

@@ -3,12 +3,10 @@
 //! keep the host packing for everyone; the packing is paid for by the session it
 //! is of. Black-box, against a real `brig serve`.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::sessions::tenant_key;
+use crate::common::daemon::Daemon;
+use crate::common::sessions::tenant_key;
 use serde_json::{json, Value};
 
 /// A session holding `mib` MiB of incompressible data, which takes a while to copy.

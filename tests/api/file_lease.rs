@@ -4,13 +4,12 @@
 //! which copies every file. Black-box, against
 //! a real `brig serve` (tests/common/daemon.rs).
 
-mod common;
-
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use common::daemon::Daemon;
-use common::sessions::{create, delete, error_code, q, sh};
+use crate::common;
+use crate::common::daemon::Daemon;
+use crate::common::sessions::{create, delete, error_code, q, sh};
 use serde_json::json;
 
 /// Takes a write lease (the kind any other open breaks) on the file, ignoring

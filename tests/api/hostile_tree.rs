@@ -6,12 +6,11 @@
 //! real secret: each plants a marker in a root-only host directory of its own and
 //! checks the marker never comes back.
 
-mod common;
-
 use std::path::Path;
 
-use common::daemon::Daemon;
-use common::sessions::tenant_key;
+use crate::common;
+use crate::common::daemon::Daemon;
+use crate::common::sessions::tenant_key;
 use serde_json::{json, Value};
 
 /// A root-only host directory (0700, outside /tmp, which sandboxes get a tmpfs of
