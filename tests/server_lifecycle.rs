@@ -2102,7 +2102,7 @@ fn snapshots_fork_and_restore_and_belong_to_their_tenant() {
     assert_eq!(status, 204);
 
     // A session on the host's dirs is snapshotted too: its /tmp and /workspace
-    // (tests/server_api.rs has the details).
+    // (tests/api/snapshots.rs has the details).
     let host = id_of(&create(&d, &key, json!({})));
     let (status, host_snap) = d.request(
         "POST",
