@@ -8,7 +8,8 @@
 //! | module | concern |
 //! |---|---|
 //! | `config` | the daemon's settings (parsed from `brig serve`'s flags by the server) |
-//! | `db` | state in SQLite (WAL): tenants, keys, sessions, files, snapshots, audit |
+//! | `catalog` | the engine's state behind one trait, all the verbs see of it |
+//! | `db` | the catalog in SQLite (WAL), and the row types |
 //! | `fault` | the domain error: a stable code and a one-line message, no HTTP |
 //! | `auth` | API keys, tenants, callers, quotas |
 //! | `audit` | recording and querying the audit log |
@@ -24,6 +25,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod catalog;
 pub mod config;
 pub mod db;
 pub mod execute;

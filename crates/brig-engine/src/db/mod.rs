@@ -10,8 +10,9 @@
 //! wait for another writer.
 //!
 //! The statements of each concern live in a submodule of their own (sessions,
-//! processes, snapshots, volumes), as `impl Db` blocks: nothing outside this module
-//! writes SQL, so a second catalog has one seam to fill.
+//! processes, snapshots, volumes), as `impl Db` blocks, and `Db` is the engine's
+//! [`crate::catalog::Catalog`] through them (`catalog.rs`): nothing outside this
+//! module writes SQL.
 //!
 //! Times are stored as RFC 3339 UTC strings of fixed width (millisecond precision,
 //! `Z`), so comparing the strings compares the times.
@@ -31,6 +32,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 // The domain error; the front ends decide how it is answered.
 use crate::fault::Error as ApiError;
 
+mod catalog;
 mod processes;
 mod sessions;
 mod snapshots;
