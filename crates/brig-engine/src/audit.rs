@@ -8,15 +8,15 @@
 //!
 //! Outcomes are `ok`, `error` (the action was attempted and failed) and `refused`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::BoxStream;
 use serde_json::Value;
 
 use crate::auth::{Caller, Permit};
-use crate::db::{
-    now_rfc3339, parse_rfc3339, rfc3339_before, AuditFilter, AuditRow, Db, NewAuditEvent,
-};
+use crate::catalog::Catalog;
+use crate::db::{now_rfc3339, parse_rfc3339, rfc3339_before, AuditFilter, AuditRow, NewAuditEvent};
 use crate::fault::Error as ApiError;
 use crate::state::{AppState, Shared};
 
@@ -76,7 +76,7 @@ pub async fn record(
     {
         return;
     }
-    record_in(&state.db, caller, session_id, action, detail, outcome).await;
+    record_in(&*state.db, caller, session_id, action, detail, outcome).await;
 }
 
 /// [`record`] for what the daemon does on its own (expiry, a sandbox that exited):
@@ -95,12 +95,12 @@ pub async fn record_system(
         admin: false,
         frontend: crate::auth::Frontend::Daemon,
     };
-    record_in(&state.db, &owner, session_id, action, detail, outcome).await;
+    record_in(&*state.db, &owner, session_id, action, detail, outcome).await;
 }
 
 /// [`record`] with only a database (for background tasks holding no state).
 pub async fn record_in(
-    db: &Db,
+    db: &dyn Catalog,
     caller: &Caller,
     session_id: Option<&str>,
     action: &str,
@@ -285,7 +285,7 @@ pub fn spawn_retention(state: &AppState) {
     }
     let interval = (retention / 2).clamp(Duration::from_secs(1), Duration::from_secs(3600));
     crate::state::spawn_periodic(state, interval, move |state| async move {
-        match prune(&state.db, retention).await {
+        match prune(&*state.db, retention).await {
             Ok(0) => {}
             Ok(removed) => tracing::info!(
                 removed,
@@ -298,7 +298,7 @@ pub fn spawn_retention(state: &AppState) {
 }
 
 /// Removes the events older than `retention`, a batch at a time; returns how many.
-pub async fn prune(db: &Db, retention: Duration) -> Result<usize, ApiError> {
+pub async fn prune(db: &dyn Catalog, retention: Duration) -> Result<usize, ApiError> {
     let cutoff = rfc3339_before(retention);
     let mut removed = 0;
     loop {
@@ -313,7 +313,7 @@ pub async fn prune(db: &Db, retention: Duration) -> Result<usize, ApiError> {
 }
 
 /// An event as [`record`] stores it, for writing in a transaction of the caller's
-/// own (see [`crate::db::insert_audit_in`]).
+/// own (see [`Catalog::insert_session`]).
 pub fn event(
     caller: &Caller,
     session_id: Option<&str>,
@@ -451,7 +451,7 @@ pub async fn record_refusal(
         "status": status,
         "code": code,
     });
-    record_in(&state.db, caller, None, "refused", detail, "refused").await;
+    record_in(&*state.db, caller, None, "refused", detail, "refused").await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -552,7 +552,7 @@ pub async fn query(state: &Shared, caller: &Caller, query: Query) -> Result<List
 /// (the stream stops at the newest id when it started), so it always ends; after an
 /// error it ends too.
 async fn export(
-    db: Db,
+    db: Arc<dyn Catalog>,
     mut filter: AuditFilter,
     transfer: Permit,
 ) -> Result<BoxStream<'static, Result<Vec<AuditRow>, ApiError>>, ApiError> {
@@ -582,7 +582,7 @@ async fn export(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::rfc3339_after;
+    use crate::db::{rfc3339_after, Db};
     use std::time::Instant;
 
     #[test]
@@ -643,7 +643,7 @@ mod tests {
         }
     }
 
-    async fn actions(db: &Db) -> Vec<String> {
+    async fn actions(db: &dyn Catalog) -> Vec<String> {
         db.audit_events(AuditFilter {
             limit: 10_000,
             ..AuditFilter::default()

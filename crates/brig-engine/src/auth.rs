@@ -24,8 +24,9 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::audit;
+use crate::catalog::Catalog;
 use crate::config::Config;
-use crate::db::{now_rfc3339, Db, KeyRow, QuotaUpdate, TenantRow};
+use crate::db::{now_rfc3339, KeyRow, QuotaUpdate, TenantRow};
 use crate::fault::Error as ApiError;
 use crate::state::Shared;
 
@@ -112,7 +113,7 @@ pub struct Quotas {
 
 /// Keys, tenants' quotas and the limiters of concurrent execs and transfers.
 pub struct Auth {
-    db: Db,
+    db: Arc<dyn Catalog>,
     no_auth: bool,
     defaults: Quotas,
     keys: RwLock<KeyCache>,
@@ -299,7 +300,7 @@ pub fn validate_tenant_name(name: &str) -> Result<(), ApiError> {
 
 impl Auth {
     /// Loads the tenants' quota overrides.
-    pub async fn new(db: Db, args: &Config) -> anyhow::Result<Auth> {
+    pub async fn new(db: Arc<dyn Catalog>, args: &Config) -> anyhow::Result<Auth> {
         let tenants = db
             .tenants()
             .await
@@ -753,8 +754,8 @@ mod tests {
 
     async fn auth_with(config: Config) -> (tempfile::TempDir, Auth) {
         let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(&dir.path().join("brig.db")).unwrap();
-        let auth = Auth::new(db, &config).await.unwrap();
+        let db = crate::db::Db::open(&dir.path().join("brig.db")).unwrap();
+        let auth = Auth::new(Arc::new(db), &config).await.unwrap();
         (dir, auth)
     }
 

@@ -248,13 +248,6 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// Database failures are host failures: logged, answered as `internal`.
-impl From<rusqlite::Error> for Error {
-    fn from(err: rusqlite::Error) -> Error {
-        Error::internal(format_args!("database: {err}"))
-    }
-}
-
 /// Unexpected I/O failures are host failures: logged, answered as `internal`.
 /// Callers that expect a particular io error (not found, too large) map it before `?`.
 impl From<std::io::Error> for Error {

@@ -12,6 +12,7 @@ use anyhow::Context;
 use tokio::sync::{watch, OnceCell};
 
 use crate::auth::Auth;
+use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::db::Db;
 // The domain error; the front ends decide how it is answered.
@@ -25,7 +26,8 @@ pub struct Shared {
     pub args: Config,
     /// `--data-dir`, created with mode 0700.
     pub data_dir: PathBuf,
-    pub db: Db,
+    /// The state of tenants, sessions, files and the rest (see [`Catalog`]).
+    pub db: Arc<dyn Catalog>,
     pub auth: Auth,
     pub metrics: Metrics,
     /// Set once by `server::start` after `Sessions::start`; see [`Shared::sessions`].
@@ -75,9 +77,11 @@ impl Shared {
         create_private_dir(&data_dir)?;
         let data_dir_lock = DataDirLock::acquire(&data_dir)?;
         let db_path = data_dir.join("brig.db");
-        let db = tokio::task::spawn_blocking(move || Db::open(&db_path))
-            .await
-            .context("the database open task failed")??;
+        let db: Arc<dyn Catalog> = Arc::new(
+            tokio::task::spawn_blocking(move || Db::open(&db_path))
+                .await
+                .context("the database open task failed")??,
+        );
         let auth = Auth::new(db.clone(), &args).await?;
         let (shutdown, _) = watch::channel(false);
         Ok(Arc::new(Shared {

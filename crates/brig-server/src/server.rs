@@ -518,12 +518,12 @@ pub async fn start(args: Config) -> anyhow::Result<AppState> {
 }
 
 /// Starts the background work of a started state: session tasks, file expiry
-/// (every `expiry_interval`), metrics upkeep, database checkpoints, audit retention.
+/// (every `expiry_interval`), metrics upkeep, the catalog's upkeep, audit retention.
 pub fn spawn_background(state: &AppState, expiry_interval: Duration) {
     crate::sessions::Sessions::spawn_tasks(state);
     crate::filestore::spawn_expiry(state, expiry_interval);
     state.metrics.spawn_upkeep();
-    state.db.spawn_checkpoints();
+    state.db.spawn_upkeep();
     crate::audit::spawn_retention(state);
     crate::audit::spawn_refusal_summaries(state);
     crate::volumes::spawn_idle_unmount(state);

@@ -11,8 +11,9 @@
 //!
 //! The statements of each concern live in a submodule of their own (sessions,
 //! processes, snapshots, volumes), as `impl Db` blocks, and `Db` is the engine's
-//! [`crate::catalog::Catalog`] through them (`catalog.rs`): nothing outside this
-//! module writes SQL.
+//! [`crate::catalog::Catalog`] through them (`catalog.rs`). Nothing outside this
+//! module writes SQL or sees a connection: [`Db::call`] and [`Db::quick`] are
+//! private to it.
 //!
 //! Times are stored as RFC 3339 UTC strings of fixed width (millisecond precision,
 //! `Z`), so comparing the strings compares the times.
@@ -461,7 +462,7 @@ impl Db {
     /// Runs `f` with a connection on the blocking pool. A database error becomes a
     /// logged 500 `internal`. Use `conn.transaction()` for several statements that must
     /// apply together (transactions are IMMEDIATE: they wait for the write lock).
-    pub async fn call<R, F>(&self, f: F) -> Result<R, ApiError>
+    async fn call<R, F>(&self, f: F) -> Result<R, ApiError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> rusqlite::Result<R> + Send + 'static,
@@ -472,7 +473,7 @@ impl Db {
 
     /// Like [`Db::call`], for closures that decide on an API error themselves (e.g. 409
     /// or 429 inside a transaction); `?` on a rusqlite error still gives a 500.
-    pub async fn try_call<R, F>(&self, f: F) -> Result<R, ApiError>
+    async fn try_call<R, F>(&self, f: F) -> Result<R, ApiError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, ApiError> + Send + 'static,
@@ -520,7 +521,7 @@ impl Db {
     /// begun before anything is read (transactions are IMMEDIATE, so BUSY comes at
     /// their start). Durability is the same as [`Db::call`]'s: committed (in the WAL)
     /// when this returns.
-    pub async fn quick<R, F>(&self, f: F) -> Result<R, ApiError>
+    async fn quick<R, F>(&self, f: F) -> Result<R, ApiError>
     where
         R: Send + 'static,
         F: Fn(&mut Connection) -> rusqlite::Result<R> + Send + 'static,
@@ -1268,7 +1269,7 @@ fn rewind_wal(conn: &mut Connection) -> rusqlite::Result<()> {
 }
 
 /// Appends an event on `conn` (in its transaction, if one is open); returns its id.
-pub fn insert_audit_in(
+fn insert_audit_in(
     conn: &Connection,
     event: &NewAuditEvent,
     detail: &str,
@@ -1290,14 +1291,21 @@ pub fn insert_audit_in(
     Ok(conn.last_insert_rowid())
 }
 
+/// Database failures are host failures: logged, answered as `internal`.
+impl From<rusqlite::Error> for ApiError {
+    fn from(err: rusqlite::Error) -> ApiError {
+        ApiError::internal(format_args!("database: {err}"))
+    }
+}
+
 /// SQLite integers are i64; quotas and sizes are u64 below 2^63 in practice, and
 /// saturate rather than wrap if ever larger.
-pub fn to_sql_int(v: u64) -> i64 {
+fn to_sql_int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// Negative values (never written by brig) read as 0.
-pub fn from_sql_int(v: i64) -> u64 {
+fn from_sql_int(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
