@@ -1,6 +1,7 @@
 //! API keys, tenants and their quotas, and the daemon's global caps.
 
 use crate::common;
+use crate::common::daemon::Daemon;
 use crate::support::{
     assert_fields, create, daemon, delete_session, error_code, files_url, import_tiny_image,
     multipart, put_file, sandboxes, session_count, set_disk_quota, set_quotas, sh, sid, tar_end,
@@ -80,17 +81,27 @@ fn root_the_cli_sends_the_admin_key_only_to_the_daemon_that_wrote_it() {
     );
 }
 
-#[test]
-fn root_tenants_never_see_or_touch_each_other() {
-    require_root!();
-    let d = daemon(&[]);
-    let (a, _) = tenant_key(&d, "a");
-    let (b, _) = tenant_key(&d, "b");
-    import_tiny_image(&d, "tiny");
+/// Tenant a's things, which tenant b (`b`) then goes after: a session `ses` (with a
+/// file and a running `cat`, `pid`), an image session `img` with a snapshot
+/// `snap_id`, and an uploaded file `file_id`.
+struct TwoTenants {
+    a: String,
+    b: String,
+    ses: String,
+    pid: u64,
+    img: String,
+    snap_id: String,
+    file_id: String,
+}
+
+fn two_tenants(d: &Daemon) -> TwoTenants {
+    let (a, _) = tenant_key(d, "a");
+    let (b, _) = tenant_key(d, "b");
+    import_tiny_image(d, "tiny");
 
     // Tenant a's things: a session (with a file and a running process), an
     // image session with a snapshot, an uploaded file, audit events.
-    let ses = sid(&create(&d, &a, json!({})));
+    let ses = sid(&create(d, &a, json!({})));
     let (status, _) = d.raw(
         "PUT",
         &files_url(&ses, "/workspace/secret.txt"),
@@ -107,7 +118,7 @@ fn root_tenants_never_see_or_touch_each_other() {
     );
     assert_eq!(status, 201, "{proc_}");
     let pid = proc_["process_id"].as_u64().unwrap();
-    let img = sid(&create(&d, &a, json!({"image": "tiny"})));
+    let img = sid(&create(d, &a, json!({"image": "tiny"})));
     let (status, _) = d.raw(
         "PUT",
         &files_url(&img, "/workspace/w.txt"),
@@ -124,134 +135,257 @@ fn root_tenants_never_see_or_touch_each_other() {
     );
     assert_eq!(status, 201, "{snap}");
     let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
-    let file_id = upload_file(&d, &a, "a.txt", b"a's upload");
+    let file_id = upload_file(d, &a, "a.txt", b"a's upload");
+    TwoTenants {
+        a,
+        b,
+        ses,
+        pid,
+        img,
+        snap_id,
+        file_id,
+    }
+}
 
-    let tar = {
-        let mut t = Vec::new();
-        tar_entry(&mut t, "x", tar::EntryType::Regular, "", b"b was here");
-        tar_end(&mut t);
-        t
-    };
-    let with_json = |m: &'static str, p: String, body: Value| {
-        (
-            m,
-            p,
-            Some(serde_json::to_vec(&body).unwrap()),
-            "application/json",
-        )
-    };
-    let with_bytes =
-        |m: &'static str, p: String, body: Vec<u8>| (m, p, Some(body), "application/octet-stream");
-    let bare = |m: &'static str, p: String| (m, p, None, "application/json");
-    let s = format!("/v1/sessions/{ses}");
-    let attempts = vec![
-        bare("GET", s.clone()),
-        bare("GET", format!("{s}/stats")),
-        with_json(
-            "PATCH",
-            s.clone(),
-            json!({"ttl_seconds": 1, "metadata": {"owner": "b"}}),
-        ),
-        bare("POST", format!("{s}/pause")),
-        bare("POST", format!("{s}/resume")),
-        with_json(
-            "POST",
-            format!("{s}/exec"),
-            json!({"cmd": "echo b > /workspace/b"}),
-        ),
-        with_json(
-            "POST",
-            format!("{s}/exec/stream"),
-            json!({"cmd": "echo b > /workspace/b"}),
-        ),
-        with_json(
-            "POST",
-            format!("{s}/bash"),
-            json!({"cmd": "echo b > /workspace/b"}),
-        ),
-        with_json(
-            "POST",
-            format!("{s}/processes"),
-            json!({"cmd": "echo b > /workspace/b"}),
-        ),
-        bare("GET", format!("{s}/processes")),
-        bare("GET", format!("{s}/processes/{pid}")),
-        bare("GET", format!("{s}/processes/{pid}/output?stream=stdout")),
-        bare("GET", format!("{s}/processes/{pid}/stream")),
-        with_bytes(
-            "POST",
-            format!("{s}/processes/{pid}/stdin?close=true"),
-            b"from b\n".to_vec(),
-        ),
-        with_json(
-            "POST",
-            format!("{s}/processes/{pid}/signal"),
-            json!({"signal": "KILL"}),
-        ),
-        bare("POST", format!("{s}/processes/{pid}/wait?timeout_ms=10")),
-        bare("GET", files_url(&ses, "/workspace/secret.txt")),
-        with_bytes(
-            "PUT",
-            files_url(&ses, "/workspace/secret.txt"),
-            b"b".to_vec(),
-        ),
-        bare("DELETE", files_url(&ses, "/workspace/secret.txt")),
-        bare("GET", format!("{s}/dir?path=/workspace")),
-        bare("POST", format!("{s}/dir?path=/workspace/bdir")),
-        bare("GET", format!("{s}/archive?path=/workspace")),
-        (
-            "PUT",
-            format!("{s}/archive?path=/workspace"),
-            Some(tar.clone()),
-            "application/x-tar",
-        ),
-        with_json("POST", format!("/v1/sessions/{img}/snapshots"), json!({})),
-        with_json(
-            "POST",
-            format!("/v1/sessions/{img}/restore"),
-            json!({"snapshot_id": snap_id}),
-        ),
-        with_json(
-            "POST",
-            format!("{s}/restore"),
-            json!({"snapshot_id": snap_id}),
-        ),
-        with_json(
-            "POST",
-            "/v1/sessions".to_string(),
-            json!({"snapshot": snap_id}),
-        ),
-        with_json(
-            "POST",
-            "/v1/sessions".to_string(),
-            json!({"files": [{"path": "x", "file_id": file_id}]}),
-        ),
-        with_json(
-            "POST",
-            "/v1/execute".to_string(),
-            json!({"code": "print(1)", "files": [{"path": "x", "file_id": file_id}]}),
-        ),
-        bare("GET", "/v1/tenants/a".to_string()),
-        bare("GET", format!("/v1/snapshots/{snap_id}")),
-        bare("DELETE", format!("/v1/snapshots/{snap_id}")),
-        bare("GET", format!("/v1/files/{file_id}")),
-        bare("DELETE", format!("/v1/files/{file_id}")),
-        bare("DELETE", s.clone()),
-        bare("DELETE", format!("/v1/sessions/{img}")),
-    ];
-    for (method, path, body, ct) in attempts {
-        let (status, bytes) = match body {
-            Some(body) => d.raw(method, &path, Some(&b), Some(ct), Some(body)),
-            None => d.raw(method, &path, Some(&b), None, None),
+impl TwoTenants {
+    /// Tenant b tries every endpoint on a's ids: (method, path, status, body) of each.
+    fn b_attempts(&self, d: &Daemon) -> Vec<(&'static str, String, u16, String)> {
+        let TwoTenants {
+            ses,
+            pid,
+            img,
+            snap_id,
+            file_id,
+            ..
+        } = self;
+        let tar = {
+            let mut t = Vec::new();
+            tar_entry(&mut t, "x", tar::EntryType::Regular, "", b"b was here");
+            tar_end(&mut t);
+            t
         };
-        let text = String::from_utf8_lossy(&bytes);
+        let with_json = |m: &'static str, p: String, body: Value| {
+            (
+                m,
+                p,
+                Some(serde_json::to_vec(&body).unwrap()),
+                "application/json",
+            )
+        };
+        let with_bytes = |m: &'static str, p: String, body: Vec<u8>| {
+            (m, p, Some(body), "application/octet-stream")
+        };
+        let bare = |m: &'static str, p: String| (m, p, None, "application/json");
+        let s = format!("/v1/sessions/{ses}");
+        let attempts = vec![
+            bare("GET", s.clone()),
+            bare("GET", format!("{s}/stats")),
+            with_json(
+                "PATCH",
+                s.clone(),
+                json!({"ttl_seconds": 1, "metadata": {"owner": "b"}}),
+            ),
+            bare("POST", format!("{s}/pause")),
+            bare("POST", format!("{s}/resume")),
+            with_json(
+                "POST",
+                format!("{s}/exec"),
+                json!({"cmd": "echo b > /workspace/b"}),
+            ),
+            with_json(
+                "POST",
+                format!("{s}/exec/stream"),
+                json!({"cmd": "echo b > /workspace/b"}),
+            ),
+            with_json(
+                "POST",
+                format!("{s}/bash"),
+                json!({"cmd": "echo b > /workspace/b"}),
+            ),
+            with_json(
+                "POST",
+                format!("{s}/processes"),
+                json!({"cmd": "echo b > /workspace/b"}),
+            ),
+            bare("GET", format!("{s}/processes")),
+            bare("GET", format!("{s}/processes/{pid}")),
+            bare("GET", format!("{s}/processes/{pid}/output?stream=stdout")),
+            bare("GET", format!("{s}/processes/{pid}/stream")),
+            with_bytes(
+                "POST",
+                format!("{s}/processes/{pid}/stdin?close=true"),
+                b"from b\n".to_vec(),
+            ),
+            with_json(
+                "POST",
+                format!("{s}/processes/{pid}/signal"),
+                json!({"signal": "KILL"}),
+            ),
+            bare("POST", format!("{s}/processes/{pid}/wait?timeout_ms=10")),
+            bare("GET", files_url(ses, "/workspace/secret.txt")),
+            with_bytes(
+                "PUT",
+                files_url(ses, "/workspace/secret.txt"),
+                b"b".to_vec(),
+            ),
+            bare("DELETE", files_url(ses, "/workspace/secret.txt")),
+            bare("GET", format!("{s}/dir?path=/workspace")),
+            bare("POST", format!("{s}/dir?path=/workspace/bdir")),
+            bare("GET", format!("{s}/archive?path=/workspace")),
+            (
+                "PUT",
+                format!("{s}/archive?path=/workspace"),
+                Some(tar.clone()),
+                "application/x-tar",
+            ),
+            with_json("POST", format!("/v1/sessions/{img}/snapshots"), json!({})),
+            with_json(
+                "POST",
+                format!("/v1/sessions/{img}/restore"),
+                json!({"snapshot_id": snap_id}),
+            ),
+            with_json(
+                "POST",
+                format!("{s}/restore"),
+                json!({"snapshot_id": snap_id}),
+            ),
+            with_json(
+                "POST",
+                "/v1/sessions".to_string(),
+                json!({"snapshot": snap_id}),
+            ),
+            with_json(
+                "POST",
+                "/v1/sessions".to_string(),
+                json!({"files": [{"path": "x", "file_id": file_id}]}),
+            ),
+            with_json(
+                "POST",
+                "/v1/execute".to_string(),
+                json!({"code": "print(1)", "files": [{"path": "x", "file_id": file_id}]}),
+            ),
+            bare("GET", "/v1/tenants/a".to_string()),
+            bare("GET", format!("/v1/snapshots/{snap_id}")),
+            bare("DELETE", format!("/v1/snapshots/{snap_id}")),
+            bare("GET", format!("/v1/files/{file_id}")),
+            bare("DELETE", format!("/v1/files/{file_id}")),
+            bare("DELETE", s.clone()),
+            bare("DELETE", format!("/v1/sessions/{img}")),
+        ];
+        attempts
+            .into_iter()
+            .map(|(method, path, body, ct)| {
+                let (status, bytes) = match body {
+                    Some(body) => d.raw(method, &path, Some(&self.b), Some(ct), Some(body)),
+                    None => d.raw(method, &path, Some(&self.b), None, None),
+                };
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                (method, path, status, text)
+            })
+            .collect()
+    }
+
+    /// Tenant a deletes its sessions and its snapshot.
+    fn clean(self, d: &Daemon) {
+        delete_session(d, &self.a, &self.ses);
+        delete_session(d, &self.a, &self.img);
+        let (status, _) = d.request(
+            "DELETE",
+            &format!("/v1/snapshots/{}", self.snap_id),
+            Some(&self.a),
+            None,
+        );
+        assert_eq!(status, 204);
+    }
+}
+
+#[test]
+fn root_another_tenants_ids_answer_404_and_leak_nothing() {
+    require_root!();
+    let d = daemon(&[]);
+    let t = two_tenants(&d);
+    for (method, path, status, text) in t.b_attempts(&d) {
         assert_eq!(status, 404, "tenant b: {method} {path}: {text}");
         assert!(
             !text.contains("secret") && !text.contains("a's upload"),
             "{method} {path} leaked: {text}"
         );
     }
-    // Admin-only endpoints: 403.
+    t.clean(&d);
+}
+
+#[test]
+fn root_a_tenants_requests_on_another_tenants_ids_change_nothing() {
+    require_root!();
+    let d = daemon(&[]);
+    let t = two_tenants(&d);
+    // What b's requests answer is the test above's; here, what they leave.
+    t.b_attempts(&d);
+    let TwoTenants {
+        a,
+        ses,
+        pid,
+        snap_id,
+        file_id,
+        ..
+    } = &t;
+    let s = format!("/v1/sessions/{ses}");
+
+    // Nothing of a's changed.
+    assert_eq!(
+        sh(&d, a, ses, "cat /workspace/secret.txt; ls /workspace"),
+        "a's secret\nsecret.txt\n"
+    );
+    let (_, info) = d.request("GET", &s, Some(a), None);
+    assert_eq!(
+        info["metadata"],
+        json!({}),
+        "b's PATCH reached a's session: {info}"
+    );
+    let (_, p) = d.request(
+        "GET",
+        &format!("/v1/sessions/{ses}/processes/{pid}"),
+        Some(a),
+        None,
+    );
+    assert_eq!(p["state"], "running", "b's signal reached a's process: {p}");
+    let (status, _) = d.raw(
+        "POST",
+        &format!("/v1/sessions/{ses}/processes/{pid}/stdin?close=true"),
+        Some(a),
+        None,
+        Some(b"a\n".to_vec()),
+    );
+    assert_eq!(status, 204, "b's stdin close reached a's process");
+    let (_, p) = d.request(
+        "POST",
+        &format!("/v1/sessions/{ses}/processes/{pid}/wait?timeout_ms=5000"),
+        Some(a),
+        None,
+    );
+    assert_eq!(p["exit_code"], 0);
+    let (_, out) = d.raw(
+        "GET",
+        &format!("/v1/sessions/{ses}/processes/{pid}/output"),
+        Some(a),
+        None,
+        None,
+    );
+    assert_eq!(out, b"a\n");
+    let (status, snap) = d.request("GET", &format!("/v1/snapshots/{snap_id}"), Some(a), None);
+    assert_eq!(status, 200, "{snap}");
+    let (status, bytes) = d.raw("GET", &format!("/v1/files/{file_id}"), Some(a), None, None);
+    assert_eq!((status, bytes.as_slice()), (200, &b"a's upload"[..]));
+    assert_eq!(session_count(&d, a), 2);
+    t.clean(&d);
+}
+
+#[test]
+fn root_admin_only_endpoints_refuse_a_tenant_with_403() {
+    require_root!();
+    let d = daemon(&[]);
+    tenant_key(&d, "a");
+    let (b, _) = tenant_key(&d, "b");
     for (method, path, body) in [
         (
             "POST",
@@ -270,14 +404,30 @@ fn root_tenants_never_see_or_touch_each_other() {
         assert_eq!(status, 403, "tenant b: {method} {path}: {body}");
         assert_eq!(error_code(&body), "forbidden");
     }
-    // Lists show nothing of a. (b's audit holds its own attempts on a's ids, each
-    // an event of tenant b.)
+}
+
+#[test]
+fn root_a_tenants_lists_show_nothing_of_another_tenant() {
+    require_root!();
+    let d = daemon(&[]);
+    let t = two_tenants(&d);
+    // b's audit then holds its own attempts on a's ids, each an event of tenant b.
+    t.b_attempts(&d);
+    let TwoTenants {
+        b,
+        ses,
+        img,
+        snap_id,
+        file_id,
+        ..
+    } = &t;
+    // Lists show nothing of a.
     for path in [
         format!("/v1/audit?session_id={ses}"),
         "/v1/audit?tenant=a".to_string(),
         "/v1/audit".to_string(),
     ] {
-        let (status, list) = d.request("GET", &path, Some(&b), None);
+        let (status, list) = d.request("GET", &path, Some(b), None);
         if path.contains("tenant=") && status == 403 {
             continue; // the tenant filter is the admin's
         }
@@ -287,7 +437,7 @@ fn root_tenants_never_see_or_touch_each_other() {
         }
     }
     for path in ["/v1/sessions", "/v1/snapshots", "/v1/files", "/v1/keys"] {
-        let (status, list) = d.request("GET", path, Some(&b), None);
+        let (status, list) = d.request("GET", path, Some(b), None);
         assert_eq!(status, 200, "{path}: {list}");
         let text = list.to_string();
         for secret in [
@@ -303,7 +453,7 @@ fn root_tenants_never_see_or_touch_each_other() {
             );
         }
     }
-    let (_, keys) = d.request("GET", "/v1/keys", Some(&b), None);
+    let (_, keys) = d.request("GET", "/v1/keys", Some(b), None);
     assert!(
         keys["keys"]
             .as_array()
@@ -312,53 +462,6 @@ fn root_tenants_never_see_or_touch_each_other() {
             .all(|k| k["tenant"] == "b"),
         "{keys}"
     );
-
-    // Nothing of a's changed.
-    assert_eq!(
-        sh(&d, &a, &ses, "cat /workspace/secret.txt; ls /workspace"),
-        "a's secret\nsecret.txt\n"
-    );
-    let (_, info) = d.request("GET", &s, Some(&a), None);
-    assert_eq!(
-        info["metadata"],
-        json!({}),
-        "b's PATCH reached a's session: {info}"
-    );
-    let (_, p) = d.request(
-        "GET",
-        &format!("/v1/sessions/{ses}/processes/{pid}"),
-        Some(&a),
-        None,
-    );
-    assert_eq!(p["state"], "running", "b's signal reached a's process: {p}");
-    let (status, _) = d.raw(
-        "POST",
-        &format!("/v1/sessions/{ses}/processes/{pid}/stdin?close=true"),
-        Some(&a),
-        None,
-        Some(b"a\n".to_vec()),
-    );
-    assert_eq!(status, 204, "b's stdin close reached a's process");
-    let (_, p) = d.request(
-        "POST",
-        &format!("/v1/sessions/{ses}/processes/{pid}/wait?timeout_ms=5000"),
-        Some(&a),
-        None,
-    );
-    assert_eq!(p["exit_code"], 0);
-    let (_, out) = d.raw(
-        "GET",
-        &format!("/v1/sessions/{ses}/processes/{pid}/output"),
-        Some(&a),
-        None,
-        None,
-    );
-    assert_eq!(out, b"a\n");
-    let (status, snap) = d.request("GET", &format!("/v1/snapshots/{snap_id}"), Some(&a), None);
-    assert_eq!(status, 200, "{snap}");
-    let (status, bytes) = d.raw("GET", &format!("/v1/files/{file_id}"), Some(&a), None, None);
-    assert_eq!((status, bytes.as_slice()), (200, &b"a's upload"[..]));
-    assert_eq!(session_count(&d, &a), 2);
     // b's own events are there, a's are not; the admin sees a's.
     let (_, events) = d.request(
         "GET",
@@ -367,16 +470,7 @@ fn root_tenants_never_see_or_touch_each_other() {
         None,
     );
     assert!(!events["events"].as_array().unwrap().is_empty(), "{events}");
-
-    delete_session(&d, &a, &ses);
-    delete_session(&d, &a, &img);
-    let (status, _) = d.request(
-        "DELETE",
-        &format!("/v1/snapshots/{snap_id}"),
-        Some(&a),
-        None,
-    );
-    assert_eq!(status, 204);
+    t.clean(&d);
 }
 
 #[test]
