@@ -1,36 +1,116 @@
-//! Bad input is refused and changes nothing.
+//! Bad input is refused and changes nothing: one test per kind of request, each
+//! a table of bad requests, each refused with its documented status and error code,
+//! after which nothing was made.
 
+use std::collections::BTreeSet;
+
+use crate::common::daemon::Daemon;
 use crate::support::{
     create, daemon, delete_session, error_code, sandboxes, session_count, sh, sid,
 };
 use serde_json::{json, Value};
 
+/// A bad request: method, path, body, and the status and error code it is refused with.
+type Case = (&'static str, String, Vec<u8>, u16, &'static str);
+
+/// A daemon that takes bodies of up to 1 KiB, the admin's one (empty) session in
+/// it, and the daemon's sandboxes before any bad request.
+struct Fixture {
+    d: Daemon,
+    key: String,
+    id: String,
+    sandboxes_before: BTreeSet<u32>,
+}
+
+impl Fixture {
+    fn start() -> Fixture {
+        let d = daemon(&["--max-body", "1K"]);
+        let key = d.admin_key().to_string();
+        let id = sid(&create(&d, &key, json!({})));
+        let sandboxes_before = sandboxes(&d);
+        Fixture {
+            d,
+            key,
+            id,
+            sandboxes_before,
+        }
+    }
+
+    /// A JSON body over --max-body.
+    fn big() -> String {
+        format!("{{\"env\": {{\"K\": \"{}\"}}}}", "v".repeat(2000))
+    }
+
+    /// Sends every case; each must be refused with its status and code and a
+    /// message. All mismatches are reported together.
+    fn refuse_all(&self, cases: Vec<Case>) {
+        let d = &self.d;
+        let key = &self.key;
+        let mut wrong = Vec::new();
+        for (method, path, body, want, code) in cases {
+            let (status, v) = if method == "GET" || body.is_empty() {
+                let (s, bytes) = d.raw(method, &path, Some(key), None, None);
+                (s, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+            } else {
+                let (status, bytes) = d.raw(
+                    method,
+                    &path,
+                    Some(key),
+                    Some("application/json"),
+                    Some(body.clone()),
+                );
+                match serde_json::from_slice::<Value>(&bytes) {
+                    Ok(v) => (status, v),
+                    Err(_) => {
+                        wrong.push(format!(
+                            "{method} {path}: not a JSON error: {}",
+                            String::from_utf8_lossy(&bytes)
+                        ));
+                        continue;
+                    }
+                }
+            };
+            if (status, error_code(&v)) != (want, code) {
+                wrong.push(format!(
+                    "{method} {path} {}: want {want} {code}, got {status}: {v}",
+                    String::from_utf8_lossy(&body[..body.len().min(80)])
+                ));
+            } else if !v["error"]["message"].is_string() {
+                wrong.push(format!("{method} {path}: no error message: {v}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// Nothing was made: one session, no file, no key, no snapshot, no cgroup.
+    fn assert_nothing_changed(self) {
+        let Fixture {
+            d,
+            key,
+            id,
+            sandboxes_before,
+        } = self;
+        assert_eq!(session_count(&d, &key), 1);
+        let (_, files) = d.request("GET", "/v1/files", Some(&key), None);
+        assert_eq!(files["files"], json!([]));
+        let (_, keys) = d.request("GET", "/v1/keys", Some(&key), None);
+        assert_eq!(keys["keys"].as_array().unwrap().len(), 1, "{keys}");
+        let (_, snaps) = d.request("GET", "/v1/snapshots", Some(&key), None);
+        assert_eq!(snaps["snapshots"], json!([]));
+        assert_eq!(sandboxes(&d), sandboxes_before);
+        assert_eq!(sh(&d, &key, &id, "ls -A /workspace"), "");
+        delete_session(&d, &key, &id);
+    }
+}
+
+/// Malformed, out-of-range or oversized `POST /v1/sessions` bodies, and ones naming
+/// what does not exist.
 #[test]
-fn root_bad_input_is_refused_and_changes_nothing() {
+fn root_bad_session_creates_are_refused_and_create_nothing() {
     require_root!();
-    let d = daemon(&["--max-body", "1K"]);
-    let key = d.admin_key().to_string();
-    let id = sid(&create(&d, &key, json!({})));
-    let sandboxes_before = sandboxes(&d);
-    let raw_json = |method: &str, path: &str, body: &[u8]| {
-        let (status, bytes) = d.raw(
-            method,
-            path,
-            Some(&key),
-            Some("application/json"),
-            Some(body.to_vec()),
-        );
-        let v: Value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
-            panic!(
-                "{method} {path}: not a JSON error: {}",
-                String::from_utf8_lossy(&bytes)
-            )
-        });
-        (status, v)
-    };
-    let big = format!("{{\"env\": {{\"K\": \"{}\"}}}}", "v".repeat(2000));
-    let exec_path = format!("/v1/sessions/{id}/exec");
-    let cases: Vec<(&str, String, Vec<u8>, u16, &str)> = vec![
+    let f = Fixture::start();
+    let big = Fixture::big();
+    let cases: Vec<Case> = vec![
         (
             "POST",
             "/v1/sessions".into(),
@@ -201,6 +281,19 @@ fn root_bad_input_is_refused_and_changes_nothing() {
             422,
             "invalid_request",
         ),
+    ];
+    f.refuse_all(cases);
+    f.assert_nothing_changed();
+}
+
+/// Malformed, out-of-range or oversized exec bodies on a live session.
+#[test]
+fn root_bad_exec_requests_are_refused_and_run_nothing() {
+    require_root!();
+    let f = Fixture::start();
+    let big = Fixture::big();
+    let exec_path = format!("/v1/sessions/{}/exec", f.id);
+    let cases: Vec<Case> = vec![
         (
             "POST",
             exec_path.clone(),
@@ -271,6 +364,17 @@ fn root_bad_input_is_refused_and_changes_nothing() {
             413,
             "payload_too_large",
         ),
+    ];
+    f.refuse_all(cases);
+    f.assert_nothing_changed();
+}
+
+/// The admin's key and quota requests with bad bodies or an unknown tenant.
+#[test]
+fn root_bad_key_and_quota_requests_are_refused_and_change_nothing() {
+    require_root!();
+    let f = Fixture::start();
+    let cases: Vec<Case> = vec![
         (
             "POST",
             "/v1/keys".into(),
@@ -299,6 +403,18 @@ fn root_bad_input_is_refused_and_changes_nothing() {
             422,
             "invalid_request",
         ),
+    ];
+    f.refuse_all(cases);
+    f.assert_nothing_changed();
+}
+
+/// Unknown sessions, processes, snapshots, files and keys; bad paths and queries.
+#[test]
+fn root_unknown_ids_and_bad_paths_or_queries_are_refused_and_change_nothing() {
+    require_root!();
+    let f = Fixture::start();
+    let id = &f.id;
+    let cases: Vec<Case> = vec![
         (
             "POST",
             "/v1/sessions/ses_nope/exec".into(),
@@ -384,30 +500,6 @@ fn root_bad_input_is_refused_and_changes_nothing() {
             "not_found",
         ),
     ];
-    for (method, path, body, want, code) in cases {
-        let (status, v) = if method == "GET" || body.is_empty() {
-            let (s, bytes) = d.raw(method, &path, Some(&key), None, None);
-            (s, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-        } else {
-            raw_json(method, &path, &body)
-        };
-        assert_eq!(
-            (status, error_code(&v)),
-            (want, code),
-            "{method} {path} {}: {v}",
-            String::from_utf8_lossy(&body[..body.len().min(80)])
-        );
-        assert!(v["error"]["message"].is_string(), "{v}");
-    }
-    // Nothing was made: one session, no file, no key, no snapshot, no cgroup.
-    assert_eq!(session_count(&d, &key), 1);
-    let (_, files) = d.request("GET", "/v1/files", Some(&key), None);
-    assert_eq!(files["files"], json!([]));
-    let (_, keys) = d.request("GET", "/v1/keys", Some(&key), None);
-    assert_eq!(keys["keys"].as_array().unwrap().len(), 1, "{keys}");
-    let (_, snaps) = d.request("GET", "/v1/snapshots", Some(&key), None);
-    assert_eq!(snaps["snapshots"], json!([]));
-    assert_eq!(sandboxes(&d), sandboxes_before);
-    assert_eq!(sh(&d, &key, &id, "ls -A /workspace"), "");
-    delete_session(&d, &key, &id);
+    f.refuse_all(cases);
+    f.assert_nothing_changed();
 }
