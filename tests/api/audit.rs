@@ -5,15 +5,27 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use crate::common;
+use crate::common::daemon::Daemon;
 use crate::support::{
     assert_fields, audit_of, create, daemon, delete_session, exchange, exec, files_url, sid,
     tenant_key,
 };
 use serde_json::{json, Value};
 
-#[test]
-fn root_audit_records_operations_and_refusals() {
-    require_root!();
+/// A tenant's session on which the tenant did a few things, and another tenant.
+struct Audited {
+    d: Daemon,
+    key: String,
+    key_id: String,
+    other: String,
+    /// The session (deleted by now).
+    id: String,
+}
+
+/// Tenant `aud` creates a session, runs two commands in it (one of 5000 bytes),
+/// writes a file, makes two requests that are refused (404, 422) and deletes the
+/// session; tenant `other` exists.
+fn audited() -> Audited {
     let d = daemon(&[]);
     let (key, key_id) = tenant_key(&d, "aud");
     let (other, _) = tenant_key(&d, "other");
@@ -39,15 +51,35 @@ fn root_audit_records_operations_and_refusals() {
     );
     assert_eq!(status, 422);
     delete_session(&d, &key, &id);
+    Audited {
+        d,
+        key,
+        key_id,
+        other,
+        id,
+    }
+}
 
-    let (status, list) = d.request(
-        "GET",
-        &format!("/v1/audit?session_id={id}"),
-        Some(&key),
-        None,
-    );
-    assert_eq!(status, 200, "{list}");
-    let events = list["events"].as_array().unwrap();
+impl Audited {
+    /// The session's events, as its tenant lists them.
+    fn events(&self) -> Vec<Value> {
+        let (status, list) = self.d.request(
+            "GET",
+            &format!("/v1/audit?session_id={}", self.id),
+            Some(&self.key),
+            None,
+        );
+        assert_eq!(status, 200, "{list}");
+        list["events"].as_array().unwrap().clone()
+    }
+}
+
+#[test]
+fn root_audit_records_a_sessions_operations_with_who_did_them() {
+    require_root!();
+    let a = audited();
+    let events = a.events();
+    let (key_id, id) = (&a.key_id, &a.id);
     let actions: Vec<&str> = events
         .iter()
         .map(|e| e["action"].as_str().unwrap())
@@ -55,7 +87,7 @@ fn root_audit_records_operations_and_refusals() {
     for wanted in ["session.create", "exec", "file.write", "session.delete"] {
         assert!(actions.contains(&wanted), "no {wanted} in {actions:?}");
     }
-    for e in events {
+    for e in &events {
         assert_fields(
             e,
             &[
@@ -82,7 +114,12 @@ fn root_audit_records_operations_and_refusals() {
         exec_event["detail"].to_string().contains("echo audited"),
         "{exec_event}"
     );
-    // Commands are kept to 1 KiB.
+}
+
+#[test]
+fn root_audit_keeps_commands_to_1_kib() {
+    require_root!();
+    let events = audited().events();
     let long_event = events
         .iter()
         .find(|e| {
@@ -94,9 +131,13 @@ fn root_audit_records_operations_and_refusals() {
         .unwrap();
     let kept = long_event["detail"]["cmd"].as_str().unwrap();
     assert!(kept.len() <= 1024 + 4, "{} bytes kept", kept.len());
+}
 
-    // Refusals are recorded (with the caller when known).
-    let (_, refused) = d.request("GET", "/v1/audit?outcome=refused", Some(&key), None);
+#[test]
+fn root_audit_records_refusals_with_the_caller_when_known() {
+    require_root!();
+    let Audited { d, key, .. } = &audited();
+    let (_, refused) = d.request("GET", "/v1/audit?outcome=refused", Some(key), None);
     let refused = refused["events"].as_array().unwrap().clone();
     let paths: Vec<String> = refused
         .iter()
@@ -126,12 +167,18 @@ fn root_audit_records_operations_and_refusals() {
             .any(|e| e["detail"]["status"] == 401),
         "{all}"
     );
+}
 
-    // JSON lines.
+#[test]
+fn root_audit_lists_as_json_lines() {
+    require_root!();
+    let a = audited();
+    let events = a.events();
+    let Audited { d, key, id, .. } = &a;
     let response = d.send(
         "GET",
         &format!("/v1/audit?session_id={id}&format=jsonl"),
-        Some(&key),
+        Some(key),
         None,
         (),
     );
@@ -155,11 +202,18 @@ fn root_audit_records_operations_and_refusals() {
         .map(|l| serde_json::from_str(l).expect("one JSON per line"))
         .collect();
     assert_eq!(lines.len(), events.len());
-    // Filters and paging.
+}
+
+#[test]
+fn root_audit_filters_by_action_and_pages_after_an_id() {
+    require_root!();
+    let a = audited();
+    let events = a.events();
+    let Audited { d, key, id, .. } = &a;
     let (_, one) = d.request(
         "GET",
         &format!("/v1/audit?session_id={id}&action=exec"),
-        Some(&key),
+        Some(key),
         None,
     );
     assert!(one["events"]
@@ -170,7 +224,7 @@ fn root_audit_records_operations_and_refusals() {
     let (_, first) = d.request(
         "GET",
         &format!("/v1/audit?session_id={id}&limit=1"),
-        Some(&key),
+        Some(key),
         None,
     );
     assert_eq!(first["events"].as_array().unwrap().len(), 1);
@@ -178,18 +232,22 @@ fn root_audit_records_operations_and_refusals() {
     let (_, rest) = d.request(
         "GET",
         &format!("/v1/audit?session_id={id}&after_id={after}"),
-        Some(&key),
+        Some(key),
         None,
     );
     assert_eq!(rest["events"].as_array().unwrap().len(), events.len() - 1);
+}
 
-    // Another tenant sees none of it, even when asking for it.
+#[test]
+fn root_another_tenant_sees_none_of_the_audit_even_when_asking_for_it() {
+    require_root!();
+    let Audited { d, other, id, .. } = &audited();
     for path in [
         format!("/v1/audit?session_id={id}"),
         "/v1/audit?tenant=aud".to_string(),
         "/v1/audit".to_string(),
     ] {
-        let (status, list) = d.request("GET", &path, Some(&other), None);
+        let (status, list) = d.request("GET", &path, Some(other), None);
         assert!(status == 200 || status == 403, "{path}: {status}");
         if status == 200 {
             assert!(
