@@ -10,13 +10,38 @@ use crate::support::{
 };
 use serde_json::{json, Value};
 
-#[test]
-fn root_background_processes() {
-    require_root!();
+/// A daemon with one session of the admin's: (daemon, key, session id, the
+/// session's `/processes` path).
+fn one_session() -> (Daemon, String, String, String) {
     let d = daemon(&[]);
     let key = d.admin_key().to_string();
     let id = sid(&create(&d, &key, json!({})));
     let base = format!("/v1/sessions/{id}/processes");
+    (d, key, id, base)
+}
+
+/// Starts a background process (201); its id.
+fn start_process(d: &Daemon, key: &str, base: &str, body: Value) -> u64 {
+    let (status, p) = d.request("POST", base, Some(key), Some(body));
+    assert_eq!(status, 201, "{p}");
+    p["process_id"].as_u64().unwrap()
+}
+
+/// `POST .../wait?timeout_ms=5000` on a process: its state then.
+fn wait_process(d: &Daemon, key: &str, base: &str, process: u64) -> Value {
+    let (_, done) = d.request(
+        "POST",
+        &format!("{base}/{process}/wait?timeout_ms=5000"),
+        Some(key),
+        None,
+    );
+    done
+}
+
+#[test]
+fn root_a_process_reads_stdin_and_its_output_is_read_from_an_offset_and_streamed() {
+    require_root!();
+    let (d, key, id, base) = one_session();
 
     // `cat`: stdin in, output out.
     let (status, cat) = d.request("POST", &base, Some(&key), Some(json!({"argv": ["cat"]})));
@@ -98,7 +123,44 @@ fn root_background_processes() {
     assert_eq!(out, "hello\nbye\n");
     assert_eq!(events.last().unwrap().0, "exit", "{events:?}");
     assert_eq!(events.last().unwrap().1["exit_code"], 0);
+    delete_session(&d, &key, &id);
+}
 
+#[test]
+fn root_stdin_once_closed_is_refused_with_409() {
+    require_root!();
+    let (d, key, id, base) = one_session();
+    let cat_id = start_process(&d, &key, &base, json!({"argv": ["cat"]}));
+    let (status, _) = d.raw(
+        "POST",
+        &format!("{base}/{cat_id}/stdin?close=true"),
+        Some(&key),
+        Some("application/octet-stream"),
+        Some(b"bye\n".to_vec()),
+    );
+    assert_eq!(status, 204);
+    let done = wait_process(&d, &key, &base, cat_id);
+    assert_eq!(done["state"], "exited", "{done}");
+    let (status, body) = d.raw(
+        "POST",
+        &format!("{base}/{cat_id}/stdin"),
+        Some(&key),
+        None,
+        Some(b"late".to_vec()),
+    );
+    assert_eq!(
+        status,
+        409,
+        "stdin after close: {}",
+        String::from_utf8_lossy(&body)
+    );
+    delete_session(&d, &key, &id);
+}
+
+#[test]
+fn root_a_wait_times_out_on_a_running_process_and_term_ends_it() {
+    require_root!();
+    let (d, key, id, base) = one_session();
     // A long one: wait times out, TERM ends it.
     let (status, long) = d.request(
         "POST",
@@ -142,22 +204,20 @@ fn root_background_processes() {
         None,
     );
     assert_eq!(out, b"started\n");
+    delete_session(&d, &key, &id);
+}
 
-    // cwd and env; bad signals; stdin once closed.
-    let (status, p) = d.request(
-        "POST",
+#[test]
+fn root_a_process_runs_in_the_cwd_and_env_it_is_given() {
+    require_root!();
+    let (d, key, id, base) = one_session();
+    let p_id = start_process(
+        &d,
+        &key,
         &base,
-        Some(&key),
-        Some(json!({"cmd": "pwd; echo $V", "cwd": "/tmp", "env": {"V": "v"}})),
+        json!({"cmd": "pwd; echo $V", "cwd": "/tmp", "env": {"V": "v"}}),
     );
-    assert_eq!(status, 201, "{p}");
-    let p_id = p["process_id"].as_u64().unwrap();
-    let (_, done) = d.request(
-        "POST",
-        &format!("{base}/{p_id}/wait?timeout_ms=5000"),
-        Some(&key),
-        None,
-    );
+    let done = wait_process(&d, &key, &base, p_id);
     assert_eq!(done["exit_code"], 0, "{done}");
     let (_, out) = d.raw(
         "GET",
@@ -167,6 +227,21 @@ fn root_background_processes() {
         None,
     );
     assert_eq!(out, b"/tmp\nv\n");
+    delete_session(&d, &key, &id);
+}
+
+#[test]
+fn root_bad_signals_are_refused_with_422() {
+    require_root!();
+    let (d, key, id, base) = one_session();
+    let p_id = start_process(
+        &d,
+        &key,
+        &base,
+        json!({"cmd": "pwd; echo $V", "cwd": "/tmp", "env": {"V": "v"}}),
+    );
+    let done = wait_process(&d, &key, &base, p_id);
+    assert_eq!(done["exit_code"], 0, "{done}");
     for signal in [json!("NOPE"), json!(0), json!(65), json!(null)] {
         let (status, body) = d.request(
             "POST",
@@ -176,21 +251,13 @@ fn root_background_processes() {
         );
         assert_eq!(status, 422, "signal {signal}: {body}");
     }
-    let (status, body) = d.raw(
-        "POST",
-        &format!("{base}/{cat_id}/stdin"),
-        Some(&key),
-        None,
-        Some(b"late".to_vec()),
-    );
-    assert_eq!(
-        status,
-        409,
-        "stdin after close: {}",
-        String::from_utf8_lossy(&body)
-    );
+    delete_session(&d, &key, &id);
+}
 
-    // An exit code is recorded even when nobody waits.
+#[test]
+fn root_an_exit_code_is_recorded_even_when_nobody_waits() {
+    require_root!();
+    let (d, key, id, base) = one_session();
     let (_, three) = d.request(
         "POST",
         &base,
@@ -205,6 +272,39 @@ fn root_background_processes() {
     let (_, p) = d.request("GET", &format!("{base}/{three_id}"), Some(&key), None);
     assert_eq!(p["exit_code"], 3, "{p}");
     assert_eq!(p["stderr_bytes"], 2);
+    delete_session(&d, &key, &id);
+}
+
+#[test]
+fn root_a_session_lists_its_processes_running_or_not_and_no_other() {
+    require_root!();
+    let (d, key, id, base) = one_session();
+    // Running, ended by a signal, exited, exited with an error.
+    let cat_id = start_process(&d, &key, &base, json!({"argv": ["cat"]}));
+    let long_id = start_process(
+        &d,
+        &key,
+        &base,
+        json!({"cmd": "echo started; exec sleep 600"}),
+    );
+    let (status, body) = d.request(
+        "POST",
+        &format!("{base}/{long_id}/signal"),
+        Some(&key),
+        Some(json!({"signal": "TERM"})),
+    );
+    assert_eq!(status, 204, "{body}");
+    let p_id = start_process(
+        &d,
+        &key,
+        &base,
+        json!({"cmd": "pwd; echo $V", "cwd": "/tmp", "env": {"V": "v"}}),
+    );
+    let three_id = start_process(&d, &key, &base, json!({"cmd": "echo e >&2; exit 3"}));
+    for process in [long_id, p_id, three_id] {
+        let done = wait_process(&d, &key, &base, process);
+        assert_eq!(done["state"], "exited", "{done}");
+    }
 
     let (status, list) = d.request("GET", &base, Some(&key), None);
     assert_eq!(status, 200);
