@@ -164,15 +164,23 @@ fn post_json_unread(d: &Daemon, path: &str, key: &str, body: &str) -> std::net::
     stream
 }
 
-#[test]
-fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
-    require_root!();
-    // Long enough to look at the stalled uploads before they are given up, on a
+/// A daemon that gives up a transfer after 5 s of nothing, tenant `slow` on it with
+/// two concurrent execs (its cap of file transfers too), and a session of the
+/// tenant's: (daemon, key, session id).
+fn slow_tenant() -> (Daemon, String, String) {
+    // Long enough to look at the stalled transfers before they are given up, on a
     // loaded machine too.
     let d = daemon(&["--body-timeout", "5s"]);
     let (key, _) = tenant_key(&d, "slow");
     set_quotas(&d, "slow", json!({"max_concurrent_execs": 2}));
     let id = sid(&create(&d, &key, json!({})));
+    (d, key, id)
+}
+
+#[test]
+fn root_stalled_uploads_hold_the_transfer_cap_until_answered_408_and_leave_no_file() {
+    require_root!();
+    let (d, key, id) = slow_tenant();
 
     // Two uploads whose clients send a byte of the megabyte they promise, then
     // nothing, holding their connections open.
@@ -214,7 +222,13 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
     assert_eq!(sh(&d, &key, &id, "ls /workspace"), "");
     let (status, _) = d.raw("PUT", &third, Some(&key), None, Some(b"x".to_vec()));
     assert_eq!(status, 201);
+    delete_session(&d, &key, &id);
+}
 
+#[test]
+fn root_an_unread_archive_download_is_given_up_and_audited_unfinished() {
+    require_root!();
+    let (d, key, id) = slow_tenant();
     // An archive download its client never reads: given up after the timeout (its
     // event says it was not finished), not held for as long as the connection.
     sh(
@@ -236,7 +250,13 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
         audit_of(&d, "file.archive.read")
     );
     drop(unread);
+    delete_session(&d, &key, &id);
+}
 
+#[test]
+fn root_unread_listings_hold_the_transfer_cap_until_given_up() {
+    require_root!();
+    let (d, key, id) = slow_tenant();
     // A listing of long names is tens of MB: two that their clients never read
     // hold the tenant's transfers while they last (another transfer is refused),
     // and are given up after the timeout rather than held with the connection.
@@ -290,7 +310,13 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
     assert_eq!(status, 200);
     assert_eq!(whole["entries"].as_array().unwrap().len(), 80_000);
     sh(&d, &key, &id, "rm -r /workspace/long");
+    delete_session(&d, &key, &id);
+}
 
+#[test]
+fn root_a_stdin_write_nobody_reads_is_answered_408_and_what_went_in_stays() {
+    require_root!();
+    let (d, key, id) = slow_tenant();
     // A process that never reads its stdin: a write to it is answered 408 once
     // nothing was taken for the timeout; its stdin stays open, holding what went in.
     let (status, process) = d.request(
@@ -350,15 +376,24 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
         None,
     );
     assert_eq!(String::from_utf8_lossy(&out).trim(), written.to_string());
+    delete_session(&d, &key, &id);
+}
 
-    // A file operation whose client leaves before the answer still ends, and is
-    // audited.
+/// A tree of 100,001 empty files at /workspace/tree in the session.
+fn make_big_tree(d: &Daemon, key: &str, id: &str) {
     sh(
-        &d,
-        &key,
-        &id,
+        d,
+        key,
+        id,
         "mkdir /workspace/tree && cd /workspace/tree && seq 100001 | xargs touch",
     );
+}
+
+#[test]
+fn root_an_archive_has_every_entry_of_a_tree_larger_than_a_listing_returns() {
+    require_root!();
+    let (d, key, id) = slow_tenant();
+    make_big_tree(&d, &key, &id);
     // More entries than a listing returns: the archive has them all.
     let archive = format!("/v1/sessions/{id}/archive?path={}", q("/workspace/tree"));
     let (status, tar) = d.raw("GET", &archive, Some(&key), None, None);
@@ -369,6 +404,16 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
         String::from_utf8_lossy(&tar[..tar.len().min(300)])
     );
     assert!(tar.len() >= 100_001 * 512, "{}", tar.len());
+    delete_session(&d, &key, &id);
+}
+
+#[test]
+fn root_a_delete_whose_client_leaves_before_the_answer_still_ends_and_is_audited() {
+    require_root!();
+    let (d, key, id) = slow_tenant();
+    // A file operation whose client leaves before the answer still ends, and is
+    // audited.
+    make_big_tree(&d, &key, &id);
     let tree = files_url(&id, "/workspace/tree") + "&recursive=true";
     let client = send_raw(&d, "DELETE", &tree, &key, None, b"");
     // Gone once the removal is under way (100,000 entries took the daemon 0.75 s).
@@ -384,7 +429,7 @@ fn root_stalled_transfers_are_given_up_capped_and_audited_to_the_end() {
         "{:?}",
         audit_of(&d, "file.delete")
     );
-    assert_eq!(sh(&d, &key, &id, "ls /workspace"), "big\nthird\n");
+    assert_eq!(sh(&d, &key, &id, "ls /workspace"), "");
     delete_session(&d, &key, &id);
 }
 
