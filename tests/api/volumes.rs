@@ -199,24 +199,29 @@ fn root_volumes_no_session_uses_are_unmounted_after_a_while() {
     delete_session(&d, &key, &id);
 }
 
-#[test]
-fn root_volumes_resist_attacks_from_inside() {
-    require_root!();
-    let d = daemon(&[]);
-    let key = d.admin_key().to_string();
-    // A host directory the sandbox must never reach through its volume.
+/// A host directory the sandbox must never reach through its volume: `secret`
+/// (holding [`HOST_SECRET`]) and `big` (8 MiB).
+fn outside_dir() -> tempfile::TempDir {
     let outside = tempfile::Builder::new()
         .prefix("vol-outside-")
         .tempdir()
         .unwrap();
-    let secret = "host secret\n";
-    std::fs::write(outside.path().join("secret"), secret).unwrap();
+    std::fs::write(outside.path().join("secret"), HOST_SECRET).unwrap();
     std::fs::write(outside.path().join("big"), vec![7u8; 8 << 20]).unwrap();
-    let out = outside.path().display().to_string();
-    let id = sid(&create(&d, &key, json!({"volume": "v"})));
+    outside
+}
+
+const HOST_SECRET: &str = "host secret\n";
+
+/// A session of the admin's with volume `v`, in which the sandbox made links to
+/// `outside` (absolute, relative, to a directory, in a subdirectory) and 1 MB of
+/// data: its id.
+fn session_with_links_out(d: &Daemon, key: &str, outside: &Path) -> String {
+    let out = outside.display().to_string();
+    let id = sid(&create(d, key, json!({"volume": "v"})));
     sh(
-        &d,
-        &key,
+        d,
+        key,
         &id,
         &format!(
             "ln -s {out} /volume/dirlink; ln -s {out}/secret /volume/filelink; \
@@ -224,6 +229,16 @@ fn root_volumes_resist_attacks_from_inside() {
              mkdir /volume/d; ln -s {out} /volume/d/up; head -c 1000000 /dev/zero > /volume/data"
         ),
     );
+    id
+}
+
+#[test]
+fn root_the_files_api_never_follows_a_volumes_links_out_of_the_sandbox() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let outside = outside_dir();
+    let id = session_with_links_out(&d, &key, outside.path());
     // The files API resolves symlinks inside the sandbox's root, volume included.
     for path in [
         "/volume/filelink",
@@ -284,9 +299,19 @@ fn root_volumes_resist_attacks_from_inside() {
     );
     assert_eq!(
         std::fs::read_to_string(outside.path().join("secret")).unwrap(),
-        secret
+        HOST_SECRET
     );
+    delete_session(&d, &key, &id);
+    let (status, _) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204);
+}
 
+#[test]
+fn root_volumes_are_nosuid_and_nodev_and_root_only_on_the_host() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({"volume": "v"})));
     // nosuid and nodev: set-id bits in a volume give nothing inside, and on the
     // host the volumes directory is root's alone.
     let line = mountinfo_line(&d, &key, &id, "/volume");
@@ -298,6 +323,18 @@ fn root_volumes_resist_attacks_from_inside() {
     assert_ne!(r["exit_code"], 0, "a device node in a volume: {r}");
     assert_eq!(mode_uid_gid(&d.data_dir().join("volumes")).0, 0o700);
     assert_eq!(mode_uid_gid(d.data_dir()).0 & 0o077, 0);
+    delete_session(&d, &key, &id);
+    let (status, _) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204);
+}
+
+#[test]
+fn root_a_volumes_size_and_deletion_never_follow_its_links_out() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let outside = outside_dir();
+    let id = session_with_links_out(&d, &key, outside.path());
     delete_session(&d, &key, &id);
 
     // Its size is its image's: what was written in it, never what links point to.
@@ -311,12 +348,24 @@ fn root_volumes_resist_attacks_from_inside() {
     assert!(!volume_dir(&d, "admin", "v").exists());
     assert_eq!(
         std::fs::read_to_string(outside.path().join("secret")).unwrap(),
-        secret
+        HOST_SECRET
     );
     assert_eq!(
         std::fs::metadata(outside.path().join("big")).unwrap().len(),
         8 << 20
     );
+}
+
+#[test]
+fn root_bad_volume_names_are_refused_and_leave_nothing() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    // A volume made, used and deleted: its tenant's directory is there, empty.
+    let id = sid(&create(&d, &key, json!({"volume": "v"})));
+    delete_session(&d, &key, &id);
+    let (status, _) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204);
 
     // Bad names: 422, and nothing on disk or in the list.
     let on_disk = || -> Vec<String> {
@@ -371,8 +420,13 @@ fn root_volumes_resist_attacks_from_inside() {
     assert_eq!(on_disk(), before);
     assert!(volumes(&d, &key).is_empty());
     assert_eq!(session_count(&d, &key), 0);
+}
 
-    // Another tenant cannot list, delete or mount this tenant's volume.
+#[test]
+fn root_another_tenant_cannot_list_delete_or_mount_a_tenants_volume() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
     let id = sid(&create(&d, &key, json!({"volume": "mine"})));
     sh(&d, &key, &id, "echo mine > /volume/f");
     let (other, _) = tenant_key(&d, "other");
@@ -753,9 +807,9 @@ fn root_volumes_grow_in_use_or_not_and_keep_their_data() {
     drop(d);
 }
 
-#[test]
-fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
-    require_root!();
+/// Tenant `grow` with a 64 MiB volume `v` holding /volume/f ("kept"), in use by a
+/// session: (daemon, key, session id).
+fn grow_tenant() -> (Daemon, String, String) {
     let d = daemon(&[]);
     let (key, _) = tenant_key(&d, "grow");
     let id = sid(&create(
@@ -764,22 +818,44 @@ fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
         json!({"volume": "v", "volume_size": "64M"}),
     ));
     sh(&d, &key, &id, "echo kept > /volume/f");
-    let image = volume_dir(&d, "grow", "v").join("disk.ext4");
-    let image_len = || std::fs::metadata(&image).unwrap().len();
-    let df = volume_df(&d, &key, &id);
-    let unchanged = |what: &str| {
-        let listed = volume(&d, &key, "v").unwrap();
-        assert_eq!(listed["capacity_bytes"], 64u64 << 20, "{what}: {listed}");
-        assert_eq!(image_len(), 64 << 20, "{what}");
-        assert_eq!(volume_df(&d, &key, &id), df, "{what}");
-        assert_eq!(sh(&d, &key, &id, "cat /volume/f"), "kept\n", "{what}");
-    };
-    // Room for the session's disk (512 MiB by default), the volume and 32 MiB more.
+    (d, key, id)
+}
+
+/// The disk image of tenant `grow`'s volume `v`.
+fn grow_image(d: &Daemon) -> PathBuf {
+    volume_dir(d, "grow", "v").join("disk.ext4")
+}
+
+/// Tenant `grow`'s volume `v` is as [`grow_tenant`] made it: 64 MiB listed, on
+/// disk and in the session (`df` as it was), holding its file.
+#[track_caller]
+fn assert_grow_unchanged(d: &Daemon, key: &str, id: &str, df: (u64, u64), what: &str) {
+    let listed = volume(d, key, "v").unwrap();
+    assert_eq!(listed["capacity_bytes"], 64u64 << 20, "{what}: {listed}");
+    assert_eq!(
+        std::fs::metadata(grow_image(d)).unwrap().len(),
+        64 << 20,
+        "{what}"
+    );
+    assert_eq!(volume_df(d, key, id), df, "{what}");
+    assert_eq!(sh(d, key, id, "cat /volume/f"), "kept\n", "{what}");
+}
+
+/// Room for the session's disk (512 MiB by default), the volume and 32 MiB more.
+fn room_for_32m_more(d: &Daemon) {
     set_quotas(
-        &d,
+        d,
         "grow",
         json!({"max_disk_bytes": (512u64 << 20) + (64 << 20) + (32 << 20)}),
     );
+}
+
+#[test]
+fn root_bad_volume_growths_are_refused_and_change_nothing() {
+    require_root!();
+    let (d, key, id) = grow_tenant();
+    let df = volume_df(&d, &key, &id);
+    room_for_32m_more(&d);
     let (other, _) = tenant_key(&d, "other");
     let cases = [
         (
@@ -835,13 +911,26 @@ fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
             (status, code),
             "{name} {body}: {out}"
         );
-        unchanged(&format!("{name} {body}"));
+        assert_grow_unchanged(&d, &key, &id, df, &format!("{name} {body}"));
     }
     let message = |body: Value| {
         let (_, out) = grow_volume(&d, &key, "v", body);
         out["error"]["message"].as_str().unwrap().to_string()
     };
     assert!(message(json!("32M")).contains("only grow"));
+    assert!(message(json!("2T")).contains("capacity must be between"));
+    assert!(volumes(&d, &other).is_empty());
+    delete_session(&d, &key, &id);
+    let (status, body) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204, "{body}");
+}
+
+#[test]
+fn root_a_growth_to_the_capacity_a_volume_has_succeeds_and_changes_nothing() {
+    require_root!();
+    let (d, key, id) = grow_tenant();
+    let df = volume_df(&d, &key, &id);
+    room_for_32m_more(&d);
     // The capacity it has: done already, so a retried growth succeeds and changes
     // nothing, even with the volume in use on a host that cannot grow it mounted.
     for same in [json!("64M"), json!(64u64 << 20)] {
@@ -849,18 +938,24 @@ fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
         assert_eq!(status, 200, "{same}: {body}");
         assert_eq!(body["capacity_bytes"], 64u64 << 20, "{body}");
         assert_eq!(body["sessions"], json!([id]), "{body}");
-        unchanged(&format!("{same}"));
+        assert_grow_unchanged(&d, &key, &id, df, &format!("{same}"));
     }
-    assert!(message(json!("2T")).contains("capacity must be between"));
-    assert!(volumes(&d, &other).is_empty());
     delete_session(&d, &key, &id);
+    let (status, body) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204, "{body}");
+}
 
+#[test]
+fn root_a_growth_to_exactly_the_room_left_is_made_and_counted_in_the_quota() {
+    require_root!();
+    let (d, key, id) = grow_tenant();
+    delete_session(&d, &key, &id);
     // Exactly the room left: grown, and the quota counts it.
     set_quotas(&d, "grow", json!({"max_disk_bytes": 96u64 << 20}));
     let (status, body) = grow_volume(&d, &key, "v", json!("96M"));
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["capacity_bytes"], 96u64 << 20);
-    assert_eq!(image_len(), 96 << 20);
+    assert_eq!(std::fs::metadata(grow_image(&d)).unwrap().len(), 96 << 20);
     let (status, body) = grow_volume(&d, &key, "v", json!("97M"));
     assert_eq!(status, 429, "the growth is not counted: {body}");
     let (_, tenants) = d.request("GET", "/v1/tenants", Some(d.admin_key()), None);
@@ -872,10 +967,24 @@ fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
         .unwrap()["usage"]
         .clone();
     assert_eq!(usage["volume_bytes"], 96u64 << 20, "{usage}");
+    let (status, body) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204, "{body}");
+}
+
+#[test]
+fn root_a_failed_growth_leaves_the_volume_as_it_was_and_usable() {
+    require_root!();
+    let (d, key, id) = grow_tenant();
+    delete_session(&d, &key, &id);
+    let image = grow_image(&d);
+    let image_len = || std::fs::metadata(&image).unwrap().len();
+    set_quotas(&d, "grow", json!({"max_disk_bytes": null}));
+    let (status, body) = grow_volume(&d, &key, "v", json!("96M"));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(image_len(), 96 << 20);
 
     // A growth that fails (here the image cannot be written) leaves the volume as it
     // was, and usable.
-    set_quotas(&d, "grow", json!({"max_disk_bytes": null}));
     struct Immutable<'a>(&'a Path);
     impl Drop for Immutable<'_> {
         fn drop(&mut self) {
@@ -911,7 +1020,15 @@ fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
     let (size, _) = volume_df(&d, &key, &id);
     assert!((80 << 20..96 << 20).contains(&size), "{size}");
     delete_session(&d, &key, &id);
+    let (status, body) = d.request("DELETE", "/v1/volumes/v", Some(&key), None);
+    assert_eq!(status, 204, "{body}");
+}
 
+#[test]
+fn root_two_growths_at_once_with_room_for_one_give_it_to_exactly_one() {
+    require_root!();
+    let d = daemon(&[]);
+    let (other, _) = tenant_key(&d, "other");
     // Two growths at once with room for one: exactly one gets it.
     let id = sid(&create(
         &d,
@@ -949,8 +1066,9 @@ fn root_volume_growth_refuses_bad_input_and_counts_in_the_quota() {
         .map(|v| v["capacity_bytes"].as_u64().unwrap())
         .sum();
     assert_eq!(capacities, (16 << 20) + (64 << 20));
-    for (k, name) in [(&key, "v"), (&other, "a"), (&other, "b")] {
-        let (status, body) = d.request("DELETE", &format!("/v1/volumes/{name}"), Some(k), None);
+    for name in ["a", "b"] {
+        let (status, body) =
+            d.request("DELETE", &format!("/v1/volumes/{name}"), Some(&other), None);
         assert_eq!(status, 204, "{body}");
     }
 }
