@@ -67,9 +67,21 @@ const HOST_STATE: &str = "cd /workspace && cat proj/sub/a.txt && proj/run.sh && 
      && test \"$(find /workspace /tmp -mindepth 1 ! -user \"$(id -u)\" | wc -l)\" = 0 \
      && echo all-mine && sha256sum noise && find /workspace /tmp -mindepth 1 ! -path '/tmp/.brig*' | sort";
 
-#[test]
-fn root_host_sessions_snapshot_fork_and_restore_their_tmp_and_workspace() {
-    require_root!();
+/// Tenant a's host session `origin` with files, modes, a link, a deletion and 3 MB
+/// of noise in /workspace and /tmp (and a background process's output in the
+/// daemon's /tmp/.brig), snapshotted as `snap` (named "host"); tenant b.
+struct HostSnapshot {
+    d: Daemon,
+    a: String,
+    b: String,
+    origin: String,
+    /// [`HOST_STATE`] in the origin when snapshotted.
+    before: String,
+    snap: Value,
+    snap_id: String,
+}
+
+fn host_snapshot() -> HostSnapshot {
     let d = daemon(&[]);
     let (a, _) = tenant_key(&d, "a");
     let (b, _) = tenant_key(&d, "b");
@@ -130,8 +142,54 @@ fn root_host_sessions_snapshot_fork_and_restore_their_tmp_and_workspace() {
         Some(json!({"name": "host"})),
     );
     assert_eq!(status, 201, "{snap}");
+    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
+    HostSnapshot {
+        d,
+        a,
+        b,
+        origin,
+        before,
+        snap,
+        snap_id,
+    }
+}
+
+impl HostSnapshot {
+    /// A session of tenant a's from the snapshot: its id.
+    fn fork(&self) -> String {
+        let fork = create(&self.d, &self.a, json!({"snapshot": self.snap_id}));
+        assert_eq!(
+            (&fork["snapshot"], &fork["image"]),
+            (&json!(self.snap_id), &Value::Null),
+            "{fork}"
+        );
+        sid(&fork)
+    }
+
+    /// Deletes the snapshot (204) and tenant a's sessions `ids` and origin.
+    fn clean(&self, ids: &[&String]) {
+        let (status, _) = self.d.request(
+            "DELETE",
+            &format!("/v1/snapshots/{}", self.snap_id),
+            Some(&self.a),
+            None,
+        );
+        assert_eq!(status, 204);
+        for id in ids.iter().copied().chain([&self.origin]) {
+            delete_session(&self.d, &self.a, id);
+        }
+    }
+}
+
+#[test]
+fn root_a_host_sessions_snapshot_describes_it_and_the_session_goes_on_unchanged() {
+    require_root!();
+    let h = host_snapshot();
+    let HostSnapshot {
+        d, a, origin, snap, ..
+    } = &h;
     assert_fields(
-        &snap,
+        snap,
         &[
             "snapshot_id",
             "name",
@@ -149,45 +207,38 @@ fn root_host_sessions_snapshot_fork_and_restore_their_tmp_and_workspace() {
         "{snap}"
     );
     assert!(snap["size_bytes"].as_u64().unwrap() > 1_000_000, "{snap}");
-    let snap_id = snap["snapshot_id"].as_str().unwrap().to_string();
     // The original goes on unchanged.
-    assert_eq!(
-        sh(&d, &a, &origin, "cat /workspace/proj/sub/a.txt"),
-        "hello\n"
-    );
+    assert_eq!(sh(d, a, origin, "cat /workspace/proj/sub/a.txt"), "hello\n");
+    h.clean(&[]);
+}
 
+#[test]
+fn root_forks_of_a_host_snapshot_each_have_their_own_copy_of_tmp_and_workspace() {
+    require_root!();
+    let h = host_snapshot();
+    let HostSnapshot { d, a, origin, .. } = &h;
     // Two forks, each with its own copy of the files; the daemon's files stayed out.
-    let forks: Vec<String> = (0..2)
-        .map(|_| {
-            let fork = create(&d, &a, json!({"snapshot": snap_id}));
-            assert_eq!(
-                (&fork["snapshot"], &fork["image"]),
-                (&json!(snap_id), &Value::Null),
-                "{fork}"
-            );
-            sid(&fork)
-        })
-        .collect();
-    let expected = before.clone();
+    let forks: Vec<String> = (0..2).map(|_| h.fork()).collect();
+    let expected = h.before.clone();
     for fork in &forks {
-        let state = sh(&d, &a, fork, HOST_STATE);
+        let state = sh(d, a, fork, HOST_STATE);
         assert_eq!(state, expected, "fork {fork}");
         assert_eq!(
-            sh(&d, &a, fork, "test ! -e /tmp/.brig && echo none"),
+            sh(d, a, fork, "test ! -e /tmp/.brig && echo none"),
             "none\n"
         );
     }
     sh(
-        &d,
-        &a,
+        d,
+        a,
         &forks[0],
         "echo f1 > /workspace/proj/f1 && echo t1 > /tmp/t1 && rm /workspace/private",
     );
-    for other in [&forks[1], &origin] {
+    for other in [&forks[1], origin] {
         assert_eq!(
             sh(
-                &d,
-                &a,
+                d,
+                a,
                 other,
                 "test ! -e /workspace/proj/f1 && test ! -e /tmp/t1 && cat /workspace/private"
             ),
@@ -195,37 +246,63 @@ fn root_host_sessions_snapshot_fork_and_restore_their_tmp_and_workspace() {
             "{other} sees a fork's writes"
         );
     }
+    h.clean(&forks.iter().collect::<Vec<_>>());
+}
 
+#[test]
+fn root_a_restore_makes_a_host_sessions_tmp_and_workspace_the_snapshots_again() {
+    require_root!();
+    let h = host_snapshot();
+    let HostSnapshot {
+        d,
+        a,
+        origin,
+        snap_id,
+        ..
+    } = &h;
     // Restore: the original's /tmp and /workspace are the snapshot's again.
     sh(
-        &d,
-        &a,
-        &origin,
+        d,
+        a,
+        origin,
         "echo later > /workspace/later && rm -r /workspace/proj/sub && echo changed > /tmp/t/f",
     );
-    let (status, restored) = restore(&d, &a, &origin, &json!(snap_id));
+    let (status, restored) = restore(d, a, origin, &json!(snap_id));
     assert_eq!(status, 200, "{restored}");
-    assert_eq!(sid(&restored), origin);
-    assert_eq!(sh(&d, &a, &origin, HOST_STATE), expected);
+    assert_eq!(sid(&restored), *origin);
+    assert_eq!(sh(d, a, origin, HOST_STATE), h.before);
+    h.clean(&[]);
+}
 
-    // Another tenant neither sees nor starts from it.
-    let (status, body) = d.request("GET", &format!("/v1/snapshots/{snap_id}"), Some(&b), None);
+#[test]
+fn root_another_tenant_neither_sees_nor_starts_from_a_snapshot() {
+    require_root!();
+    let h = host_snapshot();
+    let HostSnapshot { d, b, snap_id, .. } = &h;
+    let (status, body) = d.request("GET", &format!("/v1/snapshots/{snap_id}"), Some(b), None);
     assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
     let (status, body) = d.request(
         "POST",
         "/v1/sessions",
-        Some(&b),
+        Some(b),
         Some(json!({"snapshot": snap_id})),
     );
     assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
-    assert_eq!(session_count(&d, &b), 0);
+    assert_eq!(session_count(d, b), 0);
+    h.clean(&[]);
+}
 
+#[test]
+fn root_a_fork_or_restore_whose_disk_cannot_hold_a_host_snapshot_is_refused_whole() {
+    require_root!();
+    let h = host_snapshot();
+    let HostSnapshot { d, a, snap_id, .. } = &h;
     // A fork whose disk cannot hold the snapshot is refused whole: nothing is left.
-    let sessions = session_count(&d, &a);
+    let sessions = session_count(d, a);
     let (status, body) = d.request(
         "POST",
         "/v1/sessions",
-        Some(&a),
+        Some(a),
         Some(json!({"snapshot": snap_id, "limits": {"disk": "2M"}})),
     );
     assert_eq!(
@@ -238,33 +315,32 @@ fn root_host_sessions_snapshot_fork_and_restore_their_tmp_and_workspace() {
         message.contains("do not fit") && message.contains("limits.disk"),
         "{message}"
     );
-    assert_eq!(session_count(&d, &a), sessions);
+    assert_eq!(session_count(d, a), sessions);
     // ... and so is a restore, which leaves the session as it was.
-    let small = sid(&create(&d, &a, json!({"limits": {"disk": "2M"}})));
-    sh(&d, &a, &small, "echo mine > /workspace/mine");
-    let (status, body) = restore(&d, &a, &small, &json!(snap_id));
+    let small = sid(&create(d, a, json!({"limits": {"disk": "2M"}})));
+    sh(d, a, &small, "echo mine > /workspace/mine");
+    let (status, body) = restore(d, a, &small, &json!(snap_id));
     assert_eq!(
         (status, error_code(&body)),
         (422, "invalid_request"),
         "{body}"
     );
-    assert_eq!(sh(&d, &a, &small, "cat /workspace/mine"), "mine\n");
+    assert_eq!(sh(d, a, &small, "cat /workspace/mine"), "mine\n");
+    h.clean(&[&small]);
+}
 
+#[test]
+fn root_a_deleted_host_snapshots_forks_keep_their_copies() {
+    require_root!();
+    let h = host_snapshot();
+    let fork = h.fork();
     // One storage, one delete path; forks keep their copies.
-    let (status, _) = d.request(
-        "DELETE",
-        &format!("/v1/snapshots/{snap_id}"),
-        Some(&a),
-        None,
-    );
-    assert_eq!(status, 204);
+    h.clean(&[]);
     assert_eq!(
-        sh(&d, &a, &forks[1], "cat /workspace/proj/sub/a.txt"),
+        sh(&h.d, &h.a, &fork, "cat /workspace/proj/sub/a.txt"),
         "hello\n"
     );
-    for id in forks.iter().chain([&origin, &small]) {
-        delete_session(&d, &a, id);
-    }
+    delete_session(&h.d, &h.a, &fork);
 }
 
 /// The brig cgroups beside a session's (every controller's parent of its leaves)
