@@ -5,6 +5,7 @@
 //! AI-written code, and validation. It makes no system calls; `brig-jail` turns a
 //! validated [`SandboxSpec`] into kernel state.
 
+pub mod net;
 mod units;
 
 use std::collections::BTreeMap;
