@@ -13,6 +13,8 @@ cd "$(dirname "$0")/.."
 #   erofs-utils    mkfs.erofs: brig packs image layers with it
 #   e2fsprogs      mkfs.ext4: the daemon's volumes are ext4 images
 #   debootstrap    the `python` image recipe's Debian base
+#   nftables       nft: egress's transparent capture, inside each sandbox's namespace
+#   iproute2       ip: the same (a local route for the synthetic addresses)
 need=()
 command -v /usr/bin/python3 >/dev/null 2>&1 || need+=(python3)
 command -v ps >/dev/null 2>&1 || need+=(procps)
@@ -22,6 +24,8 @@ command -v useradd >/dev/null 2>&1 || need+=(passwd)
 command -v mkfs.erofs >/dev/null 2>&1 || need+=(erofs-utils)
 [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ] || need+=(e2fsprogs)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+[ -x /usr/sbin/nft ] || [ -x /sbin/nft ] || need+=(nftables)
+[ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || [ -x /usr/bin/ip ] || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use brig_jail::{HostConfig, Outcome, Stdio};
+use brig_policy::net::{EgressMode, EgressPolicy};
 use brig_policy::{
     parse_cpus_millis, parse_duration_ms, parse_size, BindMount, Identity, LandlockMode,
     NetworkMode, RootSource, SandboxSpec, SeccompMode,
@@ -137,9 +138,27 @@ struct RunArgs {
     #[arg(long, value_name = "UID[:GID]")]
     user: Option<String>,
 
-    /// Network mode: "none" is loopback only (the only mode so far).
+    /// Network mode: "none" is loopback only; "allow" reaches only the --allow-host
+    /// hosts, "open" any public address, both through brig's proxy (HTTP_PROXY,
+    /// ALL_PROXY, DNS, and capture of TCP to names it resolved). No mode reaches
+    /// loopback, private, link-local, CGNAT, multicast or metadata addresses.
     #[arg(long, value_name = "MODE", default_value = "none")]
     network: String,
+    /// With --network allow: a host the sandbox may reach, PATTERN[:PORTS] (example.com,
+    /// *.example.com, an IP or a CIDR; ports 443, 80,443 or 8000-9000). Repeatable.
+    #[arg(long, value_name = "PATTERN[:PORTS]")]
+    allow_host: Vec<String>,
+    /// A host the sandbox may not reach, PATTERN[:PORTS]; wins over --allow-host. Repeatable.
+    #[arg(long, value_name = "PATTERN[:PORTS]")]
+    deny_host: Vec<String>,
+    /// Operator: resolve names for the proxy from this hosts file only (air-gapped
+    /// installs, tests) instead of the system's resolver.
+    #[arg(long, value_name = "FILE")]
+    egress_hosts: Option<PathBuf>,
+    /// Operator: let sandboxes reach this otherwise forbidden range (an internal
+    /// mirror). Repeatable.
+    #[arg(long, value_name = "CIDR")]
+    egress_allow_private: Vec<String>,
     /// seccomp filter: default or off.
     #[arg(long, value_name = "MODE", default_value = "default")]
     seccomp: SeccompMode,
@@ -246,12 +265,79 @@ impl RunArgs {
         }
         spec.filesystem.workspace = self.workspace.as_deref().map(absolute).transpose()?;
         spec.cwd = brig_policy::normalize_sandbox_path(&spec.cwd)?;
-        spec.network = self.network.parse::<NetworkMode>()?;
+        if self.egress()?.mode != EgressMode::None {
+            spec.network = NetworkMode::Egress;
+            for (key, value) in brig_net::proxy_env() {
+                spec.env.entry(key).or_insert(value);
+            }
+        }
         spec.seccomp.mode = self.seccomp;
         spec.seccomp.allow_ptrace = self.allow_ptrace;
         spec.landlock = self.landlock;
         spec.validate()?;
         Ok(spec)
+    }
+
+    /// The egress policy of the flags.
+    fn egress(&self) -> anyhow::Result<EgressPolicy> {
+        let policy = EgressPolicy {
+            mode: self.network.parse::<EgressMode>()?,
+            allow: parse_all(&self.allow_host)?,
+            deny: parse_all(&self.deny_host)?,
+            allow_private: parse_all(&self.egress_allow_private)?,
+        };
+        policy.validate()?;
+        let egress_flags = !self.deny_host.is_empty()
+            || self.egress_hosts.is_some()
+            || !self.egress_allow_private.is_empty();
+        if policy.mode == EgressMode::None && egress_flags {
+            anyhow::bail!(
+                "--deny-host, --egress-hosts and --egress-allow-private need --network allow or open"
+            );
+        }
+        Ok(policy)
+    }
+
+    /// The way out for a run with egress: brig's listeners in the sandbox's
+    /// namespace, served from this process for the life of the run.
+    fn egress_setup(&self) -> anyhow::Result<brig_jail::EgressSetup> {
+        use brig_jail::net::{Capture, Listen};
+        use brig_net::layout;
+        let policy = self.egress()?;
+        let resolver = match &self.egress_hosts {
+            Some(path) => brig_net::Resolver::from_hosts_file(path)?,
+            None => brig_net::Resolver::System,
+        };
+        // Capture needs iproute2 and nftables on the host; without them, programs
+        // that ignore the proxy variables reach nothing (no route), which is safe.
+        let capture = ["ip", "nft"].iter().all(|tool| on_path(tool));
+        if !capture {
+            tracing::warn!(
+                "egress: 'ip' or 'nft' not found: no transparent capture, only programs that use the proxy variables get out"
+            );
+        }
+        let mut listen = vec![
+            Listen::Tcp(layout::HTTP),
+            Listen::Tcp(layout::SOCKS),
+            Listen::Udp(layout::DNS),
+        ];
+        if capture {
+            listen.push(Listen::Tcp(layout::CAPTURE));
+        }
+        let egress = brig_net::Egress {
+            policy,
+            resolver,
+            limits: brig_net::Limits::default(),
+            events: None,
+        };
+        Ok(brig_jail::EgressSetup {
+            listen,
+            capture: capture.then_some(Capture {
+                range: layout::SYNTHETIC,
+                to_port: layout::CAPTURE.port(),
+            }),
+            serve: Box::new(move |fds| serve_egress(egress, fds)),
+        })
     }
 
     fn host(&self) -> HostConfig {
@@ -262,6 +348,44 @@ impl RunArgs {
         host.cgroup.parent = self.cgroup_parent.clone();
         host
     }
+}
+
+fn parse_all<T: std::str::FromStr>(texts: &[String]) -> Result<Vec<T>, T::Err> {
+    texts.iter().map(|t| t.parse()).collect()
+}
+
+fn on_path(tool: &str) -> bool {
+    ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+        .iter()
+        .any(|dir| std::path::Path::new(dir).join(tool).is_file())
+}
+
+/// The proxy's runtime: started once the sandbox exists (brig_jail::run must
+/// clone from a single-threaded process), kept until brig exits.
+static EGRESS_RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+
+fn serve_egress(egress: brig_net::Egress, fds: Vec<std::os::fd::OwnedFd>) -> Result<(), String> {
+    let mut fds = fds.into_iter();
+    let mut next = || {
+        fds.next()
+            .ok_or_else(|| "a listener is missing".to_string())
+    };
+    let sockets = brig_net::Sockets {
+        http: next()?,
+        socks: next()?,
+        dns: next()?,
+        capture: next().ok(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("brig-egress")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the proxy's runtime: {e}"))?;
+    brig_net::spawn(runtime.handle(), egress, sockets).map_err(|e| e.to_string())?;
+    EGRESS_RUNTIME
+        .set(runtime)
+        .map_err(|_| "the proxy was started twice".to_string())
 }
 
 /// Host paths are resolved against the caller's directory and must exist.
@@ -361,7 +485,15 @@ fn run(args: RunArgs) -> ExitCode {
     } else {
         Stdio::Inherit
     };
-    let outcome = match brig_jail::run(&spec, &args.host(), stdio) {
+    let launched = if spec.network == NetworkMode::Egress {
+        match args.egress_setup() {
+            Ok(setup) => brig_jail::run_with_egress(&spec, &args.host(), stdio, setup),
+            Err(e) => return fail(args.json, "invalid_argument", &e.to_string()),
+        }
+    } else {
+        brig_jail::run(&spec, &args.host(), stdio)
+    };
+    let outcome = match launched {
         Ok(outcome) => outcome,
         Err(e) => return fail(args.json, e.code(), &e.to_string()),
     };

@@ -35,6 +35,9 @@ const LAYERS: &[(&str, &[&str], bool)] = &[
     // Images share kernel calls with the enforcement layer through brig-sys, and
     // know nothing of how a sandbox is built.
     ("brig-image", &["brig-policy", "brig-sys"], false),
+    // The egress proxy: the policy's decisions on a runtime, and no HTTP framework
+    // (it parses request heads with httparse); the engine and `brig run` use it.
+    ("brig-net", &["brig-policy"], true),
     // The daemon's domain: every front end (REST, onyx, E2B, MCP) calls it, so it
     // knows none of them.
     (

@@ -697,10 +697,7 @@ fn plan_etc(spec: &SandboxSpec, host_root: &Path, ops: &mut Vec<FsOp>) -> Result
         ("group", group(id.gid, base_group.as_deref())),
         ("hosts", hosts(&id.hostname)),
         ("hostname", format!("{}\n", id.hostname)),
-        (
-            "resolv.conf",
-            "# brig: --network none, the sandbox has loopback only\n".to_string(),
-        ),
+        ("resolv.conf", resolv_conf(spec, host_root)),
         (
             "nsswitch.conf",
             "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n\
@@ -722,6 +719,21 @@ fn plan_etc(spec: &SandboxSpec, host_root: &Path, ops: &mut Vec<FsOp>) -> Result
     Ok(())
 }
 
+/// /etc/resolv.conf for the sandbox's network mode.
+fn resolv_conf(spec: &SandboxSpec, host_root: &Path) -> String {
+    match spec.network {
+        NetworkMode::None => "# brig: --network none, the sandbox has loopback only\n".to_string(),
+        NetworkMode::Host => {
+            std::fs::read_to_string(host_root.join("etc/resolv.conf")).unwrap_or_default()
+        }
+        NetworkMode::Egress => format!(
+            "# brig: names are answered by brig's egress resolver, for allowed hosts only\n\
+             nameserver {}\noptions ndots:1 timeout:2 attempts:2\n",
+            brig_policy::EGRESS_DNS
+        ),
+    }
+}
+
 /// /etc of an image is the image's own; brig only binds the files that describe this
 /// sandbox over it (hosts, hostname, resolv.conf) and, when the image does not know
 /// the sandbox's user or group, passwd and group with them added.
@@ -738,12 +750,7 @@ fn plan_image_etc(
         .map(|l| host_root.join(l.to_string_lossy().trim_start_matches('/')))
         .collect();
     let id = &spec.identity;
-    let resolv = match spec.network {
-        NetworkMode::None => "# brig: --network none, the sandbox has loopback only\n".to_string(),
-        NetworkMode::Host => {
-            std::fs::read_to_string(host_root.join("etc/resolv.conf")).unwrap_or_default()
-        }
-    };
+    let resolv = resolv_conf(spec, host_root);
     let mut files = vec![
         ("hosts", hosts(&id.hostname)),
         ("hostname", format!("{}\n", id.hostname)),

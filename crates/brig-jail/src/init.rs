@@ -321,7 +321,7 @@ fn setup(plan: &ChildPlan<'_>) -> Result<(Command, mounts::Writes, Applied), Jai
     mark("child_identity");
     // Stage 4.
     nix::unistd::sethostname(&id.hostname).context(|| "set hostname".into())?;
-    if plan.spec.network == brig_policy::NetworkMode::None {
+    if plan.spec.network != brig_policy::NetworkMode::Host {
         net::loopback_up()?;
     }
 

@@ -31,7 +31,7 @@ mod init;
 pub mod landlock;
 pub mod locks;
 mod mounts;
-mod net;
+pub mod net;
 mod oom;
 mod proto;
 pub mod report;
@@ -46,8 +46,11 @@ pub mod watchdog;
 pub use brig_sys::process::die_with_parent;
 pub use brig_sys::{loopdev, resolve, sparse};
 pub use error::{Context, JailError};
+pub use net::EgressSetup;
 pub use report::{Enforced, Outcome};
-pub use supervisor::{run, start_session, HostConfig, SessionControl, Stdio, ETC_CACHE_DIR};
+pub use supervisor::{
+    run, run_with_egress, start_session, HostConfig, SessionControl, Stdio, ETC_CACHE_DIR,
+};
 
 /// What a run of `spec` creates or mounts over in its root (see
 /// [`fsplan::FsPlan::placeholders`]).

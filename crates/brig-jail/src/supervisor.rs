@@ -94,7 +94,7 @@ const CLONE_FLAGS: libc::c_int = libc::CLONE_NEWUSER
 /// with more work for this process to do meanwhile (the plan, made after clone).
 fn clone_flags(spec: &SandboxSpec) -> libc::c_int {
     match spec.network {
-        NetworkMode::None => CLONE_FLAGS | libc::CLONE_NEWNET,
+        NetworkMode::None | NetworkMode::Egress => CLONE_FLAGS | libc::CLONE_NEWNET,
         NetworkMode::Host => CLONE_FLAGS,
     }
 }
@@ -104,7 +104,26 @@ fn clone_flags(spec: &SandboxSpec) -> libc::c_int {
 /// Must be called from a single-threaded process (brig's CLI, or the self-exec
 /// helper a daemon starts): the sandbox is created with a fork-like clone.
 pub fn run(spec: &SandboxSpec, host: &HostConfig, stdio: Stdio) -> Result<Outcome, JailError> {
-    match launch(spec, host, stdio, None)? {
+    match launch(spec, host, stdio, None, None)? {
+        Launched::Finished(outcome) => Ok(*outcome),
+        Launched::Session(_) => Err(JailError::Setup("a run became a session".into())),
+    }
+}
+
+/// [`run`] for a spec with [`NetworkMode::Egress`]: `egress`'s sockets are made in
+/// the sandbox's network namespace and served for the life of the run. Needs root.
+pub fn run_with_egress(
+    spec: &SandboxSpec,
+    host: &HostConfig,
+    stdio: Stdio,
+    egress: crate::net::EgressSetup,
+) -> Result<Outcome, JailError> {
+    if spec.network != NetworkMode::Egress {
+        return Err(JailError::Setup(
+            "egress was set up for a sandbox without the egress network mode".into(),
+        ));
+    }
+    match launch(spec, host, stdio, None, Some(egress))? {
         Launched::Finished(outcome) => Ok(*outcome),
         Launched::Session(_) => Err(JailError::Setup("a run became a session".into())),
     }
@@ -137,7 +156,12 @@ pub fn start_session(
         // Validation wants a command; a session runs none of its own.
         spec.command = vec!["/bin/true".into()];
     }
-    match launch(&spec, host, Stdio::Inherit, Some(&control))? {
+    if spec.network == NetworkMode::Egress {
+        return Err(JailError::Unsupported(
+            "sessions do not offer egress yet: use --network none".into(),
+        ));
+    }
+    match launch(&spec, host, Stdio::Inherit, Some(&control), None)? {
         Launched::Session(started) => Ok(*started),
         Launched::Finished(_) => Err(JailError::Setup("a session ended during start".into())),
     }
@@ -153,14 +177,25 @@ fn launch(
     host: &HostConfig,
     stdio: Stdio,
     session: Option<&SessionControl>,
+    egress: Option<crate::net::EgressSetup>,
 ) -> Result<Launched, JailError> {
     let mut timeline = Timeline::new();
     spec.validate()?;
+    if spec.network == NetworkMode::Egress && egress.is_none() {
+        return Err(JailError::Setup(
+            "the egress network mode needs brig's proxy (run_with_egress)".into(),
+        ));
+    }
     let threads = sys::thread_count().context(|| "count threads".into())?;
     if threads != 1 {
         return Err(JailError::MultiThreaded(threads));
     }
     let rootless = !nix::unistd::geteuid().is_root();
+    if rootless && egress.is_some() {
+        return Err(JailError::Unsupported(
+            "egress (--network allow or open) needs brig to run as root for now".into(),
+        ));
+    }
     if rootless && matches!(spec.filesystem.root, RootSource::Layers(_)) {
         return Err(JailError::Unsupported(
             "images need brig to run as root (layer mounts are idmapped for each sandbox)".into(),
@@ -230,6 +265,7 @@ fn launch(
         rootless,
         ids,
         etc_lease.as_ref().map(|l| l.fd().as_raw_fd()),
+        egress,
     );
     drop(etc_lease);
     let cgroup = limits.cgroup.take();
@@ -416,6 +452,7 @@ fn run_sandbox(
     rootless: bool,
     (host_uid, host_gid): (u32, u32),
     etc_lease: Option<RawFd>,
+    egress: Option<crate::net::EgressSetup>,
 ) -> Result<Sandbox, JailError> {
     let env = spec.effective_env();
     let to_c = |s: &[u8]| {
@@ -533,6 +570,20 @@ fn run_sandbox(
     timeline.mark("clone");
     timeline.child = Some(child.as_raw());
     steer_away(child);
+    // The way out, made while the child waits for its id maps: before its command
+    // can run. Served only once the cgroup (and its watchdog) are set up, since
+    // serving may start threads.
+    let egress = match egress {
+        Some(setup) => match crate::net::bind_in(child, &setup.listen, setup.capture) {
+            Ok(fds) => Some((setup.serve, fds)),
+            Err(e) => {
+                let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                let _ = waitpid(child, None);
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     let identity = match prepare_child(
         child,
         spec,
@@ -556,6 +607,14 @@ fn run_sandbox(
         }
     };
     timeline.mark("cgroup");
+    if let Some((serve, fds)) = egress {
+        if let Err(e) = serve(fds) {
+            let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+            let _ = waitpid(child, None);
+            return Err(JailError::Setup(format!("egress proxy: {e}")));
+        }
+        timeline.mark("egress");
+    }
     // Only the report needs them: read while the child still builds its root.
     let host_namespaces = NamespaceIds::read("/proc/self");
     if session.is_some() {
@@ -723,6 +782,7 @@ fn enforced_report(
         network: match spec.network {
             NetworkMode::None => "loopback-only".into(),
             NetworkMode::Host => "host".into(),
+            NetworkMode::Egress => "loopback-only, egress through brig's proxy".into(),
         },
         no_new_privs: caps.no_new_privs,
         capabilities: caps,

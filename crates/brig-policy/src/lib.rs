@@ -496,7 +496,14 @@ pub enum NetworkMode {
     /// The host's network namespace. Used by image builds to download packages;
     /// not offered by `brig run`.
     Host,
+    /// A private network namespace with only the loopback interface, where brig
+    /// serves an egress proxy and a DNS resolver (see [`net`] and `brig-net`):
+    /// /etc/resolv.conf names [`EGRESS_DNS`].
+    Egress,
 }
+
+/// Where brig's DNS resolver listens inside a sandbox with [`NetworkMode::Egress`].
+pub const EGRESS_DNS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 53);
 
 impl std::str::FromStr for NetworkMode {
     type Err = PolicyError;

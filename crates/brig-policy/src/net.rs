@@ -526,26 +526,31 @@ impl Refusal {
 
     /// One line for the program (and the model) that asked: which host, why, and
     /// what is allowed.
+    /// `port` 0 is a DNS question (no port).
     pub fn message(&self, host: &str, port: u16) -> String {
+        let host = match port {
+            0 => host.to_string(),
+            _ => format!("{host}:{port}"),
+        };
         match self {
             Refusal::Offline => {
-                format!("brig egress refused {host}:{port}: this sandbox has no network (--network none)")
+                format!("brig egress refused {host}: this sandbox has no network (--network none)")
             }
             Refusal::Forbidden { range } => format!(
-                "brig egress refused {host}:{port}: its address is in a {range} range, which sandboxes never reach (an operator can open a range with --egress-allow-private)"
+                "brig egress refused {host}: its address is in a {range} range, which sandboxes never reach (an operator can open a range with --egress-allow-private)"
             ),
             Refusal::Denied { rule } => {
-                format!("brig egress refused {host}:{port}: the policy denies it (rule {rule})")
+                format!("brig egress refused {host}: the policy denies it (rule {rule})")
             }
             Refusal::NotAllowed { allowed } if allowed.is_empty() => format!(
-                "brig egress refused {host}:{port}: not on the allow list, which is empty"
+                "brig egress refused {host}: not on the allow list, which is empty"
             ),
             Refusal::NotAllowed { allowed } => format!(
-                "brig egress refused {host}:{port}: not on the allow list; allowed: {}",
+                "brig egress refused {host}: not on the allow list; allowed: {}",
                 allowed.join(", ")
             ),
             Refusal::BadName => format!(
-                "brig egress refused {host}:{port}: not a valid host name (ASCII only; use the xn-- form)"
+                "brig egress refused {host}: not a valid host name (ASCII only; use the xn-- form)"
             ),
         }
     }

@@ -1,0 +1,255 @@
+//! The HTTP proxy: CONNECT, and plain HTTP in absolute form
+//! (`GET http://host/path`). One request per connection: the request goes upstream
+//! with `Connection: close` and its Host header set to the URL's host, then bytes
+//! flow both ways (to that one checked address only, whatever the client sends next).
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::dial::{dial, Failure, Host};
+use crate::relay::{close_gently, splice, tunnel, Pending, Via};
+use crate::Shared;
+
+const MAX_HEAD: usize = 64 * 1024;
+
+/// A complete response with a one-line text body.
+pub(crate) fn response(code: u16, reason: &str, message: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         X-Brig-Egress: refused\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{message}\n",
+        message.len() + 1
+    )
+    .into_bytes()
+}
+
+/// Reads until the end of the request head; returns the buffer and the head's length.
+async fn read_head(stream: &mut TcpStream) -> Result<(Vec<u8>, usize), &'static str> {
+    let mut buf = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).await.map_err(|_| "read failed")?;
+        if n == 0 {
+            return Err("closed before a request");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let mut headers = [httparse::EMPTY_HEADER; 128];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf) {
+            Ok(httparse::Status::Complete(len)) => return Ok((buf, len)),
+            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
+            Ok(httparse::Status::Partial) => return Err("request head too large"),
+            Err(_) => return Err("not an HTTP request"),
+        }
+    }
+}
+
+/// `host[:port]` with a default port; IPv6 in brackets.
+fn split_authority(authority: &str, default_port: u16) -> Option<(String, u16)> {
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        let port = match after {
+            "" => default_port,
+            p => p.strip_prefix(':')?.parse().ok()?,
+        };
+        (format!("[{host}]"), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host.to_string(), port.parse().ok()?),
+            None => (authority.to_string(), default_port),
+        }
+    };
+    if host.is_empty() || port == 0 || host.contains('@') {
+        return None;
+    }
+    Some((host, port))
+}
+
+pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
+    let mut event = Pending::new(Via::Http);
+    let head = tokio::time::timeout(shared.limits.handshake, read_head(&mut stream)).await;
+    let (buf, head_len) = match head {
+        Ok(Ok(read)) => read,
+        Ok(Err(why)) => {
+            let message = format!("brig egress: {why}: this is an HTTP proxy (use CONNECT host:port, or GET http://host/path)");
+            let _ = stream
+                .write_all(&response(400, "Bad Request", &message))
+                .await;
+            {
+                event.refused(shared, "protocol_error");
+                return close_gently(stream).await;
+            }
+        }
+        Err(_) => {
+            let _ = stream
+                .write_all(&response(
+                    408,
+                    "Request Timeout",
+                    "brig egress: no complete request in time",
+                ))
+                .await;
+            {
+                event.refused(shared, "protocol_error");
+                return close_gently(stream).await;
+            }
+        }
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut headers);
+    let _ = req.parse(&buf);
+    let method = req.method.unwrap_or("").to_string();
+    let target = req.path.unwrap_or("").to_string();
+
+    let bad = |why: &str| format!("brig egress: {why}");
+    let (host, port, rewritten) = if method == "CONNECT" {
+        event.via = Via::Connect;
+        match split_authority(&target, 443) {
+            Some(_) if buf.len() > head_len => {
+                let why = "send the tunnel's bytes after the 200 reply, not with the CONNECT";
+                let _ = stream
+                    .write_all(&response(400, "Bad Request", &bad(why)))
+                    .await;
+                {
+                    event.refused(shared, "protocol_error");
+                    return close_gently(stream).await;
+                }
+            }
+            Some((host, port)) if !target.contains('/') => (host, port, None),
+            _ => {
+                let _ = stream
+                    .write_all(&response(
+                        400,
+                        "Bad Request",
+                        &bad("CONNECT wants host:port"),
+                    ))
+                    .await;
+                {
+                    event.refused(shared, "protocol_error");
+                    return close_gently(stream).await;
+                }
+            }
+        }
+    } else {
+        let Some(rest) = target.strip_prefix("http://").or_else(|| {
+            target
+                .get(..7)
+                .filter(|s| s.eq_ignore_ascii_case("http://"))
+                .map(|_| &target[7..])
+        }) else {
+            let why = if target.to_ascii_lowercase().starts_with("https://") {
+                "https URLs go through CONNECT (set HTTPS_PROXY)"
+            } else {
+                "a proxy request needs an absolute http:// URL"
+            };
+            let _ = stream
+                .write_all(&response(400, "Bad Request", &bad(why)))
+                .await;
+            {
+                event.refused(shared, "protocol_error");
+                return close_gently(stream).await;
+            }
+        };
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_string()),
+            Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
+            None => (rest, "/".to_string()),
+        };
+        let Some((host, port)) = split_authority(authority, 80) else {
+            let _ = stream
+                .write_all(&response(400, "Bad Request", &bad("bad host in the URL")))
+                .await;
+            {
+                event.refused(shared, "protocol_error");
+                return close_gently(stream).await;
+            }
+        };
+        let host_header = if port == 80 {
+            host.clone()
+        } else {
+            format!("{host}:{port}")
+        };
+        let mut out = format!("{method} {path} HTTP/1.1\r\nHost: {host_header}\r\n");
+        for h in req.headers.iter() {
+            let name = h.name.to_ascii_lowercase();
+            if matches!(
+                name.as_str(),
+                "host" | "connection" | "proxy-connection" | "proxy-authorization" | "keep-alive"
+            ) {
+                continue;
+            }
+            out.push_str(h.name);
+            out.push_str(": ");
+            out.push_str(&String::from_utf8_lossy(h.value));
+            out.push_str("\r\n");
+        }
+        out.push_str("Connection: close\r\n\r\n");
+        let mut bytes = out.into_bytes();
+        bytes.extend_from_slice(&buf[head_len..]);
+        (host, port, Some(bytes))
+    };
+    event.host = host.clone();
+    event.port = port;
+    let parsed = Host::parse(&host);
+    let name = crate::dial::named(shared, &parsed).unwrap_or_default();
+    let shown = name.clone().unwrap_or_else(|| host.clone());
+    let (upstream, addr) = match dial(shared, &parsed, port).await {
+        Ok(ok) => ok,
+        Err((failure, addr)) => {
+            event.addr = addr.map(|a| std::net::SocketAddr::new(a, port));
+            let (code, reason) = match failure {
+                Failure::Refused(_) => (403, "Forbidden"),
+                Failure::Unresolved(_) | Failure::Unreachable(_) => (502, "Bad Gateway"),
+            };
+            let message = failure.message(&shown, port);
+            let _ = stream.write_all(&response(code, reason, &message)).await;
+            event.refused(shared, failure.code());
+            return close_gently(stream).await;
+        }
+    };
+    event.addr = Some(addr);
+    match rewritten {
+        None => {
+            if stream
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tunnel(shared, event, &mut stream, upstream, name.as_deref(), port).await;
+        }
+        Some(request) => {
+            let mut upstream = upstream;
+            if upstream.write_all(&request).await.is_err() {
+                let _ = stream
+                    .write_all(&response(502, "Bad Gateway", &bad("the upstream closed")))
+                    .await;
+                event.refused(shared, "unreachable");
+                return close_gently(stream).await;
+            }
+            splice(shared, event, &mut stream, upstream).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorities_split_into_host_and_port() {
+        assert_eq!(split_authority("a.test", 80), Some(("a.test".into(), 80)));
+        assert_eq!(
+            split_authority("a.test:8080", 80),
+            Some(("a.test".into(), 8080))
+        );
+        assert_eq!(
+            split_authority("[::1]:443", 80),
+            Some(("[::1]".into(), 443))
+        );
+        assert_eq!(split_authority("[::1]", 80), Some(("[::1]".into(), 80)));
+        assert_eq!(split_authority("a.test:0", 80), None);
+        assert_eq!(split_authority("a.test:x", 80), None);
+        assert_eq!(split_authority("user@a.test", 80), None);
+        assert_eq!(split_authority(":80", 80), None);
+    }
+}

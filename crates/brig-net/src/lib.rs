@@ -1,0 +1,169 @@
+//! brig's egress proxy: the only way out of a sandbox's network namespace.
+//!
+//! brig creates the listening sockets inside the sandbox's namespace (see
+//! `brig_jail::net`) and this crate serves them from outside it, in brig's own
+//! namespace. Every connection is decided by the sandbox's
+//! [`brig_policy::net::EgressPolicy`]:
+//!
+//! | module | concern |
+//! |---|---|
+//! | `resolve` | the proxy's own resolver (system, or a hosts file) |
+//! | `synth` | synthetic addresses the DNS resolver hands out, mapped back to names |
+//! | `dial` | policy, resolution, the check of every address, the connect |
+//! | `http` | the HTTP proxy: absolute-form plain HTTP and CONNECT |
+//! | `socks` | SOCKS5 CONNECT |
+//! | `dns` | the DNS resolver at the sandbox's resolv.conf address |
+//! | `capture` | TCP redirected to brig inside the namespace (no proxy variables) |
+//! | `tls` | the SNI of a TLS ClientHello |
+//! | `relay` | the byte copy, the caps, the log line and the event |
+
+mod capture;
+mod dial;
+mod dns;
+mod http;
+mod relay;
+pub mod resolve;
+mod socks;
+pub mod synth;
+pub mod tls;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use brig_policy::net::EgressPolicy;
+
+pub use relay::{Decision, EgressEvent, EventSink, Via};
+pub use resolve::Resolver;
+
+/// Where brig's listeners are inside a sandbox's namespace.
+pub mod layout {
+    use super::*;
+    /// The HTTP proxy (`HTTP_PROXY`, `HTTPS_PROXY`).
+    pub const HTTP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 3128);
+    /// The SOCKS5 proxy (`ALL_PROXY`).
+    pub const SOCKS: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1080);
+    /// The DNS resolver /etc/resolv.conf names.
+    pub const DNS: SocketAddrV4 = SocketAddrV4::new(brig_policy::EGRESS_DNS, 53);
+    /// Where TCP to a synthetic address is redirected.
+    pub const CAPTURE: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 15001);
+    /// Synthetic addresses: each allowed name the resolver answers gets one.
+    pub const SYNTHETIC: (Ipv4Addr, u8) = (Ipv4Addr::new(198, 18, 0, 0), 15);
+}
+
+/// The proxy variables a sandbox with egress gets (upper and lower case).
+pub fn proxy_env() -> BTreeMap<String, String> {
+    let http = format!("http://{}", layout::HTTP);
+    let socks = format!("socks5h://{}", layout::SOCKS);
+    let no_proxy = "localhost,127.0.0.1,::1".to_string();
+    let mut env = BTreeMap::new();
+    for (key, value) in [
+        ("HTTP_PROXY", &http),
+        ("HTTPS_PROXY", &http),
+        ("ALL_PROXY", &socks),
+        ("NO_PROXY", &no_proxy),
+    ] {
+        env.insert(key.to_string(), value.clone());
+        env.insert(key.to_ascii_lowercase(), value.clone());
+    }
+    env
+}
+
+/// Limits of one sandbox's proxy.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections open at once, handshakes included; past it a new one is refused.
+    pub max_connections: usize,
+    /// How long a client has to send its request (head, SOCKS greeting, ClientHello).
+    pub handshake: Duration,
+    /// How long connecting to an upstream address may take.
+    pub connect: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 256,
+            handshake: Duration::from_secs(10),
+            connect: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Everything one sandbox's proxy needs.
+pub struct Egress {
+    pub policy: EgressPolicy,
+    pub resolver: Resolver,
+    pub limits: Limits,
+    pub events: Option<EventSink>,
+}
+
+/// The sockets made in the sandbox's namespace, as `brig_jail::net::Listen` lists them.
+pub struct Sockets {
+    pub http: OwnedFd,
+    pub socks: OwnedFd,
+    pub dns: OwnedFd,
+    pub capture: Option<OwnedFd>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("cannot serve a socket made in the sandbox: {0}")]
+    Socket(std::io::Error),
+    #[error("cannot read hosts file {path}: {source}")]
+    HostsFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("hosts file {path}, line {line}: {reason}")]
+    HostsLine {
+        path: String,
+        line: usize,
+        reason: String,
+    },
+}
+
+/// Shared by every listener of one sandbox.
+pub(crate) struct Shared {
+    pub policy: EgressPolicy,
+    pub resolver: Resolver,
+    pub limits: Limits,
+    pub events: Option<EventSink>,
+    pub synth: synth::Synthetic,
+    pub slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// Serves `sockets` on `runtime` until the runtime ends (or the sockets close).
+/// Must be called with the runtime entered or from its handle.
+pub fn spawn(
+    runtime: &tokio::runtime::Handle,
+    egress: Egress,
+    sockets: Sockets,
+) -> Result<(), NetError> {
+    let _guard = runtime.enter();
+    let shared = Arc::new(Shared {
+        slots: Arc::new(tokio::sync::Semaphore::new(egress.limits.max_connections)),
+        policy: egress.policy,
+        resolver: egress.resolver,
+        limits: egress.limits,
+        events: egress.events,
+        synth: synth::Synthetic::new(layout::SYNTHETIC),
+    });
+    let tcp = |fd: OwnedFd| {
+        tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd)).map_err(NetError::Socket)
+    };
+    let http = tcp(sockets.http)?;
+    let socks = tcp(sockets.socks)?;
+    let dns = tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(sockets.dns))
+        .map_err(NetError::Socket)?;
+    let capture = sockets.capture.map(tcp).transpose()?;
+    runtime.spawn(relay::accept_loop(http, shared.clone(), Via::Http));
+    runtime.spawn(relay::accept_loop(socks, shared.clone(), Via::Socks));
+    if let Some(capture) = capture {
+        runtime.spawn(relay::accept_loop(capture, shared.clone(), Via::Capture));
+    }
+    runtime.spawn(dns::serve(dns, shared));
+    Ok(())
+}

@@ -1,0 +1,648 @@
+//! Egress (`brig run --network allow|open`): a sandbox reaches only what its policy
+//! allows, through brig's proxy, and nothing else leaves its namespace.
+//!
+//! All traffic stays on this machine: the upstream servers listen on the host's
+//! loopback (this test process), names map to them through `--egress-hosts`, and
+//! loopback is reachable only because each test opts it in with
+//! `--egress-allow-private`. The clients run inside the sandbox, in Python.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::brig;
+
+/// A server on the host's loopback: answers `GET`s with what it saw, echoes
+/// anything else, and keeps every first chunk it received.
+struct Upstream {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl Upstream {
+    fn start(ip: &str, port: u16) -> std::io::Result<Upstream> {
+        let listener = TcpListener::bind((ip, port))?;
+        let addr = listener.local_addr()?;
+        let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let record = seen.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let record = record.clone();
+                std::thread::spawn(move || serve(stream, &record));
+            }
+        });
+        Ok(Upstream { addr, seen })
+    }
+
+    fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    fn seen(&self) -> Vec<Vec<u8>> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn serve(mut stream: TcpStream, record: &Mutex<Vec<Vec<u8>>>) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut buf = vec![0u8; 65536];
+    let Ok(n) = stream.read(&mut buf) else { return };
+    if n == 0 {
+        return;
+    }
+    record.lock().unwrap().push(buf[..n].to_vec());
+    if buf.starts_with(b"GET ") {
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let line = text.lines().next().unwrap_or("").to_string();
+        let host = text
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("host:"))
+            .unwrap_or("")
+            .to_string();
+        let body = format!("upstream saw [{line}] [{host}]\n");
+        let _ = write!(
+            stream,
+            "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        return;
+    }
+    let _ = stream.write_all(&buf[..n]);
+    while let Ok(n) = stream.read(&mut buf) {
+        if n == 0 || stream.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
+}
+
+/// A hosts file for `--egress-hosts`.
+fn hosts_file(dir: &tempfile::TempDir, lines: &str) -> String {
+    let path = dir.path().join("hosts");
+    std::fs::write(&path, lines).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+/// Python helpers the clients inside the sandbox share.
+const CLIENT: &str = r#"
+import socket, struct, sys
+T = 20
+def recv_all(s):
+    data = b""
+    while True:
+        try:
+            d = s.recv(65536)
+        except OSError as e:
+            return data + ("<%s>" % e).encode()
+        if not d:
+            return data
+        data += d
+def proxy_get(url):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=T)
+    s.sendall(("GET %s HTTP/1.1\r\nHost: wrong.example\r\nProxy-Connection: keep-alive\r\n\r\n" % url).encode())
+    return recv_all(s).decode(errors="replace")
+def connect(target, payload=b"ping\n"):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=T)
+    s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        d = s.recv(1)
+        if not d:
+            break
+        head += d
+    status = head.split(b"\r\n")[0].decode(errors="replace")
+    if " 200 " not in status + " ":
+        return status + " | " + recv_all(s).decode(errors="replace").strip()
+    s.sendall(payload)
+    got = b""
+    while len(got) < len(payload):
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    return status + " | " + ("ECHOED" if got == payload else "GOT %r" % got[:40])
+def socks(host, port, payload=b"ping\n"):
+    s = socket.create_connection(("127.0.0.1", 1080), timeout=T)
+    s.sendall(b"\x05\x01\x00")
+    if s.recv(2) != b"\x05\x00":
+        return "no method"
+    try:
+        addr = b"\x01" + socket.inet_aton(host)
+    except OSError:
+        addr = b"\x03" + bytes([len(host)]) + host.encode()
+    s.sendall(b"\x05\x01\x00" + addr + struct.pack(">H", port))
+    rep = s.recv(10)
+    if len(rep) < 2 or rep[1] != 0:
+        return "socks reply %d" % (rep[1] if len(rep) > 1 else -1)
+    s.sendall(payload)
+    got = s.recv(65536)
+    return "ECHOED" if got == payload else "GOT %r" % got[:40]
+def raw(host, port, payload=b"ping\n"):
+    try:
+        s = socket.create_connection((host, port), timeout=T)
+        s.sendall(payload)
+        got = s.recv(65536)
+        return "ECHOED" if got == payload else "GOT %r" % got[:40]
+    except OSError as e:
+        return "ERR %s" % (e.errno if e.errno is not None else e)
+def client_hello(sni):
+    name = sni.encode()
+    entry = b"\x00" + struct.pack(">H", len(name)) + name
+    sni_ext = struct.pack(">H", len(entry)) + entry
+    exts = struct.pack(">HH", 0, len(sni_ext)) + sni_ext
+    body = b"\x03\x03" + b"\x07" * 32 + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00" + struct.pack(">H", len(exts)) + exts
+    msg = b"\x01" + struct.pack(">I", len(body))[1:] + body
+    return b"\x16\x03\x01" + struct.pack(">H", len(msg)) + msg
+"#;
+
+/// Runs `script` (after [`CLIENT`]) in a sandbox with `args`; returns stdout,
+/// asserting that brig and the script succeeded.
+fn sandbox(args: &[&str], script: &str) -> String {
+    let mut cmd = brig();
+    cmd.arg("run")
+        .args(["--timeout", "120s"])
+        .args(args)
+        .arg("--")
+        .args(["/usr/bin/python3", "-c", &format!("{CLIENT}\n{script}")]);
+    let out = cmd.output().expect("run brig");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "brig failed ({:?}): {stdout}\n{stderr}",
+        out.status
+    );
+    stdout
+}
+
+/// `--network allow` toward `good.test` (and its friends) on the host's loopback.
+fn allow_args(hosts: &str, allow: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "--network".to_string(),
+        "allow".into(),
+        "--egress-hosts".into(),
+        hosts.into(),
+        "--egress-allow-private".into(),
+        "127.0.0.0/8".into(),
+    ];
+    for pattern in allow {
+        args.push("--allow-host".into());
+        args.push(pattern.to_string());
+    }
+    args
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+fn capture_available() -> bool {
+    ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists())
+}
+
+#[test]
+fn root_an_allowed_host_is_reached_through_the_http_proxy_with_its_own_host_header() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 good.test\n");
+    let args = allow_args(&hosts, &["good.test"]);
+    let out = sandbox(
+        &strs(&args),
+        &format!(
+            "print(proxy_get('http://good.test:{}/path?q=1'))",
+            up.port()
+        ),
+    );
+    assert!(out.contains("200 OK"), "{out}");
+    assert!(out.contains("[GET /path?q=1 HTTP/1.1]"), "{out}");
+    assert!(
+        out.contains(&format!("[Host: good.test:{}]", up.port())),
+        "the Host header is the URL's, not the client's: {out}"
+    );
+}
+
+#[test]
+fn root_a_host_not_allowed_is_refused_with_a_line_naming_it_and_the_allow_list() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 good.test bad.test\n");
+    let args = allow_args(&hosts, &["good.test"]);
+    let out = sandbox(
+        &strs(&args),
+        &format!("print(proxy_get('http://bad.test:{}/'))", up.port()),
+    );
+    assert!(out.contains("403 Forbidden"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "brig egress refused bad.test:{}: not on the allow list; allowed: good.test",
+            up.port()
+        )),
+        "{out}"
+    );
+    assert!(up.seen().is_empty(), "nothing reached the upstream");
+}
+
+#[test]
+fn root_deny_wins_over_allow() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 a.good.test secret.good.test\n");
+    let mut args = allow_args(&hosts, &["*.good.test"]);
+    args.extend(["--deny-host".into(), "secret.good.test".into()]);
+    let port = up.port();
+    let out = sandbox(
+        &strs(&args),
+        &format!("print(connect('a.good.test:{port}'))\nprint(connect('secret.good.test:{port}'))"),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].contains("200") && lines[0].contains("ECHOED"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("403") && lines[1].contains("denies it"),
+        "{out}"
+    );
+}
+
+#[test]
+fn root_connect_reaches_an_allowed_port_and_refuses_another() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let other = Upstream::start("127.0.0.1", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 good.test\n");
+    let allowed = format!("good.test:{}", up.port());
+    let args = allow_args(&hosts, &[&allowed]);
+    let out = sandbox(
+        &strs(&args),
+        &format!(
+            "print(connect('good.test:{}'))\nprint(connect('good.test:{}'))",
+            up.port(),
+            other.port()
+        ),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].contains("200") && lines[0].contains("ECHOED"),
+        "{out}"
+    );
+    assert!(lines[1].contains("403"), "{out}");
+    assert!(other.seen().is_empty());
+}
+
+#[test]
+fn root_socks5_reaches_an_allowed_name_and_refuses_other_names_and_addresses() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 good.test bad.test\n");
+    let args = allow_args(&hosts, &["good.test"]);
+    let port = up.port();
+    let out = sandbox(
+        &strs(&args),
+        &format!(
+            "print(socks('good.test', {port}))\nprint(socks('bad.test', {port}))\nprint(socks('127.0.0.1', {port}))"
+        ),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines, ["ECHOED", "socks reply 2", "socks reply 2"], "{out}");
+}
+
+#[test]
+fn root_dns_answers_allowed_names_with_synthetic_addresses_and_nothing_else() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 good.test bad.test\n");
+    let args = allow_args(&hosts, &["good.test"]);
+    let out = sandbox(
+        &strs(&args),
+        "for n in ['good.test', 'GOOD.test.', 'bad.test', 'missing.test']:\n\
+         \x20   try: print(n, socket.gethostbyname(n))\n\
+         \x20   except OSError as e: print(n, 'ERR')\n",
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("good.test 198.18."), "{out}");
+    assert_eq!(
+        lines[1].split(' ').nth(1),
+        lines[0].split(' ').nth(1),
+        "{out}"
+    );
+    assert_eq!(lines[2], "bad.test ERR", "{out}");
+    assert_eq!(lines[3], "missing.test ERR", "{out}");
+}
+
+#[test]
+fn root_a_raw_socket_ignoring_proxy_variables_reaches_only_allowed_names() {
+    require_root!();
+    if !capture_available() {
+        eprintln!("skipped: transparent capture needs nftables (scripts/test.sh installs it)");
+        return;
+    }
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 good.test bad.test\n");
+    let allowed = format!("good.test:{}", up.port());
+    let args = allow_args(&hosts, &[&allowed]);
+    let port = up.port();
+    // A made-up protocol on a non-HTTP port, no proxy variable in sight.
+    let out = sandbox(
+        &strs(&args),
+        &format!(
+            "import os\n\
+             for k in list(os.environ):\n\
+             \x20   if 'proxy' in k.lower(): del os.environ[k]\n\
+             print(raw('good.test', {port}, b'HELO raw\\n'))\n\
+             print(raw('bad.test', {port}))\n\
+             print(raw(socket.gethostbyname('good.test'), {port} + 1))\n\
+             print(raw('198.18.255.254', {port}))\n"
+        ),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "ECHOED", "{out}");
+    assert!(
+        lines[1].starts_with("ERR"),
+        "bad.test has no address: {out}"
+    );
+    assert!(
+        !lines[2].contains("ECHOED") && !lines[3].contains("ECHOED"),
+        "a port not allowed and an address never given out reach nothing: {out}"
+    );
+    assert_eq!(up.seen().len(), 1, "only the allowed connection arrived");
+}
+
+#[test]
+fn root_an_ip_literal_in_a_forbidden_range_is_refused() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let port = up.port();
+    let out = sandbox(
+        &["--network", "open"],
+        &format!(
+            "for t in ['127.0.0.1:{port}', '169.254.169.254:80', '10.0.0.1:80', '[::1]:{port}', '[::ffff:127.0.0.1]:{port}', '100.64.0.1:80', '192.168.0.1:80']:\n\
+             \x20   print(connect(t))\n\
+             print(socks('127.0.0.1', {port}))\n"
+        ),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 8, "{out}");
+    for line in &lines[..7] {
+        assert!(
+            line.contains("403") && line.contains("sandboxes never reach"),
+            "{out}"
+        );
+    }
+    assert!(out.contains("cloud metadata"), "{out}");
+    assert_eq!(lines[7], "socks reply 2", "{out}");
+    assert!(up.seen().is_empty());
+}
+
+#[test]
+fn root_a_name_resolving_to_a_forbidden_address_is_refused() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // mixed.test has an address opted in (the upstream's) and a private one: a
+    // name is refused as a whole if any of its addresses is.
+    let hosts = hosts_file(
+        &dir,
+        "127.0.0.1 sneaky.test\n169.254.169.254 metadata.test\n127.0.0.1 mixed.test\n10.1.2.3 mixed.test\n",
+    );
+    let port = up.port();
+    let args = [
+        "--network",
+        "allow",
+        "--allow-host",
+        "sneaky.test",
+        "--allow-host",
+        "metadata.test",
+        "--allow-host",
+        "mixed.test",
+        "--egress-hosts",
+        &hosts,
+    ];
+    let out = sandbox(
+        &args,
+        &format!(
+            "print(connect('sneaky.test:{port}'))\nprint(connect('metadata.test:80'))\nprint(socks('sneaky.test', {port}))"
+        ),
+    );
+    let mut opted = args.to_vec();
+    opted.extend(["--egress-allow-private", "127.0.0.0/8"]);
+    let mixed = sandbox(&opted, &format!("print(connect('mixed.test:{port}'))"));
+    let lines: Vec<&str> = out.lines().collect();
+    for line in &lines[..2] {
+        assert!(
+            line.contains("403") && line.contains("never reach"),
+            "{out}"
+        );
+    }
+    assert!(lines[0].contains("loopback"), "{out}");
+    assert!(lines[1].contains("cloud metadata"), "{out}");
+    assert_eq!(lines[2], "socks reply 2", "{out}");
+    assert!(
+        mixed.contains("403") && mixed.contains("private (10.0.0.0/8)"),
+        "{mixed}"
+    );
+    assert!(up.seen().is_empty());
+}
+
+#[test]
+fn root_open_mode_reaches_any_name_but_still_refuses_private_ranges() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 anything.test\n10.9.8.7 lan.test\n");
+    let port = up.port();
+    let opened = sandbox(
+        &[
+            "--network",
+            "open",
+            "--egress-hosts",
+            &hosts,
+            "--egress-allow-private",
+            "127.0.0.0/8",
+        ],
+        &format!("print(connect('anything.test:{port}'))\nprint(connect('lan.test:80'))"),
+    );
+    let lines: Vec<&str> = opened.lines().collect();
+    assert!(lines[0].contains("ECHOED"), "{opened}");
+    assert!(
+        lines[1].contains("403") && lines[1].contains("private"),
+        "{opened}"
+    );
+    let closed = sandbox(
+        &["--network", "open", "--egress-hosts", &hosts],
+        &format!("print(connect('anything.test:{port}'))"),
+    );
+    assert!(
+        closed.contains("403") && closed.contains("loopback"),
+        "without the opt-in, loopback stays shut: {closed}"
+    );
+    assert_eq!(up.seen().len(), 1);
+}
+
+#[test]
+fn root_no_direct_connection_leaves_the_sandbox() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 good.test\n");
+    let args = allow_args(&hosts, &["good.test"]);
+    let port = up.port();
+    // Public, private, and the host's own loopback port: the sandbox's lo is its own.
+    let out = sandbox(
+        &strs(&args),
+        &format!(
+            "import errno\n\
+             for h in ['1.1.1.1', '10.0.0.1', '169.254.169.254', '192.168.1.1', '2606:4700::1111']:\n\
+             \x20   print(h, raw(h, 80))\n\
+             print('lo', raw('127.0.0.1', {port}))\n\
+             print(open('/proc/net/route').read().count('\\n'))\n"
+        ),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    for line in &lines[..5] {
+        assert!(
+            line.ends_with(&format!("ERR {}", libc::ENETUNREACH)),
+            "no route: {out}"
+        );
+    }
+    assert_eq!(lines[5], format!("lo ERR {}", libc::ECONNREFUSED), "{out}");
+    assert_eq!(lines[6], "1", "no IPv4 route at all: {out}");
+    assert!(up.seen().is_empty());
+}
+
+#[test]
+fn root_connect_to_443_with_a_tls_name_other_than_the_host_is_refused() {
+    require_root!();
+    // Port 443 on a loopback address of its own, so it is nobody else's.
+    let ip = format!(
+        "127.{}.{}.{}",
+        100 + std::process::id() % 100,
+        std::process::id() % 250 + 1,
+        7
+    );
+    let up = match Upstream::start(&ip, 443) {
+        Ok(up) => up,
+        Err(e) => panic!("cannot listen on {ip}:443: {e}"),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, &format!("{ip} good.test other.test\n"));
+    let args = allow_args(&hosts, &["good.test:443"]);
+    let out = sandbox(
+        &strs(&args),
+        "print(connect('good.test:443', client_hello('good.test')))\n\
+         print(connect('good.test:443', client_hello('other.test')))\n\
+         print(connect('good.test:443', b'GET / HTTP/1.0\\r\\n\\r\\n'))\n",
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].contains("ECHOED"), "the right name passes: {out}");
+    assert!(
+        lines[1].contains("200") && !lines[1].contains("ECHOED"),
+        "{out}"
+    );
+    assert!(!lines[2].contains("ECHOED"), "not TLS on 443: {out}");
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1, "only the right hello went upstream");
+    assert!(seen[0].windows(9).any(|w| w == b"good.test"));
+}
+
+#[test]
+fn root_garbage_to_each_listener_gets_a_protocol_error() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 good.test\n");
+    let args = allow_args(&hosts, &["good.test"]);
+    let mut script = String::from(
+        "def garbage(port, data):\n\
+         \x20   s = socket.create_connection(('127.0.0.1', port), timeout=T)\n\
+         \x20   s.sendall(data)\n\
+         \x20   return recv_all(s)\n\
+         print(garbage(3128, b'\\x00\\x01\\x02 hello\\r\\n\\r\\n').split(b'\\r\\n')[0].decode())\n\
+         print(garbage(3128, b'GET /relative HTTP/1.1\\r\\n\\r\\n').split(b'\\r\\n')[0].decode())\n\
+         print(garbage(1080, b'\\x04\\x01\\x00\\x50\\x7f\\x00\\x00\\x01\\x00'))\n\
+         d = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); d.settimeout(T)\n\
+         d.sendto(b'\\xab\\xcdnot dns', ('127.0.0.53', 53)); r = d.recv(512)\n\
+         print(r[:2] == b'\\xab\\xcd', r[2] & 0x80, r[3] & 0x0f)\n\
+         d.sendto(b'\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\xc0\\x0c\\x00\\x01\\x00\\x01', ('127.0.0.53', 53)); r = d.recv(512)\n\
+         print(r[3] & 0x0f)\n\
+         print(proxy_get('http://good.test:1/')[:12])\n",
+    );
+    if capture_available() {
+        // Straight at the capture port: nothing was redirected, nothing to reach.
+        script.push_str("print(garbage(15001, b'hello'))\n");
+    }
+    let out = sandbox(&strs(&args), &script);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "HTTP/1.1 400 Bad Request", "{out}");
+    assert_eq!(lines[1], "HTTP/1.1 400 Bad Request", "{out}");
+    assert_eq!(lines[2], r"b'\x05\xff'", "{out}");
+    assert_eq!(lines[3], "True 128 1", "FORMERR: {out}");
+    assert_eq!(lines[4], "1", "a compressed question is FORMERR: {out}");
+    assert_eq!(lines[5], "HTTP/1.1 502", "the proxy still serves: {out}");
+    if capture_available() {
+        assert_eq!(lines[6], "b''", "{out}");
+    }
+}
+
+#[test]
+fn root_network_none_has_no_proxy_and_no_resolver() {
+    require_root!();
+    let out = sandbox(
+        &[],
+        "import os\n\
+         print(sorted(k for k in os.environ if 'proxy' in k.lower()))\n\
+         print(raw('127.0.0.1', 3128))\n\
+         print('nameserver' in open('/etc/resolv.conf').read())\n",
+    );
+    assert_eq!(
+        out,
+        format!("[]\nERR {}\nFalse\n", libc::ECONNREFUSED),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_bad_pattern_is_refused_in_one_line_naming_it() {
+    for (flags, named) in [
+        (
+            vec!["--network", "allow", "--allow-host", "a..test"],
+            "'a..test'",
+        ),
+        (
+            vec!["--network", "allow", "--allow-host", "a.test:99999"],
+            "'a.test:99999'",
+        ),
+        (
+            vec!["--network", "open", "--egress-allow-private", "10.0.0.0/40"],
+            "'10.0.0.0/40'",
+        ),
+        (vec!["--network", "sideways"], "'sideways'"),
+        (
+            vec!["--network", "allow", "--allow-host", "bücher.de"],
+            "'bücher.de'",
+        ),
+        (vec!["--allow-host", "a.test"], "--network allow"),
+        (vec!["--deny-host", "a.test"], "--network allow or open"),
+    ] {
+        let out = brig()
+            .arg("run")
+            .args(&flags)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{flags:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{flags:?}: {stderr}");
+        assert!(stderr.contains(named), "{flags:?}: {stderr}");
+    }
+}
