@@ -646,3 +646,35 @@ fn a_bad_pattern_is_refused_in_one_line_naming_it() {
         assert!(stderr.contains(named), "{flags:?}: {stderr}");
     }
 }
+
+#[test]
+fn root_connections_past_the_cap_are_refused_and_the_proxy_recovers() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 good.test\n");
+    let args = allow_args(&hosts, &["good.test"]);
+    let port = up.port();
+    // 256 clients that never send a request hold every slot (the cap); one more
+    // is told why; once they go, the proxy serves again.
+    let out = sandbox(
+        &strs(&args),
+        &format!(
+            "idle = [socket.create_connection(('127.0.0.1', 3128), timeout=T) for _ in range(256)]\n\
+             import time\n\
+             print(proxy_get('http://good.test:{port}/').split('\\r\\n')[0])\n\
+             print('cap' in proxy_get('http://good.test:{port}/'))\n\
+             for s in idle: s.close()\n\
+             deadline = time.time() + 30\n\
+             while True:\n\
+             \x20   line = proxy_get('http://good.test:{port}/').split('\\r\\n')[0]\n\
+             \x20   if ' 503 ' not in line or time.time() > deadline: break\n\
+             \x20   time.sleep(0.1)\n\
+             print(line)\n"
+        ),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "HTTP/1.1 503 Service Unavailable", "{out}");
+    assert_eq!(lines[1], "True", "{out}");
+    assert_eq!(lines[2], "HTTP/1.0 200 OK", "{out}");
+}

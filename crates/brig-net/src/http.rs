@@ -64,6 +64,19 @@ fn split_authority(authority: &str, default_port: u16) -> Option<(String, u16)> 
     Some((host, port))
 }
 
+/// Answers `response` and closes, recording the refusal as `code`.
+async fn refuse(
+    shared: &Shared,
+    event: Pending,
+    mut stream: TcpStream,
+    (status, reason, message): (u16, &str, &str),
+    code: &str,
+) {
+    let _ = stream.write_all(&response(status, reason, message)).await;
+    event.refused(shared, code);
+    close_gently(stream).await;
+}
+
 pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
     let mut event = Pending::new(Via::Http);
     let head = tokio::time::timeout(shared.limits.handshake, read_head(&mut stream)).await;
@@ -71,26 +84,28 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
         Ok(Ok(read)) => read,
         Ok(Err(why)) => {
             let message = format!("brig egress: {why}: this is an HTTP proxy (use CONNECT host:port, or GET http://host/path)");
-            let _ = stream
-                .write_all(&response(400, "Bad Request", &message))
-                .await;
-            {
-                event.refused(shared, "protocol_error");
-                return close_gently(stream).await;
-            }
+            return refuse(
+                shared,
+                event,
+                stream,
+                (400, "Bad Request", &message),
+                "protocol_error",
+            )
+            .await;
         }
         Err(_) => {
-            let _ = stream
-                .write_all(&response(
+            return refuse(
+                shared,
+                event,
+                stream,
+                (
                     408,
                     "Request Timeout",
                     "brig egress: no complete request in time",
-                ))
-                .await;
-            {
-                event.refused(shared, "protocol_error");
-                return close_gently(stream).await;
-            }
+                ),
+                "protocol_error",
+            )
+            .await;
         }
     };
     let mut headers = [httparse::EMPTY_HEADER; 128];
@@ -105,27 +120,25 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
         match split_authority(&target, 443) {
             Some(_) if buf.len() > head_len => {
                 let why = "send the tunnel's bytes after the 200 reply, not with the CONNECT";
-                let _ = stream
-                    .write_all(&response(400, "Bad Request", &bad(why)))
-                    .await;
-                {
-                    event.refused(shared, "protocol_error");
-                    return close_gently(stream).await;
-                }
+                return refuse(
+                    shared,
+                    event,
+                    stream,
+                    (400, "Bad Request", &bad(why)),
+                    "protocol_error",
+                )
+                .await;
             }
             Some((host, port)) if !target.contains('/') => (host, port, None),
             _ => {
-                let _ = stream
-                    .write_all(&response(
-                        400,
-                        "Bad Request",
-                        &bad("CONNECT wants host:port"),
-                    ))
-                    .await;
-                {
-                    event.refused(shared, "protocol_error");
-                    return close_gently(stream).await;
-                }
+                return refuse(
+                    shared,
+                    event,
+                    stream,
+                    (400, "Bad Request", &bad("CONNECT wants host:port")),
+                    "protocol_error",
+                )
+                .await;
             }
         }
     } else {
@@ -140,13 +153,14 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
             } else {
                 "a proxy request needs an absolute http:// URL"
             };
-            let _ = stream
-                .write_all(&response(400, "Bad Request", &bad(why)))
-                .await;
-            {
-                event.refused(shared, "protocol_error");
-                return close_gently(stream).await;
-            }
+            return refuse(
+                shared,
+                event,
+                stream,
+                (400, "Bad Request", &bad(why)),
+                "protocol_error",
+            )
+            .await;
         };
         let (authority, path) = match rest.find(['/', '?']) {
             Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], rest[i..].to_string()),
@@ -154,13 +168,14 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
             None => (rest, "/".to_string()),
         };
         let Some((host, port)) = split_authority(authority, 80) else {
-            let _ = stream
-                .write_all(&response(400, "Bad Request", &bad("bad host in the URL")))
-                .await;
-            {
-                event.refused(shared, "protocol_error");
-                return close_gently(stream).await;
-            }
+            return refuse(
+                shared,
+                event,
+                stream,
+                (400, "Bad Request", &bad("bad host in the URL")),
+                "protocol_error",
+            )
+            .await;
         };
         let host_header = if port == 80 {
             host.clone()
@@ -200,31 +215,31 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
                 Failure::Unresolved(_) | Failure::Unreachable(_) => (502, "Bad Gateway"),
             };
             let message = failure.message(&shown, port);
-            let _ = stream.write_all(&response(code, reason, &message)).await;
-            event.refused(shared, failure.code());
-            return close_gently(stream).await;
+            return refuse(
+                shared,
+                event,
+                stream,
+                (code, reason, &message),
+                failure.code(),
+            )
+            .await;
         }
     };
     event.addr = Some(addr);
     match rewritten {
         None => {
-            if stream
-                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                .await
-                .is_err()
-            {
-                return;
+            let established = b"HTTP/1.1 200 Connection established\r\n\r\n";
+            if stream.write_all(established).await.is_err() {
+                return event.refused(shared, "client_gone");
             }
             tunnel(shared, event, &mut stream, upstream, name.as_deref(), port).await;
         }
         Some(request) => {
             let mut upstream = upstream;
             if upstream.write_all(&request).await.is_err() {
-                let _ = stream
-                    .write_all(&response(502, "Bad Gateway", &bad("the upstream closed")))
-                    .await;
-                event.refused(shared, "unreachable");
-                return close_gently(stream).await;
+                let message = bad("the upstream closed");
+                let answer = (502, "Bad Gateway", message.as_str());
+                return refuse(shared, event, stream, answer, "unreachable").await;
             }
             splice(shared, event, &mut stream, upstream).await;
         }
