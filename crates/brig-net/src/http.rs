@@ -182,7 +182,7 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
         } else {
             format!("{host}:{port}")
         };
-        let mut out = format!("{method} {path} HTTP/1.1\r\nHost: {host_header}\r\n");
+        let mut bytes = format!("{method} {path} HTTP/1.1\r\nHost: {host_header}\r\n").into_bytes();
         for h in req.headers.iter() {
             let name = h.name.to_ascii_lowercase();
             if matches!(
@@ -191,13 +191,13 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
             ) {
                 continue;
             }
-            out.push_str(h.name);
-            out.push_str(": ");
-            out.push_str(&String::from_utf8_lossy(h.value));
-            out.push_str("\r\n");
+            // Values as sent: they need not be UTF-8.
+            bytes.extend_from_slice(h.name.as_bytes());
+            bytes.extend_from_slice(b": ");
+            bytes.extend_from_slice(h.value);
+            bytes.extend_from_slice(b"\r\n");
         }
-        out.push_str("Connection: close\r\n\r\n");
-        let mut bytes = out.into_bytes();
+        bytes.extend_from_slice(b"Connection: close\r\n\r\n");
         bytes.extend_from_slice(&buf[head_len..]);
         (host, port, Some(bytes))
     };

@@ -9,11 +9,15 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Mutex;
 
-/// At most this many names per sandbox.
-const MAX_NAMES: u32 = 65_536;
+/// At most this many names per sandbox (a wildcard rule lets a sandbox make up
+/// names: this bounds what they cost brig, about 100 bytes each).
+const MAX_NAMES: u32 = 16_384;
 
 pub struct Synthetic {
     base: u32,
+    /// Addresses in the range.
+    range: u64,
+    /// Addresses that may be handed out (offset 0 never is).
     size: u32,
     inner: Mutex<Maps>,
 }
@@ -26,9 +30,11 @@ struct Maps {
 
 impl Synthetic {
     pub fn new((net, prefix): (Ipv4Addr, u8)) -> Synthetic {
+        let range = 1u64 << (32 - u32::from(prefix));
         Synthetic {
             base: u32::from(net),
-            size: (1u32 << (32 - u32::from(prefix))).min(MAX_NAMES + 1),
+            range,
+            size: range.min(u64::from(MAX_NAMES) + 1) as u32,
             inner: Mutex::new(Maps::default()),
         }
     }
@@ -54,7 +60,7 @@ impl Synthetic {
         match brig_policy::net::canonical(addr) {
             IpAddr::V4(v4) => {
                 let a = u32::from(v4);
-                a >= self.base && a - self.base < self.size.next_power_of_two()
+                a >= self.base && u64::from(a - self.base) < self.range
             }
             IpAddr::V6(_) => false,
         }
