@@ -249,6 +249,7 @@ pub trait Catalog: Send + Sync {
         id: String,
         image: Option<String>,
         runtime: String,
+        backend: &'static str,
         now: String,
     ) -> CatalogFuture<'_, ()>;
 
@@ -537,7 +538,13 @@ mod tests {
         let (_dir, catalog) = catalog();
         let now = now_rfc3339();
         catalog
-            .insert_pooled_session("pool_1".into(), None, "{}".into(), now.clone())
+            .insert_pooled_session(
+                "pool_1".into(),
+                None,
+                "{}".into(),
+                "namespaces",
+                now.clone(),
+            )
             .await
             .unwrap();
         let row = SessionRow {
@@ -548,6 +555,7 @@ mod tests {
             snapshot: None,
             request: "{}".into(),
             runtime: "{}".into(),
+            backend: "namespaces".into(),
             created_at: now.clone(),
             expires_at: None,
             idle_timeout_s: None,

@@ -60,6 +60,8 @@ pub struct Config {
     pub pool: Vec<(String, usize)>,
     /// Host uid/gid range for sandboxes when running as root.
     pub id_range: Option<IdRange>,
+    /// The kind of sandbox sessions run in.
+    pub backend: crate::backend::BackendKind,
 }
 
 /// The defaults of `brig serve` (the server's flags hold the same; a test there
@@ -99,6 +101,7 @@ impl Default for Config {
             audit_retention_ms: 30 * 24 * 3600 * 1000,
             pool: Vec::new(),
             id_range: None,
+            backend: crate::backend::BackendKind::Namespaces,
         }
     }
 }

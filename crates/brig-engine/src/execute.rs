@@ -260,7 +260,7 @@ async fn run_in(
     timeout_ms: u64,
     chunks: Option<exec::Chunks>,
 ) -> Result<(ExecuteResponse, Permit), ApiError> {
-    let cwd = session.sandbox().cwd.clone();
+    let cwd = session.sandbox().facts().cwd.clone();
     let code = request.code.clone();
     let scan_cwd = cwd.clone();
     let before = with_root(session, move |root| {

@@ -12,6 +12,7 @@
 //! | `db` | the catalog in SQLite (WAL), and the row types |
 //! | `fault` | the domain error: a stable code and a one-line message, no HTTP |
 //! | `auth` | API keys, tenants, callers, quotas |
+//! | `backend` | the kinds of sandbox: what the engine asks of one (namespaces now) |
 //! | `audit` | recording and querying the audit log |
 //! | `metrics` | Prometheus metrics |
 //! | `filestore` | the tenants' stored files and their expiry |
@@ -25,6 +26,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod backend;
 pub mod catalog;
 pub mod config;
 pub mod db;

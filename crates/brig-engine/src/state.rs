@@ -30,6 +30,8 @@ pub struct Shared {
     pub db: Arc<dyn Catalog>,
     pub auth: Auth,
     pub metrics: Metrics,
+    /// The kind of sandbox this daemon starts (`Config::backend`).
+    pub backend: Arc<dyn crate::backend::Backend>,
     /// Set once by `server::start` after `Sessions::start`; see [`Shared::sessions`].
     pub sessions: OnceCell<Sessions>,
     /// Volumes and bundles claimed by session creates under way.
@@ -73,6 +75,15 @@ impl Shared {
     /// validate `args` (see `Config::validate`), create the admin key or start
     /// sessions: `server::start` does all of that in order.
     pub async fn new(args: Config) -> anyhow::Result<AppState> {
+        let backend = crate::backend::from_config(&args);
+        Shared::with_backend(args, backend).await
+    }
+
+    /// [`Shared::new`] with a backend of the caller's (the engine's tests: a fake).
+    pub async fn with_backend(
+        args: Config,
+        backend: Arc<dyn crate::backend::Backend>,
+    ) -> anyhow::Result<AppState> {
         let data_dir = args.data_dir.clone();
         create_private_dir(&data_dir)?;
         let data_dir_lock = DataDirLock::acquire(&data_dir)?;
@@ -90,6 +101,7 @@ impl Shared {
             db,
             auth,
             metrics: Metrics::global(),
+            backend,
             sessions: OnceCell::new(),
             holds: Holds::default(),
             refusals: Default::default(),

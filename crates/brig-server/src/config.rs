@@ -173,6 +173,9 @@ pub struct ServeArgs {
     /// Host uid/gid range for sandboxes when running as root (START-END).
     #[arg(long, value_name = "START-END", env = "BRIG_ID_RANGE")]
     pub id_range: Option<IdRange>,
+    /// The kind of sandbox sessions run in; hidden while there is one.
+    #[arg(long, hide = true, value_name = "KIND", default_value = "namespaces")]
+    pub backend: brig_engine::backend::BackendKind,
 }
 
 /// How log lines are written.
@@ -261,6 +264,7 @@ impl From<ServeArgs> for Config {
             pool,
             log_format: _,
             id_range,
+            backend,
         } = args;
         Config {
             listen,
@@ -295,6 +299,7 @@ impl From<ServeArgs> for Config {
             audit_retention_ms,
             pool,
             id_range,
+            backend,
         }
     }
 }

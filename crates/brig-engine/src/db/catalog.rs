@@ -217,9 +217,16 @@ impl Catalog for Db {
         id: String,
         image: Option<String>,
         runtime: String,
+        backend: &'static str,
         now: String,
     ) -> CatalogFuture<'_, ()> {
-        Box::pin(Db::insert_pooled_session(self, id, image, runtime, now))
+        Box::pin(Db::insert_pooled_session(
+            self,
+            id,
+            image,
+            (runtime, backend),
+            now,
+        ))
     }
 
     fn insert_session(

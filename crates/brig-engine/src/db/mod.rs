@@ -221,6 +221,12 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE audit ADD COLUMN frontend TEXT NOT NULL DEFAULT 'rest';
     "#,
+    // 11: the kind of sandbox each session runs in (`backend::Backend::kind`), so a
+    // later kind is a new value rather than a migration. Every older row's sandbox
+    // was started with namespaces.
+    r#"
+    ALTER TABLE sessions ADD COLUMN backend TEXT NOT NULL DEFAULT 'namespaces';
+    "#,
 ];
 
 /// Inserts a stored file's row (a cached statement: a batch inserts thousands).

@@ -16,8 +16,10 @@ pub struct SessionRow {
     pub snapshot: Option<String>,
     /// Its create request as stored, JSON.
     pub request: String,
-    /// Its sandbox, JSON.
+    /// Its sandbox, as its backend records it.
     pub runtime: String,
+    /// Its backend's kind (`namespaces`).
+    pub backend: String,
     pub created_at: String,
     pub expires_at: Option<String>,
     pub idle_timeout_s: Option<i64>,
@@ -32,6 +34,7 @@ pub struct StoredSession {
     pub state: String,
     pub request: String,
     pub runtime: Option<String>,
+    pub backend: String,
     pub created_at: String,
     pub expires_at: Option<String>,
     pub idle_timeout_s: Option<i64>,
@@ -41,8 +44,8 @@ pub struct StoredSession {
 fn insert_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<usize> {
     conn.prepare_cached(
         "INSERT INTO sessions (id, tenant, state, image, snapshot, request, runtime,
-             created_at, expires_at, idle_timeout_s, last_active_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+             created_at, expires_at, idle_timeout_s, last_active_at, backend)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )?
     .execute(params![
         row.id,
@@ -55,7 +58,8 @@ fn insert_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<usize> {
         row.created_at,
         row.expires_at,
         row.idle_timeout_s,
-        row.last_active_at
+        row.last_active_at,
+        row.backend
     ])
 }
 
@@ -81,7 +85,7 @@ impl Db {
         self.call(|conn| {
             let mut stmt = conn.prepare(
                 "SELECT id, tenant, state, request, runtime, created_at, expires_at,
-                        idle_timeout_s, last_active_at
+                        idle_timeout_s, last_active_at, backend
                  FROM sessions",
             )?;
             let rows = stmt
@@ -96,6 +100,7 @@ impl Db {
                         expires_at: row.get(6)?,
                         idle_timeout_s: row.get(7)?,
                         last_active_at: row.get(8)?,
+                        backend: row.get(9)?,
                     })
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -138,15 +143,16 @@ impl Db {
         &self,
         id: String,
         image: Option<String>,
-        runtime: String,
+        (runtime, backend): (String, &'static str),
         now: String,
     ) -> Result<(), ApiError> {
         self.quick(move |conn| {
             conn.prepare_cached(
-                "INSERT INTO sessions (id, tenant, state, image, request, runtime, created_at, last_active_at)
-                 VALUES (?1, '', 'pooled', ?2, '{}', ?3, ?4, ?4)",
+                "INSERT INTO sessions (id, tenant, state, image, request, runtime, created_at,
+                     last_active_at, backend)
+                 VALUES (?1, '', 'pooled', ?2, '{}', ?3, ?4, ?4, ?5)",
             )?
-            .execute(params![id, image, runtime, now])
+            .execute(params![id, image, runtime, now, backend])
         })
         .await?;
         Ok(())

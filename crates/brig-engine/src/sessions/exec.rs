@@ -16,10 +16,12 @@ use brig_jail::agent::{AgentReply, AgentRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
+#[cfg(test)]
 use super::agent::Agent;
 use super::{ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::{Caller, Permit};
+use crate::backend::{Link, Sandbox};
 use crate::fault::{Error as ApiError, ErrorCode};
 use crate::state::AppState;
 
@@ -150,7 +152,7 @@ impl Command {
         let cwd = request
             .cwd
             .clone()
-            .unwrap_or_else(|| session.sandbox().cwd.clone());
+            .unwrap_or_else(|| session.sandbox().facts().cwd.clone());
         if !cwd.starts_with('/') {
             return Err(ApiError::invalid(format!(
                 "cwd {cwd:?} must be an absolute path"
@@ -250,16 +252,16 @@ async fn run_inner(
     started: Instant,
 ) -> Result<ExecResult, ApiError> {
     let sandbox = session.sandbox();
-    let oom_before = sandbox.handle.oom_kills().unwrap_or(0);
+    let oom_before = sandbox.oom_kills().unwrap_or(0);
     let lock_kills_before = session.lock_kills.load(Ordering::SeqCst);
     let (stdin_r, stdin_w) = pipe()?;
     let (stdout_r, stdout_w) = pipe()?;
     let (stderr_r, stderr_w) = pipe()?;
-    let mut agent = Agent::connect(&sandbox.control_socket).map_err(sandbox_gone)?;
+    let mut agent = sandbox.connect().map_err(sandbox_gone)?;
     let stdio = [stdin_r.as_fd(), stdout_w.as_fd(), stderr_w.as_fd()];
     let deadline = tokio::time::Instant::from_std(started + command.timeout);
     let starting = start_bound(
-        &mut agent,
+        &mut *agent,
         command.argv.clone(),
         command.env,
         command.cwd,
@@ -320,12 +322,12 @@ async fn run_inner(
     let mut stdout = Output::new(stdout_r, Stream::Stdout, limit).of_tenant(&session.tenant);
     let mut stderr = Output::new(stderr_r, Stream::Stderr, limit).of_tenant(&session.tenant);
     let (exit, timed_out) = collect(
-        &mut agent,
+        &mut *agent,
         [&mut stdout, &mut stderr],
         chunks.as_ref(),
         deadline,
         OUTPUT_GRACE,
-        (&sandbox.control_socket, job),
+        || kill_job(&*sandbox, job),
     )
     .await;
     if let Some(task) = stdin_task {
@@ -362,7 +364,7 @@ async fn run_inner(
     let (err, err_truncated) = stderr.into_kept();
     // Only a SIGKILL can be the OOM killer's: the counter is read again only then.
     let oom_killed =
-        exit.signal == Some(libc::SIGKILL) && sandbox.handle.oom_kills().unwrap_or(0) > oom_before;
+        exit.signal == Some(libc::SIGKILL) && sandbox.oom_kills().unwrap_or(0) > oom_before;
     let file_locks_exceeded = exit.signal == Some(libc::SIGKILL)
         && session.lock_kills.load(Ordering::SeqCst) > lock_kills_before;
     Ok(ExecResult {
@@ -381,7 +383,7 @@ async fn run_inner(
 
 /// Waits for the job's exit and reads both streams (one task for all three: each
 /// hand-off to another worker thread is a wake-up on the exec's path); kills the job
-/// at `deadline`. After the exit, output from processes the command left behind is
+/// at `deadline` (with `kill`). After the exit, output from processes the command left behind is
 /// read until both streams end or `grace` passes. Returns the exit (`Some(None)`:
 /// the sandbox ended under the command) and whether the deadline killed it.
 ///
@@ -389,18 +391,19 @@ async fn run_inner(
 /// ends, what the pipes hold is read without waiting for the reactor to report it.
 /// A daemon starved of CPU can see the exit, and then the grace end, before tokio
 /// reports a pipe that already holds the command's output.
-async fn collect(
-    agent: &mut Agent,
+async fn collect<F: std::future::Future<Output = ()>>(
+    agent: &mut dyn Link,
     [stdout, stderr]: [&mut Output; 2],
     chunks: Option<&Chunks>,
     deadline: tokio::time::Instant,
     grace: Duration,
-    (control_socket, job): (&std::path::Path, u64),
+    kill: impl FnOnce() -> F,
 ) -> (Option<Option<brig_jail::agent::JobExit>>, bool) {
     let (mut out_buf, mut err_buf) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
     let mut timed_out = false;
     let mut exit: Option<Option<brig_jail::agent::JobExit>> = None;
     let mut grace_ends = None;
+    let mut kill = Some(kill);
     // Once killed, the exit is waited for no longer than init may take to answer:
     // a wedged init (see agent::ANSWER_TIMEOUT) never reports it.
     let given_up = deadline + super::agent::ANSWER_TIMEOUT;
@@ -420,7 +423,9 @@ async fn collect(
             },
             _ = tokio::time::sleep_until(deadline), if !timed_out && exit.is_none() => {
                 timed_out = true;
-                kill_job(control_socket, job).await;
+                if let Some(kill) = kill.take() {
+                    kill().await;
+                }
             }
             _ = tokio::time::sleep_until(grace_ends.unwrap_or(deadline)), if grace_ends.is_some() => break,
             _ = tokio::time::sleep_until(given_up), if timed_out && exit.is_none() => break,
@@ -435,8 +440,8 @@ async fn collect(
 }
 
 /// Kills a job's process group (over a second connection: the first is waiting).
-pub async fn kill_job(socket: &std::path::Path, job: u64) {
-    if let Ok(mut agent) = Agent::connect(socket) {
+pub async fn kill_job(sandbox: &dyn Sandbox, job: u64) {
+    if let Ok(mut agent) = sandbox.connect() {
         let _ = agent
             .call(&AgentRequest::Signal {
                 job,
@@ -451,7 +456,7 @@ pub async fn kill_job(socket: &std::path::Path, job: u64) {
 /// by an older daemon refuses the `bound` field: the exec is then sent unbound, and
 /// runs on if the request is dropped (as every exec did before binding).
 async fn start_bound(
-    agent: &mut Agent,
+    agent: &mut dyn Link,
     argv: Vec<String>,
     env: Vec<String>,
     cwd: String,
@@ -477,7 +482,7 @@ async fn start_bound(
 
 /// Sends an exec request with its stdio and returns init's first reply.
 async fn send_exec(
-    agent: &mut Agent,
+    agent: &mut dyn Link,
     request: &AgentRequest,
     stdio: &[std::os::fd::BorrowedFd<'_>],
 ) -> Result<AgentReply, ApiError> {
@@ -1144,7 +1149,7 @@ mod tests {
             None,
             far,
             std::time::Duration::from_millis(20),
-            (&path, 1),
+            || async {},
         )
         .await;
         assert_eq!(exit.flatten().and_then(|e| e.code), Some(0));

@@ -1,7 +1,7 @@
 //! Files in a session, from the daemon's side.
 //!
-//! Every path goes through [`crate::rootfs::SandboxRoot`], opened on
-//! `/proc/<init>/root`: resolution stays inside the sandbox's root (RESOLVE_IN_ROOT),
+//! Every path goes through [`crate::rootfs::SandboxRoot`], opened by the backend on
+//! the sandbox's root (namespaces: `/proc/<init>/root`): resolution stays inside the sandbox's root (RESOLVE_IN_ROOT),
 //! so a symlink planted by the sandbox can never point the daemon at a host file.
 //! Bodies are streamed both ways through a blocking task; nothing is held whole in
 //! memory.
@@ -16,11 +16,10 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, DuplexStream, ReadBuf};
 use tokio_util::io::SyncIoBridge;
 
-use super::copy_in::CopyIn;
-use super::launch::Launched;
 use super::{ensure_running, lookup, workspace_path, FileRef, Session};
 use crate::audit;
 use crate::auth::Caller;
+use crate::backend::Sandbox;
 use crate::fault::{Error as ApiError, ErrorCode};
 use crate::rootfs::{Direct, ExtractLimits, FillError, Filler, RootfsError, SandboxRoot};
 use crate::state::AppState;
@@ -37,21 +36,16 @@ pub fn rootfs_error(e: RootfsError) -> ApiError {
 
 /// The sandbox's root, for file operations as its user.
 pub fn root_of(session: &Session) -> Result<SandboxRoot, ApiError> {
-    root_in(session, &session.sandbox())
+    root_in(session, &*session.sandbox())
 }
 
 /// The root of `sandbox`, one of the session's (the current one when it was read).
-fn root_in(session: &Session, sandbox: &Launched) -> Result<SandboxRoot, ApiError> {
-    let root = SandboxRoot::open(
-        std::path::Path::new(&format!("/proc/{}/root", sandbox.handle.pid)),
-        sandbox.handle.host_uid,
-        sandbox.handle.host_gid,
-    )
-    .map_err(rootfs_error)?;
+fn root_in(session: &Session, sandbox: &dyn Sandbox) -> Result<SandboxRoot, ApiError> {
+    let root = sandbox.root().map_err(rootfs_error)?;
     // Opened by pid: if init has gone, its pid may be another process's by now
     // (one a restarted daemon is not the parent of is reaped by the host's init).
     // Checked after opening: still init's (same start time) now means it was then.
-    if !sandbox.handle.is_alive() {
+    if !sandbox.is_alive() {
         return Err(ApiError::conflict(format!(
             "session {} has ended (its sandbox is gone)",
             session.id
@@ -129,19 +123,21 @@ pub async fn with_root<T: Send + 'static>(
     session: &Session,
     f: impl FnOnce(SandboxRoot) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    in_sandbox(session, &session.sandbox(), f).await
+    in_sandbox(session, &*session.sandbox(), f).await
 }
 
 /// [`with_root`] in `sandbox`.
 async fn in_sandbox<T: Send + 'static>(
     session: &Session,
-    sandbox: &Launched,
+    sandbox: &dyn Sandbox,
     f: impl FnOnce(SandboxRoot) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let root = root_in(session, sandbox)?;
-    let handle = sandbox.handle.clone();
+    let user = sandbox.file_user();
     tokio::task::spawn_blocking(move || {
-        let _user = brig_jail::session::act_as(handle.host_uid, handle.host_gid)
+        let _user = user
+            .map(|(uid, gid)| brig_jail::session::act_as(uid, gid))
+            .transpose()
             .map_err(|e| ApiError::internal(format!("act as the sandbox's user: {e}")))?;
         f(root)
     })
@@ -179,7 +175,7 @@ async fn change<T: Send + 'static>(
         )));
     };
     let sandbox = session.sandbox();
-    let result = in_sandbox(session, &sandbox, f).await;
+    let result = in_sandbox(session, &*sandbox, f).await;
     changed(session, &sandbox, result)
 }
 
@@ -188,10 +184,10 @@ async fn change<T: Send + 'static>(
 async fn change_filled<T: Send + 'static>(
     session: &Session,
     idle: Duration,
-    f: impl FnOnce(SandboxRoot, CopyIn) -> Result<T, ApiError> + Send + 'static,
+    f: impl FnOnce(SandboxRoot, Copier) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let sandbox = session.sandbox();
-    let result = filled_in(session, &sandbox, idle, f).await;
+    let result = filled_in(session, &*sandbox, idle, f).await;
     changed(session, &sandbox, result)
 }
 
@@ -199,19 +195,21 @@ async fn change_filled<T: Send + 'static>(
 /// user, which the operation acts as, cannot reach init's socket).
 async fn filled_in<T: Send + 'static>(
     session: &Session,
-    sandbox: &Launched,
+    sandbox: &dyn Sandbox,
     idle: Duration,
-    f: impl FnOnce(SandboxRoot, CopyIn) -> Result<T, ApiError> + Send + 'static,
+    f: impl FnOnce(SandboxRoot, Copier) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let copier =
-        CopyIn::connect(&sandbox.control_socket, idle).map_err(super::exec::sandbox_gone)?;
+    let copier = sandbox.filler(idle).map_err(super::exec::sandbox_gone)?;
     in_sandbox(session, sandbox, move |root| f(root, copier)).await
 }
+
+/// What writes file data into a sandbox (namespaces: its copier, `copy_in`).
+type Copier = Box<dyn Filler + Send>;
 
 /// The answer of a change made in `sandbox`: see [`change`].
 fn changed<T>(
     session: &Session,
-    sandbox: &std::sync::Arc<Launched>,
+    sandbox: &std::sync::Arc<dyn Sandbox>,
     result: Result<T, ApiError>,
 ) -> Result<T, ApiError> {
     if session.deleted.load(Ordering::SeqCst) {
@@ -497,7 +495,7 @@ pub async fn write(
             let target = path.clone();
             let size = change_filled(&session, body_timeout(&state), move |root, mut copier| {
                 let mut reader = reader;
-                let written = fill_file(&root, &target, &mut reader, None, &mut copier);
+                let written = fill_file(&root, &target, &mut reader, None, &mut *copier);
                 drain_after(&written, &mut reader);
                 written
             })
@@ -721,7 +719,7 @@ pub async fn write_archive(
                             max_bytes: limit,
                             max_entries: MAX_ARCHIVE_ENTRIES,
                         },
-                        &mut copier,
+                        &mut *copier,
                     )
                     .map_err(archive_error);
                 drain_after(&extracted, &mut reader);
@@ -744,7 +742,7 @@ pub async fn copy_uploads(
     files: &[FileRef],
 ) -> Result<(), ApiError> {
     let sandbox = session.sandbox();
-    let cwd = sandbox.cwd.clone();
+    let cwd = sandbox.facts().cwd.clone();
     let mut sources = Vec::with_capacity(files.len());
     for file in files {
         let target = workspace_path(&file.path, &cwd)?;
@@ -761,12 +759,12 @@ pub async fn copy_uploads(
     // One copier for them all; each file's length told, as it shares one pipe.
     filled_in(
         session,
-        &sandbox,
+        &*sandbox,
         body_timeout(state),
         move |root, mut copier| {
             for (target, reader) in sources {
                 let len = reader.metadata().map_err(ApiError::internal)?.len();
-                fill_file(&root, &target, reader, Some(len), &mut copier)?;
+                fill_file(&root, &target, reader, Some(len), &mut *copier)?;
             }
             Ok(())
         },

@@ -48,8 +48,8 @@ pub enum LaunchReply {
     Failed { code: String, message: String },
 }
 
-/// A started sandbox: everything the daemon keeps to manage it, also across
-/// restarts (stored as the session's `runtime` JSON).
+/// A started sandbox: everything the namespace backend keeps to manage it, also
+/// across restarts (stored as the session's `runtime` JSON).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Launched {
     pub handle: brig_jail::session::SessionHandle,
@@ -68,27 +68,9 @@ pub struct Launched {
     /// left out of snapshots.
     pub placeholders: Vec<String>,
     pub timings_us: Vec<brig_jail::report::Timing>,
-    /// What the API adds to init's job ids to make process ids: 0 for a session's
-    /// first sandbox; a restore's sandbox, whose init counts from 1 again, starts
-    /// after the highest process id the session has used, so an id never names two
-    /// processes of one session.
+    /// See `backend::Facts::process_base` (a restore's init counts from 1 again).
     #[serde(default)]
     pub process_base: u64,
-}
-
-impl Launched {
-    /// The API's id of this sandbox's job `job`.
-    pub fn process_id(&self, job: u64) -> u64 {
-        self.process_base + job
-    }
-
-    /// This sandbox's job of process `process_id`; `None` for a process of a sandbox
-    /// a restore replaced.
-    pub fn job(&self, process_id: u64) -> Option<u64> {
-        process_id
-            .checked_sub(self.process_base)
-            .filter(|job| *job > 0)
-    }
 }
 
 /// `brig __session-start`: runs in a fresh single-threaded process.

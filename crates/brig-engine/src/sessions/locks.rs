@@ -45,7 +45,7 @@ fn over_budget(sessions: Vec<Arc<Session>>) -> Vec<(Arc<Session>, Overrun)> {
     let mut overruns = Vec::new();
     for (session, budget) in running {
         let sandbox = session.sandbox();
-        let Some(cgroup) = &sandbox.handle.cgroup else {
+        let Some((cgroup, init)) = sandbox.lock_scope() else {
             continue;
         };
         let started = Instant::now();
@@ -59,7 +59,7 @@ fn over_budget(sessions: Vec<Arc<Session>>) -> Vec<(Arc<Session>, Overrun)> {
             }
             // Counted before the kill: an exec that sees its command die must
             // find the count already raised to report why (it compares it).
-            let counted = locks::enforce(cgroup, sandbox.handle.pid, budget, || {
+            let counted = locks::enforce(cgroup, init, budget, || {
                 session.lock_kills.fetch_add(1, Ordering::SeqCst);
             });
             *next = Some(locks::next_count(started, started.elapsed()));

@@ -1,12 +1,12 @@
 //! Live sandboxes: create (cold or from the warm pool), list, delete, pause and
 //! resume, expiry, and re-attaching after a daemon restart.
 //!
-//! Each session's sandbox is started by the launch helper (see [`launch`]) and then
-//! lives on its own: its init serves exec requests on a socket under
-//! `<data-dir>/sessions/<id>/`. The daemon keeps a [`Session`] in memory per live
-//! sandbox and a row in SQLite with everything needed to find it again (the
-//! [`launch::Launched`] record), so a restarted daemon re-attaches to every sandbox
-//! still alive and cleans up the rest.
+//! Each session's sandbox is started by the daemon's backend (see
+//! [`crate::backend`]; namespaces: the launch helper, [`launch`]) and then lives on
+//! its own. The daemon keeps a [`Session`] in memory per live sandbox and a row in
+//! SQLite with everything needed to find it again (its backend and the backend's
+//! `runtime` record), so a restarted daemon re-attaches to every sandbox still alive
+//! and cleans up the rest.
 
 pub mod agent;
 pub mod copy_in;
@@ -32,10 +32,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::audit;
 use crate::auth::Caller;
+use crate::backend::{Launch, Sandbox};
 use crate::db::{now_rfc3339, NewAuditEvent, SessionRow, StoredSession};
 use crate::fault::Error as ApiError;
 use crate::state::{AppState, Shared};
-use launch::{LaunchReply, LaunchRequest, Launched};
 pub use shared::{BundleMount, FileRef, SessionInfo, Size};
 
 /// How often the reaper looks for expired and idle sessions.
@@ -362,7 +362,7 @@ pub struct Session {
     pub id: String,
     pub tenant: String,
     /// Replaced by `restore`.
-    sandbox: RwLock<Arc<Launched>>,
+    sandbox: RwLock<Arc<dyn Sandbox>>,
     /// What created it; its `metadata` is taken out into `terms`.
     pub request: CreateSession,
     pub created_at: String,
@@ -417,7 +417,7 @@ impl Session {
         self.terms.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn sandbox(&self) -> Arc<Launched> {
+    pub fn sandbox(&self) -> Arc<dyn Sandbox> {
         self.sandbox
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -425,9 +425,9 @@ impl Session {
     }
 
     /// Swaps in a new sandbox (restore); returns the old one.
-    pub fn replace_sandbox(&self, launched: Launched) -> Arc<Launched> {
+    pub fn replace_sandbox(&self, launched: Arc<dyn Sandbox>) -> Arc<dyn Sandbox> {
         let mut sandbox = self.sandbox.write().unwrap_or_else(|e| e.into_inner());
-        std::mem::replace(&mut *sandbox, Arc::new(launched))
+        std::mem::replace(&mut *sandbox, launched)
     }
 
     pub fn dir(&self, shared: &Shared) -> PathBuf {
@@ -460,14 +460,15 @@ impl Session {
             volume: self.request.volume.clone(),
             metadata: terms.metadata,
             limits: serde_json::to_value(&self.limits).unwrap_or_default(),
-            enforced: sandbox.enforced.clone(),
+            enforced: sandbox.facts().enforced.clone(),
         }
     }
 
     /// The environment an exec starts from: the sandbox's (brig defaults, image),
     /// then the session's own.
     pub fn base_env(&self) -> BTreeMap<String, String> {
-        let mut env: BTreeMap<String, String> = self.sandbox().env.iter().cloned().collect();
+        let mut env: BTreeMap<String, String> =
+            self.sandbox().facts().env.iter().cloned().collect();
         if let Some(own) = &self.request.env {
             env.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
@@ -545,8 +546,7 @@ impl Sessions {
     /// Re-attaches to the sandboxes of the previous daemon, cleans up those that are
     /// gone or expired, and starts the reaper and the warm pool.
     pub async fn start(shared: &Arc<Shared>) -> anyhow::Result<Sessions> {
-        brig_jail::session::become_subreaper()?;
-        raise_nofile();
+        shared.backend.prepare()?;
         std::fs::create_dir_all(shared.data_dir.join("sessions"))?;
         let sessions = Sessions {
             live: RwLock::new(Live::default()),
@@ -682,27 +682,33 @@ impl Sessions {
             .await
             .map_err(|e| anyhow::anyhow!(e.message))?;
         let now = unix_now();
+        let backend = &shared.backend;
+        // Rows of another backend are left for a daemon that runs it.
+        let mut foreign = std::collections::HashSet::new();
         for StoredSession {
             id,
             tenant,
             state,
             request,
             runtime,
+            backend: kind,
             created_at,
             expires_at,
             idle_timeout_s: idle,
             last_active_at: last_active,
         } in rows
         {
-            let launched: Option<Launched> = runtime
-                .as_deref()
-                .and_then(|r| serde_json::from_str(r).ok());
+            if kind != backend.kind() {
+                tracing::warn!(session = %id, backend = %kind, "not re-attached: this daemon runs another sandbox backend");
+                foreign.insert(id);
+                continue;
+            }
+            let launched: Option<Arc<dyn Sandbox>> =
+                runtime.as_deref().and_then(|r| backend.reattach(r));
             let expires = expires_at.as_deref().and_then(parse_rfc3339);
             let last_active = parse_rfc3339(&last_active).unwrap_or(now);
             let idle_over = idle.is_some_and(|s| now - last_active > s);
-            let alive = launched
-                .as_ref()
-                .is_some_and(|l| l.handle.is_alive() && l.control_socket.exists());
+            let alive = launched.as_ref().is_some_and(|l| l.reachable());
             let keep = alive
                 && state != "pooled"
                 && state != "deleting"
@@ -718,9 +724,8 @@ impl Sessions {
                 };
                 tracing::info!(session = %id, "cleaning up session at start: {why}");
                 if let Some(launched) = launched {
-                    let handle = launched.handle.clone();
-                    let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
-                    release_deleted_snapshot_layers(shared, &launched).await;
+                    let _ = launched.destroy().await;
+                    release_deleted_snapshot_layers(shared, &*launched).await;
                 }
                 // Its directory goes in `sweep`, with any sandbox recorded only there.
                 let _ = shared.db.forget_session(&id).await;
@@ -730,8 +735,7 @@ impl Sessions {
             // A daemon killed during a snapshot leaves the sandbox frozen (its init
             // too, so nothing would answer): only a paused session stays frozen.
             if state != "paused" {
-                let handle = launched.handle.clone();
-                let _ = tokio::task::spawn_blocking(move || handle.freeze(false)).await;
+                let _ = launched.freeze(false).await;
             }
             let mut request: CreateSession = serde_json::from_str(&request).unwrap_or_default();
             let limits = limits_of(&request).unwrap_or_default();
@@ -743,7 +747,7 @@ impl Sessions {
             let session = Session {
                 id: id.clone(),
                 tenant,
-                sandbox: RwLock::new(Arc::new(launched)),
+                sandbox: RwLock::new(launched),
                 disk_bytes: limits.disk_bytes,
                 limits,
                 request,
@@ -764,56 +768,26 @@ impl Sessions {
             tracing::info!(session = %id, "re-attached");
             self.insert(Arc::new(session));
         }
-        self.sweep(shared).await;
+        self.sweep(shared, &foreign).await;
         Ok(())
     }
 
-    /// Destroys the sandboxes no row knows, found through their launch records
-    /// ([`launch::record_path`]): those of a daemon that died between a launch and
-    /// storing its result, or in the middle of a restore. Then removes every
-    /// directory that belongs to no live session.
-    async fn sweep(&self, shared: &Shared) {
-        let current: HashMap<String, PathBuf> = self
-            .all()
-            .iter()
-            .map(|s| {
-                (
-                    s.id.clone(),
-                    launch::record_path(&s.sandbox().control_socket),
-                )
-            })
-            .collect();
+    /// Destroys the sandboxes no row knows (the backend finds them in session
+    /// directories): those of a daemon that died between a launch and storing its
+    /// result, or in the middle of a restore. Then removes every directory that
+    /// belongs to no live session (nor to a row of another backend, `foreign`).
+    async fn sweep(&self, shared: &Shared, foreign: &std::collections::HashSet<String>) {
         let Ok(dirs) = std::fs::read_dir(shared.data_dir.join("sessions")) else {
             return;
         };
         for dir in dirs.flatten() {
             let id = dir.file_name().to_string_lossy().into_owned();
-            let records = std::fs::read_dir(dir.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|entry| entry.path())
-                .filter(|p| p.extension().is_some_and(|e| e == "json"));
-            for record in records {
-                if current.get(&id) == Some(&record) {
-                    continue;
-                }
-                let path = record.clone();
-                let found = tokio::task::spawn_blocking(move || launch::read_record(&path))
-                    .await
-                    .ok()
-                    .flatten();
-                if let Some(launched) = found {
-                    if launched.handle.is_alive() {
-                        tracing::info!(session = %id, "destroying a sandbox the previous daemon started but never stored");
-                    }
-                    let handle = launched.handle;
-                    let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
-                }
-                let _ = std::fs::remove_file(record.with_extension("sock"));
-                let _ = std::fs::remove_file(&record);
+            if foreign.contains(&id) {
+                continue;
             }
-            if !current.contains_key(&id) {
+            let current = self.get(&id).map(|s| s.sandbox());
+            shared.backend.sweep(&dir.path(), current.as_deref()).await;
+            if current.is_none() {
                 let _ = std::fs::remove_dir_all(dir.path());
             }
         }
@@ -833,22 +807,6 @@ impl Live {
             if usage.sessions == 0 {
                 self.per_tenant.remove(tenant);
             }
-        }
-    }
-}
-
-/// Each live session costs the daemon a descriptor (its exit watcher) and each exec
-/// a few more: lift the soft limit (often 1024) to the hard one.
-fn raise_nofile() {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let limit = getrlimit(Resource::Nofile);
-    if limit.current < limit.maximum {
-        let raised = Rlimit {
-            current: limit.maximum,
-            maximum: limit.maximum,
-        };
-        if let Err(e) = setrlimit(Resource::Nofile, raised) {
-            tracing::warn!("cannot raise the open-file limit: {e}");
         }
     }
 }
@@ -965,9 +923,9 @@ pub fn workspace_path(relative: &str, cwd: &str) -> Result<String, ApiError> {
     Ok(format!("{}/{}", cwd.trim_end_matches('/'), relative))
 }
 
-/// Starts a sandbox through the launch helper: from `image` (a root) or the host's
-/// system dirs, whose /tmp and /workspace `seed` (a host snapshot's store image)
-/// fills.
+/// Starts a sandbox for session `id` through the daemon's backend: from `image` (a
+/// root) or the host's system dirs, whose /tmp and /workspace `seed` (a host
+/// snapshot's store image) fills.
 pub async fn launch_sandbox(
     shared: &Shared,
     id: &str,
@@ -975,85 +933,28 @@ pub async fn launch_sandbox(
     image: Option<String>,
     seed: Option<String>,
     background: bool,
-) -> Result<Launched, ApiError> {
-    let dir = session_dir(shared, id);
-    let made_dir = !dir.exists();
-    tokio::fs::create_dir_all(&dir)
-        .await
-        .map_err(ApiError::internal)?;
-    // A fresh name per sandbox: a restore starts the new one beside the old.
-    let socket = dir.join(format!("agent-{}.sock", crate::auth::random_hex(4)));
-    let disk_bytes = spec.limits.disk_bytes;
-    let request = LaunchRequest {
+) -> Result<Arc<dyn Sandbox>, ApiError> {
+    launch_from(shared, id, spec, (image, seed), background, 0).await
+}
+
+/// [`launch_sandbox`] numbering its processes after `process_base` (a restore's).
+pub async fn launch_from(
+    shared: &Shared,
+    id: &str,
+    spec: SandboxSpec,
+    (image, seed): (Option<String>, Option<String>),
+    background: bool,
+    process_base: u64,
+) -> Result<Arc<dyn Sandbox>, ApiError> {
+    let launch = Launch {
+        dir: session_dir(shared, id),
         spec,
         image,
         seed,
-        user: None,
-        store: shared.args.store.clone(),
-        control_socket: socket.clone(),
-        id_range: shared.args.id_range.map(|r| (r.start, r.end)),
-        cgroup_parent: None,
         background,
+        process_base,
     };
-    let input = serde_json::to_vec(&request).map_err(ApiError::internal)?;
-    let mut child = tokio::process::Command::new(helper_binary())
-        .arg("__session-start")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| ApiError::internal(format!("start the launch helper: {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        use tokio::io::AsyncWriteExt;
-        stdin
-            .write_all(&input)
-            .await
-            .map_err(|e| ApiError::internal(format!("talk to the launch helper: {e}")))?;
-    }
-    let output = child
-        .wait_with_output()
-        .await
-        .map_err(|e| ApiError::internal(format!("wait for the launch helper: {e}")))?;
-    let reply: LaunchReply = serde_json::from_slice(&output.stdout).map_err(|e| {
-        ApiError::internal(format!(
-            "launch helper answered badly ({e}); stderr: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    })?;
-    match reply {
-        LaunchReply::Started(launched) => Ok(*launched),
-        LaunchReply::Failed { code, message } => {
-            let _ = tokio::fs::remove_file(&socket).await;
-            let _ = tokio::fs::remove_file(launch::record_path(&socket)).await;
-            if made_dir {
-                let _ = tokio::fs::remove_dir_all(&dir).await;
-            }
-            Err(match code.as_str() {
-                "no_such_image" | "image_not_found" | "not_found" => ApiError::not_found(message),
-                // "unsupported": an image no sandbox can stack (stored by an older brig).
-                "bad_name" | "invalid_name" | "policy" | "wrong_image_kind" | "unsupported" => {
-                    ApiError::invalid(message)
-                }
-                // A snapshot larger than the disk asked for: the request's to fix.
-                "disk_full" => ApiError::invalid(format!(
-                    "{message}: ask for a larger limits.disk (this one is {disk_bytes} bytes)"
-                )),
-                // The same for its memory, which a host snapshot's files fill (tmpfs).
-                "memory_full" => {
-                    ApiError::invalid(format!("{message}: ask for a larger limits.memory"))
-                }
-                _ => ApiError::internal(format!("{code}: {message}")),
-            })
-        }
-    }
-}
-
-/// The brig binary, for the launch helper. Tests and packagers may point elsewhere.
-fn helper_binary() -> PathBuf {
-    std::env::var_os("BRIG_HELPER_BINARY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/proc/self/exe"))
+    shared.backend.launch(launch).await
 }
 
 /// Most bundles one session mounts.
@@ -1422,7 +1323,7 @@ async fn start_session(
     let session = Arc::new(Session {
         id: id.clone(),
         tenant: caller.tenant.clone(),
-        sandbox: RwLock::new(Arc::new(launched)),
+        sandbox: RwLock::new(launched),
         disk_bytes: limits.disk_bytes,
         limits,
         request: CreateSession {
@@ -1464,7 +1365,7 @@ async fn start_session(
 }
 
 /// A session's row in the `sessions` table.
-fn session_row(session: &Session, db_state: &str) -> Result<SessionRow, ApiError> {
+fn session_row(state: &Shared, session: &Session, db_state: &str) -> Result<SessionRow, ApiError> {
     let sandbox = session.sandbox();
     let (expires_at, idle_timeout, request) = {
         let terms = session.terms();
@@ -1478,7 +1379,8 @@ fn session_row(session: &Session, db_state: &str) -> Result<SessionRow, ApiError
         image: session.request.image.clone(),
         snapshot: session.request.snapshot.clone(),
         request,
-        runtime: serde_json::to_string(&*sandbox).map_err(ApiError::internal)?,
+        runtime: sandbox.runtime()?,
+        backend: state.backend.kind().to_string(),
         created_at: session.created_at.clone(),
         expires_at: expires_at.map(rfc3339),
         idle_timeout_s: idle_timeout.map(|s| s as i64),
@@ -1494,7 +1396,7 @@ async fn record_new(
     pool_row: Option<String>,
     event: Option<NewAuditEvent>,
 ) -> Result<(), ApiError> {
-    let row = session_row(session, "running")?;
+    let row = session_row(state, session, "running")?;
     let event = event.map(|mut event| {
         event.session_id = Some(session.id.clone());
         event.time = now_rfc3339();
@@ -1507,7 +1409,7 @@ async fn record_new(
 /// Writes a change of a live session to its row (never inserts one): 404 if the
 /// session has been deleted.
 pub async fn persist(state: &Shared, session: &Session, db_state: &str) -> Result<(), ApiError> {
-    let row = session_row(session, db_state)?;
+    let row = session_row(state, session, db_state)?;
     let updated = state.db.update_session(row).await?;
     if updated == 0 {
         return Err(gone(session));
@@ -1532,17 +1434,14 @@ pub fn ensure_not_deleted(session: &Session) -> Result<(), ApiError> {
 
 /// Kills the sandbox and removes its cgroup and directory.
 async fn destroy_sandbox(state: &Shared, session: &Session) {
-    kill_sandbox(state, session, &session.sandbox()).await;
+    kill_sandbox(state, session, &*session.sandbox()).await;
     let _ = tokio::fs::remove_dir_all(session.dir(state)).await;
 }
 
 /// Kills one sandbox of the session and removes its cgroup.
-async fn kill_sandbox(state: &Shared, session: &Session, sandbox: &Launched) {
-    let handle = sandbox.handle.clone();
-    match tokio::task::spawn_blocking(move || handle.destroy()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(session = %session.id, "cleanup: {e}"),
-        Err(e) => tracing::warn!(session = %session.id, "cleanup task: {e}"),
+async fn kill_sandbox(state: &Shared, session: &Session, sandbox: &dyn Sandbox) {
+    if let Err(e) = sandbox.destroy().await {
+        tracing::warn!(session = %session.id, "cleanup: {e}");
     }
     release_deleted_snapshot_layers(state, sandbox).await;
 }
@@ -1551,8 +1450,13 @@ async fn kill_sandbox(state: &Shared, session: &Session, sandbox: &Launched) {
 /// meanwhile, the layers it alone held were left in the store while the sandbox
 /// used them, counted for no tenant; they go now (a store gc: layers no image
 /// references and no sandbox uses).
-pub(crate) async fn release_deleted_snapshot_layers(state: &Shared, sandbox: &Launched) {
-    let Some(image) = sandbox.image.clone().filter(|i| i.starts_with("snap-")) else {
+pub(crate) async fn release_deleted_snapshot_layers(state: &Shared, sandbox: &dyn Sandbox) {
+    let Some(image) = sandbox
+        .facts()
+        .image
+        .clone()
+        .filter(|i| i.starts_with("snap-"))
+    else {
         return;
     };
     let store_dir = state.args.store.clone();
@@ -1586,7 +1490,7 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
     // The sandbox ends before the gate is taken: execs running in it end with it
     // (409) instead of holding the delete, and the reaper, up to their timeouts.
     let sandbox = session.sandbox();
-    kill_sandbox(state, session, &sandbox).await;
+    kill_sandbox(state, session, &*sandbox).await;
     // Waits for running operations that hold the gate (they see `deleted` next).
     let _gate = session.gate.write().await;
     if Arc::ptr_eq(&sandbox, &session.sandbox()) {
@@ -1624,23 +1528,14 @@ pub fn find(state: &AppState, caller: &Caller, id: &str) -> Result<Arc<Session>,
 fn watch_exit(state: &AppState, session: &Arc<Session>) {
     let state = state.clone();
     let session = session.clone();
-    let handle = session.sandbox().handle.clone();
-    // The pidfd is opened in the task, not before answering the create.
+    let sandbox = session.sandbox();
+    // Watched in the task (a pidfd opened there), not before answering the create.
     tokio::spawn(async move {
-        match handle.pidfd() {
-            Ok(Some(pidfd)) => {
-                let Ok(fd) = agent::register(pidfd) else {
-                    return;
-                };
-                let _ = fd.readable().await;
-                brig_jail::session::reap(fd.get_ref());
-            }
-            // Gone already, since it was started or re-attached.
-            Ok(None) => {}
-            Err(_) => return,
+        if !sandbox.ended().await {
+            return;
         }
         // Restore replaces the sandbox: only the current one's end matters.
-        if session.sandbox().handle.pid != handle.pid || session.deleted.load(Ordering::SeqCst) {
+        if !Arc::ptr_eq(&session.sandbox(), &sandbox) || session.deleted.load(Ordering::SeqCst) {
             return;
         }
         tracing::warn!(session = %session.id, "sandbox exited by itself; ending the session");
@@ -1869,11 +1764,7 @@ pub async fn set_paused(
 }
 
 pub async fn freeze(session: &Session, frozen: bool) -> Result<(), ApiError> {
-    let handle = session.sandbox().handle.clone();
-    tokio::task::spawn_blocking(move || handle.freeze(frozen))
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(|e| ApiError::conflict(e.to_string()))
+    session.sandbox().freeze(frozen).await
 }
 
 /// The session must be running (not paused) for execs and file writes.

@@ -8,11 +8,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::launch::Launched;
 use super::{launch_sandbox, session_dir, CreateSession};
+use crate::backend::Sandbox;
 use crate::config::Config;
 // The domain error; the front ends decide how it is answered.
 use crate::fault::Error as ApiError;
@@ -47,7 +47,7 @@ pub struct Pool {
 /// A started sandbox waiting for a session.
 pub struct Ready {
     id: String,
-    launched: Launched,
+    launched: Arc<dyn Sandbox>,
 }
 
 impl Pool {
@@ -148,9 +148,13 @@ impl Ready {
     /// one transaction). A daemon killed in between leaves a pool row whose socket is
     /// gone, which the next start destroys, as any pool row, and then the directory
     /// (known to no row).
-    pub async fn adopt(self, shared: &Shared, id: &str) -> Result<(Launched, String), ApiError> {
+    pub async fn adopt(
+        self,
+        shared: &Shared,
+        id: &str,
+    ) -> Result<(Arc<dyn Sandbox>, String), ApiError> {
         // Filled at idle priority; a session's execs run at normal priority.
-        if let Err(e) = self.launched.handle.to_foreground() {
+        if let Err(e) = self.launched.to_foreground() {
             self.destroy(shared).await;
             return Err(ApiError::internal(format!("adopt pooled sandbox: {e}")));
         }
@@ -162,17 +166,12 @@ impl Ready {
             self.destroy(shared).await;
             return Err(ApiError::internal(format!("adopt pooled sandbox: {e}")));
         }
-        let mut launched = self.launched;
-        if let Some(name) = launched.control_socket.file_name() {
-            launched.control_socket = to.join(name);
-        }
-        Ok((launched, self.id))
+        Ok((self.launched.moved_to(&to), self.id))
     }
 
     /// Destroys the sandbox, its directory and its row.
     async fn destroy(self, shared: &Shared) {
-        let handle = self.launched.handle.clone();
-        let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
+        let _ = self.launched.destroy().await;
         let _ = tokio::fs::remove_dir_all(session_dir(shared, &self.id)).await;
         let _ = shared.db.delete_session_row(&self.id).await;
     }
@@ -235,15 +234,14 @@ async fn fill_one(state: &AppState, image: Key) -> Result<Ready, ApiError> {
     // it runs beside. Root only: an unprivileged daemon could not raise it again.
     let background = rustix::process::geteuid().is_root();
     let launched = launch_sandbox(state, &id, spec, image.clone(), None, background).await?;
-    let runtime = serde_json::to_string(&launched).map_err(ApiError::internal)?;
+    let runtime = launched.runtime()?;
     let now = crate::db::now_rfc3339();
     let stored = state
         .db
-        .insert_pooled_session(id.clone(), image, runtime, now)
+        .insert_pooled_session(id.clone(), image, runtime, state.backend.kind(), now)
         .await;
     if let Err(e) = stored {
-        let handle = launched.handle.clone();
-        let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
+        let _ = launched.destroy().await;
         let _ = tokio::fs::remove_dir_all(session_dir(state, &id)).await;
         return Err(e);
     }

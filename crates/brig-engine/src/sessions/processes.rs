@@ -17,12 +17,13 @@ use std::time::Duration;
 
 use brig_jail::agent::{AgentReply, AgentRequest, JobExit};
 
-use super::agent::{Agent, ANSWER_TIMEOUT};
+use super::agent::ANSWER_TIMEOUT;
 use super::exec::{init_not_answering, pipe, sandbox_gone, Command, ExecRequest, Stream};
 use super::files::{root_of, rootfs_error, with_root};
 use super::{ensure_not_deleted, ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::Caller;
+use crate::backend::Link;
 use crate::db::{NewProcessRow, ProcessRow};
 use crate::fault::{Error as ApiError, ErrorCode};
 use crate::state::AppState;
@@ -157,7 +158,7 @@ async fn start_in(
     .await?;
     let (stdin_r, stdin_w) = pipe()?;
     let sandbox = session.sandbox();
-    let mut agent = Agent::connect(&sandbox.control_socket).map_err(sandbox_gone)?;
+    let mut agent = sandbox.connect().map_err(sandbox_gone)?;
     let request = AgentRequest::Exec {
         argv: command.argv.clone(),
         env: command.env,
@@ -196,7 +197,7 @@ async fn start_in(
         let (message, code) = failed.unwrap_or_default();
         return Err(ApiError::invalid(format!("{message} (exit code {code})")));
     };
-    let process_id = sandbox.process_id(job);
+    let process_id = sandbox.facts().process_id(job);
     let stdin =
         tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w).map_err(ApiError::internal)?;
     session
@@ -236,7 +237,7 @@ pub fn watch(
     state: &AppState,
     session: &std::sync::Arc<Session>,
     process_id: u64,
-    agent: Option<Agent>,
+    agent: Option<Box<dyn Link>>,
     permit: crate::auth::Permit,
 ) {
     let state = state.clone();
@@ -244,19 +245,19 @@ pub fn watch(
     tokio::spawn(async move {
         let _permit = permit;
         let exit = match agent {
-            Some(mut agent) => wait_on(&mut agent).await,
+            Some(mut agent) => wait_on(&mut *agent).await,
             None => {
                 let sandbox = session.sandbox();
-                let Some(job) = sandbox.job(process_id) else {
+                let Some(job) = sandbox.facts().job(process_id) else {
                     record_exit(&state, &session, process_id, KILLED).await;
                     return;
                 };
-                match Agent::connect(&sandbox.control_socket) {
+                match sandbox.connect() {
                     Ok(mut agent) => {
                         if agent.send(&AgentRequest::Wait { job }, &[]).await.is_err() {
                             return;
                         }
-                        match wait_reply(&mut agent).await {
+                        match wait_reply(&mut *agent).await {
                             JobWait::Exited(exit) => Some(exit),
                             // Init no longer knows the job (it keeps the ends of
                             // finished ones only so long): ended, how unknown.
@@ -291,7 +292,7 @@ const KILLED: JobExit = JobExit {
 /// sandbox's own base.
 pub async fn next_base(state: &AppState, session: &Session) -> Result<u64, ApiError> {
     let highest = state.db.highest_process_id(&session.id).await?;
-    Ok(highest.max(session.sandbox().process_base))
+    Ok(highest.max(session.sandbox().facts().process_base))
 }
 
 /// Once a restore has replaced the sandbox: the processes of the old one were
@@ -313,7 +314,7 @@ pub async fn end_replaced(state: &AppState, session: &Session, base: u64) {
     }
 }
 
-async fn wait_on(agent: &mut Agent) -> Option<JobExit> {
+async fn wait_on(agent: &mut dyn Link) -> Option<JobExit> {
     match wait_reply(agent).await {
         JobWait::Exited(exit) => Some(exit),
         JobWait::Unknown | JobWait::Lost => None,
@@ -329,7 +330,7 @@ enum JobWait {
     Lost,
 }
 
-async fn wait_reply(agent: &mut Agent) -> JobWait {
+async fn wait_reply(agent: &mut dyn Link) -> JobWait {
     loop {
         match agent.recv().await {
             Ok((AgentReply::Exited { exit, .. }, _)) => return JobWait::Exited(exit),
@@ -774,15 +775,15 @@ pub async fn signal(
         let sandbox = session.sandbox();
         // A process of a sandbox a restore replaced has ended (killed with it):
         // like any ended process, a signal to it changes nothing.
-        let Some(job) = sandbox.job(pid) else {
+        let Some(job) = sandbox.facts().job(pid) else {
             return Ok(());
         };
-        let (reply, _) = super::agent::call(
-            &sandbox.control_socket,
-            &AgentRequest::Signal { job, signal },
-        )
-        .await
-        .map_err(sandbox_gone)?;
+        let (reply, _) = sandbox
+            .connect()
+            .map_err(sandbox_gone)?
+            .call(&AgentRequest::Signal { job, signal })
+            .await
+            .map_err(sandbox_gone)?;
         match reply {
             AgentReply::Done => Ok(()),
             AgentReply::Error { message } => Err(ApiError::not_found(message)),
@@ -821,16 +822,16 @@ pub async fn wait(
     }
     let timeout = Duration::from_millis(timeout_ms.unwrap_or(30_000).min(3_600_000));
     let sandbox = session.sandbox();
-    let Some(job) = sandbox.job(pid) else {
+    let Some(job) = sandbox.facts().job(pid) else {
         // Of a sandbox a restore replaced (a daemon killed during that restore did
         // not get to end its row).
         record_exit(state, &session, pid, KILLED).await;
         return Ok(load_one(state, &session, pid).await?.info);
     };
     let waited = tokio::time::timeout(timeout, async {
-        let mut agent = Agent::connect(&sandbox.control_socket).ok()?;
+        let mut agent = sandbox.connect().ok()?;
         agent.send(&AgentRequest::Wait { job }, &[]).await.ok()?;
-        wait_on(&mut agent).await
+        wait_on(&mut *agent).await
     })
     .await;
     if let Ok(Some(exit)) = waited {

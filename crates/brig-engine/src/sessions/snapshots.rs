@@ -28,11 +28,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use brig_jail::agent::{AgentReply, AgentRequest};
+use crate::backend::Captured;
 
 use super::{
-    ensure_not_deleted, freeze, launch_sandbox, limits_of, lookup, persist, prepare_bundles,
-    spec_for, BundleMount, Held, Session, SessionInfo,
+    ensure_not_deleted, freeze, limits_of, lookup, persist, prepare_bundles, spec_for, BundleMount,
+    Held, Session, SessionInfo,
 };
 use crate::audit;
 use crate::auth::Caller;
@@ -210,7 +210,7 @@ pub async fn snapshot(
     let taken = take(
         state,
         session,
-        &sandbox,
+        &*sandbox,
         name,
         (used, max),
         snapshot_id,
@@ -232,13 +232,13 @@ pub async fn snapshot(
 async fn take(
     state: &AppState,
     session: &Arc<Session>,
-    sandbox: &super::launch::Launched,
+    sandbox: &dyn crate::backend::Sandbox,
     name: Option<String>,
     (used, max): (u64, u64),
     snapshot_id: String,
     image: &str,
 ) -> Result<SnapshotInfo, ApiError> {
-    let base = sandbox.image.clone();
+    let base = sandbox.facts().image.clone();
     let was_paused = session.paused.load(std::sync::atomic::Ordering::SeqCst);
     // Init is in the sandbox's cgroup: frozen, it cannot answer. So the descriptors
     // of what it writes are taken while it runs (a paused session is thawed for
@@ -246,29 +246,13 @@ async fn take(
     if was_paused {
         freeze(session, false).await?;
     }
-    let request = match base {
-        Some(_) => AgentRequest::Upper,
-        None => AgentRequest::Scratch,
-    };
-    let writes = async {
-        let (reply, fds) = super::agent::call(&sandbox.control_socket, &request)
-            .await
-            .map_err(super::exec::sandbox_gone)?;
-        match reply {
-            AgentReply::Done if fds.len() == 1 => Ok(Writes::Upper(
-                fds.into_iter().next().expect("one descriptor"),
-            )),
-            AgentReply::Scratch { names } if names.len() == fds.len() && !fds.is_empty() => {
-                Ok(Writes::Scratch(names.into_iter().zip(fds).collect()))
-            }
-            AgentReply::Error { message } => Err(ApiError::conflict(message)),
-            other => Err(ApiError::internal(format!(
-                "unexpected agent reply {other:?} with {} descriptors",
-                fds.len()
-            ))),
-        }
-    }
-    .await;
+    let writes = sandbox
+        .capture_writes(base.is_some())
+        .await
+        .map(|captured| match captured {
+            Captured::Upper(fd) => Writes::Upper(fd),
+            Captured::Scratch(dirs) => Writes::Scratch(dirs),
+        });
     // The copy is the only step that needs the session still: its processes
     // frozen, and changes through the files API refused (or waited for) meanwhile.
     let staged = match writes {
@@ -377,19 +361,20 @@ struct Staged {
 async fn stage(
     state: &AppState,
     session: &Session,
-    sandbox: &super::launch::Launched,
+    sandbox: &dyn crate::backend::Sandbox,
     writes: Writes,
     image: &str,
     (claimable, charged): (u64, bool),
 ) -> Result<Staged, ApiError> {
     let store_dir = state.args.store.clone();
-    let base = sandbox.image.clone();
-    let placeholders = sandbox.placeholders.clone();
+    let base = sandbox.facts().image.clone();
+    let placeholders = sandbox.facts().placeholders.clone();
     let origin = format!("snapshot of session {}", session.id);
     let image = image.to_string();
-    let charge_to = match &sandbox.handle.cgroup {
-        Some(cgroup) if charged => cgroup.procs_files(),
-        _ => Vec::new(),
+    let charge_to = if charged {
+        sandbox.charge_to()
+    } else {
+        Vec::new()
     };
     tokio::task::spawn_blocking(move || {
         let store = brig_image::store::Store::open(&store_dir)?;
@@ -802,16 +787,13 @@ pub async fn restore(
         // Nothing of the old sandbox changes until the new one is ready (a snapshot
         // larger than the session's disk fails here).
         let process_base = super::processes::next_base(state, &session).await?;
-        let mut launched = launch_sandbox(state, &session.id, spec, image, seed, false).await?;
-        launched.process_base = process_base;
+        let launched =
+            super::launch_from(state, &session.id, spec, (image, seed), false, process_base)
+                .await?;
         let old = session.replace_sandbox(launched);
-        let handle = old.handle.clone();
-        let _ = tokio::task::spawn_blocking(move || handle.destroy()).await;
-        super::release_deleted_snapshot_layers(state, &old).await;
-        if old.control_socket != session.sandbox().control_socket {
-            let _ = tokio::fs::remove_file(&old.control_socket).await;
-            let _ = tokio::fs::remove_file(super::launch::record_path(&old.control_socket)).await;
-        }
+        let _ = old.destroy().await;
+        super::release_deleted_snapshot_layers(state, &*old).await;
+        old.forget().await;
         session
             .paused
             .store(false, std::sync::atomic::Ordering::SeqCst);

@@ -50,8 +50,7 @@ pub async fn session_stats(
     // A few small files under /sys and a statfs: quick, but blocking calls.
     let stats = tokio::task::spawn_blocking(move || {
         let sandbox = session.sandbox();
-        let accounting = sandbox.handle.stats().unwrap_or_default();
-        let usage = sandbox.handle.usage().unwrap_or_default();
+        let (accounting, usage) = sandbox.stats();
         // Every writable place of a session but its volume is on its one scratch
         // filesystem.
         let root = root_of(&session).ok();
