@@ -12,6 +12,8 @@
 //! starts the command in its sandbox. Keeping the protocol's types lets exec,
 //! processes and snapshots stay what they are for every backend.
 
+#[cfg(test)]
+pub mod fake;
 pub mod namespaces;
 
 use std::any::Any;
