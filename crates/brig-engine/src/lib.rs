@@ -41,6 +41,9 @@ pub mod volumes;
 
 pub use config::Config;
 
+#[cfg(test)]
+mod tests;
+
 /// Threads the daemon's runtime may start for blocking work (file operations,
 /// SQLite, sandbox launches); whoever builds the daemon's runtime gives it
 /// this many (tokio's default, made explicit because caps depend on it).
