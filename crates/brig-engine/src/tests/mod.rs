@@ -2,8 +2,10 @@
 //! backend (`backend::fake`), so they need no root. Each test holds one guarantee.
 
 mod admission;
+mod exec;
 mod isolation;
 mod lifecycle;
+mod restart;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +36,12 @@ pub async fn engine(tweak: impl FnOnce(&mut Config)) -> Engine {
         ..Config::default()
     };
     tweak(&mut config);
-    let fake = Fake::new();
+    start(config, Fake::new(), dir).await
+}
+
+/// Starts an engine on `config` over `fake` (as `server::start` does, minus what
+/// needs root); `dir` holds its data dir.
+pub async fn start(config: Config, fake: Arc<Fake>, dir: tempfile::TempDir) -> Engine {
     let state = Shared::with_backend(config, fake.clone()).await.unwrap();
     for tenant in ["alice", "bob"] {
         state.db.ensure_tenant(tenant).await.unwrap();
