@@ -528,7 +528,7 @@ fn main() -> ExitCode {
         .nth(1)
         .is_some_and(|a| a == "__session-start")
     {
-        return brig_server::sessions::launch::helper_main();
+        return brig_server::backend::namespaces::launch::helper_main();
     }
     if let Some(Ok(args)) = serve_args() {
         return serve(args);

@@ -22,7 +22,7 @@
 //! | `execute` | one-shot Python execution (onyx's code interpreter) |
 //!
 //! The daemon is multi-threaded (tokio) and never forks: sandboxes are started by
-//! re-executing the brig binary in a hidden helper mode (see `sessions::launch`).
+//! re-executing the brig binary in a hidden helper mode (see `backend::namespaces::launch`).
 
 pub mod audit;
 pub mod auth;

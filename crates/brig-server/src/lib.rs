@@ -3,8 +3,8 @@
 //! answers; the domain lives in the engine.
 
 pub use brig_engine::{
-    audit, auth, db, execute, fault, filestore, held_to_open_files, metrics, rootfs, sessions,
-    state, volumes, BLOCKING_THREADS,
+    audit, auth, backend, db, execute, fault, filestore, held_to_open_files, metrics, rootfs,
+    sessions, state, volumes, BLOCKING_THREADS,
 };
 pub use config::ServeArgs;
 

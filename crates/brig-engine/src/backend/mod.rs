@@ -31,6 +31,25 @@ use brig_policy::SandboxSpec;
 use crate::fault::Error as ApiError;
 use crate::rootfs::{Filler, RootfsError, SandboxRoot};
 
+/// How long init may take to answer a request (other than an exec's wait for its
+/// command). It answers nothing while a process in the sandbox holds the command
+/// it is starting stopped (SIGSTOP before its execve, which init waits for), so
+/// every wait for it is bounded.
+pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Init did not answer within [`ANSWER_TIMEOUT`].
+pub fn not_answering() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "the session's init did not answer within {} s: a process in the session may \
+             hold the command it is starting stopped (SIGSTOP); continue that process or \
+             delete the session",
+            ANSWER_TIMEOUT.as_secs()
+        ),
+    )
+}
+
 /// Object-safe async methods: boxed futures (no `async_trait` dependency).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -224,14 +243,14 @@ pub trait Link: Send {
 }
 
 impl dyn Link {
-    /// One request, one reply, within [`crate::sessions::agent::ANSWER_TIMEOUT`].
+    /// One request, one reply, within [`ANSWER_TIMEOUT`].
     pub async fn call(&mut self, request: &AgentRequest) -> io::Result<(AgentReply, Vec<OwnedFd>)> {
         let answer = async {
             self.send(request, &[]).await?;
             self.recv().await
         };
-        tokio::time::timeout(crate::sessions::agent::ANSWER_TIMEOUT, answer)
+        tokio::time::timeout(ANSWER_TIMEOUT, answer)
             .await
-            .unwrap_or_else(|_| Err(crate::sessions::agent::not_answering()))
+            .unwrap_or_else(|_| Err(not_answering()))
     }
 }

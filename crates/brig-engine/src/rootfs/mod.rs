@@ -876,7 +876,7 @@ pub fn out_of_memory(shown: &str) -> RootfsError {
 /// Who writes the data of the files the daemon creates. tmpfs pages are charged
 /// to the memory cgroup of the task that writes them: bytes [`Direct`] writes are
 /// the daemon's memory, so the files of a live session are filled by a process
-/// inside it instead (the session's copier, see `sessions::copy_in`), and are its
+/// inside it instead (the session's copier, see `backend::namespaces::copy_in`), and are its
 /// memory, under its limit. Either way the file is the new one the daemon made
 /// and checked: a filler is handed its descriptor, never a path.
 pub trait Filler {

@@ -16,11 +16,11 @@ use brig_jail::agent::{AgentReply, AgentRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-#[cfg(test)]
-use super::agent::Agent;
 use super::{ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::{Caller, Permit};
+#[cfg(test)]
+use crate::backend::namespaces::agent::Agent;
 use crate::backend::{Link, Sandbox};
 use crate::fault::{Error as ApiError, ErrorCode};
 use crate::state::AppState;
@@ -341,7 +341,7 @@ async fn run_inner(
             let (err, err_truncated) = stderr.into_kept();
             let note = format!(
                 "brig: killed at its timeout, but {}\n",
-                super::agent::not_answering()
+                crate::backend::not_answering()
             );
             return Ok(ExecResult {
                 timed_out,
@@ -405,8 +405,8 @@ async fn collect<F: std::future::Future<Output = ()>>(
     let mut grace_ends = None;
     let mut kill = Some(kill);
     // Once killed, the exit is waited for no longer than init may take to answer:
-    // a wedged init (see agent::ANSWER_TIMEOUT) never reports it.
-    let given_up = deadline + super::agent::ANSWER_TIMEOUT;
+    // a wedged init (see backend::ANSWER_TIMEOUT) never reports it.
+    let given_up = deadline + crate::backend::ANSWER_TIMEOUT;
     while exit.is_none() || stdout.open() || stderr.open() {
         // Unbiased: a flooding command must not keep the deadline from being seen.
         tokio::select! {
@@ -578,7 +578,7 @@ impl Drop for ExecAudit {
 /// The audit outcome of an exec whose client hung up before it ended.
 pub const CLIENT_CLOSED: &str = "client_closed";
 
-/// Init did not start a command within `waited` (see [`super::agent::ANSWER_TIMEOUT`]).
+/// Init did not start a command within `waited` (see [`crate::backend::ANSWER_TIMEOUT`]).
 pub fn init_not_answering(waited: Duration) -> ApiError {
     ApiError::conflict(format!(
         "the session's init did not start the command within {} ms: a process in the \

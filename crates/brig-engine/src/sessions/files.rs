@@ -180,7 +180,7 @@ async fn change<T: Send + 'static>(
 }
 
 /// [`change`] writing file data: `f` gets the copier of the sandbox it writes to,
-/// which writes the data (see `copy_in`: the pages are the session's memory).
+/// which writes the data (namespaces: see `backend::namespaces::copy_in`: the pages are the session's memory).
 async fn change_filled<T: Send + 'static>(
     session: &Session,
     idle: Duration,
@@ -203,7 +203,7 @@ async fn filled_in<T: Send + 'static>(
     in_sandbox(session, sandbox, move |root| f(root, copier)).await
 }
 
-/// What writes file data into a sandbox (namespaces: its copier, `copy_in`).
+/// What writes file data into a sandbox (namespaces: its copier).
 type Copier = Box<dyn Filler + Send>;
 
 /// The answer of a change made in `sandbox`: see [`change`].

@@ -2,18 +2,15 @@
 //! resume, expiry, and re-attaching after a daemon restart.
 //!
 //! Each session's sandbox is started by the daemon's backend (see
-//! [`crate::backend`]; namespaces: the launch helper, [`launch`]) and then lives on
+//! [`crate::backend`]; namespaces: the launch helper) and then lives on
 //! its own. The daemon keeps a [`Session`] in memory per live sandbox and a row in
 //! SQLite with everything needed to find it again (its backend and the backend's
 //! `runtime` record), so a restarted daemon re-attaches to every sandbox still alive
 //! and cleans up the rest.
 
-pub mod agent;
-pub mod copy_in;
 mod cut;
 pub mod exec;
 pub mod files;
-pub mod launch;
 mod locks;
 pub mod pool;
 pub mod processes;
@@ -817,9 +814,17 @@ pub fn parse_rfc3339(text: &str) -> Option<i64> {
         .map(|t| t.unix_timestamp())
 }
 
+/// The spec a session starts from when the request names no limits: the CLI's
+/// defaults, minus the run timeout (a session lives until its TTL).
+pub fn base_spec() -> SandboxSpec {
+    let mut spec = SandboxSpec::new(Vec::new());
+    spec.limits.timeout_ms = None;
+    spec
+}
+
 /// The sandbox limits a request asks for, on top of `brig run`'s defaults.
 pub fn limits_of(request: &CreateSession) -> Result<brig_policy::Limits, ApiError> {
-    let mut limits = launch::base_spec().limits;
+    let mut limits = base_spec().limits;
     let Some(asked) = &request.limits else {
         return Ok(limits);
     };
@@ -968,7 +973,7 @@ pub fn spec_for(
     request: &CreateSession,
     limits: &brig_policy::Limits,
 ) -> Result<SandboxSpec, ApiError> {
-    let mut spec = launch::base_spec();
+    let mut spec = base_spec();
     spec.limits = limits.clone();
     spec.limits.output_limit_bytes = shared.output_limit_bytes();
     let mounts = request.mounts.as_deref().unwrap_or_default();

@@ -139,7 +139,7 @@ pub fn fits(request: &CreateSession, limits: &brig_policy::Limits) -> bool {
     request.snapshot.is_none()
         && request.mounts.as_ref().is_none_or(Vec::is_empty)
         && request.volume.is_none()
-        && *limits == super::launch::base_spec().limits
+        && *limits == super::base_spec().limits
 }
 
 impl Ready {

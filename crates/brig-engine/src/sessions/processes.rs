@@ -17,13 +17,12 @@ use std::time::Duration;
 
 use brig_jail::agent::{AgentReply, AgentRequest, JobExit};
 
-use super::agent::ANSWER_TIMEOUT;
 use super::exec::{init_not_answering, pipe, sandbox_gone, Command, ExecRequest, Stream};
 use super::files::{root_of, rootfs_error, with_root};
 use super::{ensure_not_deleted, ensure_running, lookup, Session};
 use crate::audit;
 use crate::auth::Caller;
-use crate::backend::Link;
+use crate::backend::{Link, ANSWER_TIMEOUT};
 use crate::db::{NewProcessRow, ProcessRow};
 use crate::fault::{Error as ApiError, ErrorCode};
 use crate::state::AppState;

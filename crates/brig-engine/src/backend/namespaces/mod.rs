@@ -1,7 +1,10 @@
-//! The namespace backend: sandboxes started by the launch helper
-//! (`sessions::launch`), each served by its init over a socket in its session's
+//! The namespace backend: sandboxes started by the launch helper ([`launch`]), each served by its init over a socket in its session's
 //! directory; files reached through `/proc/<init>/root`, accounting through the
 //! sandbox's cgroup.
+
+pub mod agent;
+pub mod copy_in;
+pub mod launch;
 
 use std::any::Any;
 use std::io;
@@ -15,9 +18,9 @@ use brig_jail::cgroup::{Cgroup, CgroupStats, CgroupUsage};
 use super::{Backend, BoxFuture, Captured, Facts, Launch, Link, Sandbox};
 use crate::fault::Error as ApiError;
 use crate::rootfs::{Filler, RootfsError, SandboxRoot};
-use crate::sessions::agent::{self, Agent};
-use crate::sessions::copy_in::CopyIn;
-use crate::sessions::launch::{self, LaunchReply, LaunchRequest, Launched};
+use agent::Agent;
+use copy_in::CopyIn;
+use launch::{LaunchReply, LaunchRequest, Launched};
 
 pub struct Namespaces {
     store: PathBuf,

@@ -1,5 +1,5 @@
-//! The async side of brig-jail's agent protocol: one connection per operation to a
-//! session's init, driven by tokio's reactor.
+//! The async side of brig-jail's agent protocol over init's socket: one connection
+//! per operation to a session's init, driven by tokio's reactor.
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -8,24 +8,7 @@ use std::path::Path;
 use brig_jail::agent::{AgentConnection, AgentReply, AgentRequest};
 use tokio::io::unix::AsyncFd;
 
-/// How long init may take to answer a request (other than an exec's wait for its
-/// command). It answers nothing while a process in the sandbox holds the command
-/// it is starting stopped (SIGSTOP before its execve, which init waits for), so
-/// every wait for it is bounded.
-pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Init did not answer within [`ANSWER_TIMEOUT`].
-pub fn not_answering() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        format!(
-            "the session's init did not answer within {} s: a process in the session may \
-             hold the command it is starting stopped (SIGSTOP); continue that process or \
-             delete the session",
-            ANSWER_TIMEOUT.as_secs()
-        ),
-    )
-}
+use crate::backend::{not_answering, ANSWER_TIMEOUT};
 
 pub struct Agent {
     connection: AsyncFd<AgentConnection>,

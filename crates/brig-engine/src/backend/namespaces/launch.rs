@@ -227,11 +227,3 @@ fn start(request: LaunchRequest) -> Result<Launched, Failure> {
     }
     Ok(launched)
 }
-
-/// The spec a session starts from when the request names no limits: the CLI's
-/// defaults, minus the run timeout (a session lives until its TTL).
-pub fn base_spec() -> SandboxSpec {
-    let mut spec = SandboxSpec::new(Vec::new());
-    spec.limits.timeout_ms = None;
-    spec
-}
