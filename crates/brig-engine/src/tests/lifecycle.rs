@@ -125,34 +125,11 @@ async fn a_sandbox_that_ends_by_itself_ends_its_session() {
     assert_eq!(exited[0].frontend, "daemon");
 }
 
-/// A snapshot row for `session_id` of `tenant` (the fake takes no real snapshots:
-/// a restore or fork of it only launches a sandbox from its name).
-async fn stored_snapshot(e: &Engine, tenant: &str, session_id: &str) -> String {
-    let id = format!("snap_{}", crate::auth::random_hex(12));
-    let row = crate::db::SnapshotRow {
-        id: id.clone(),
-        tenant: tenant.to_string(),
-        name: None,
-        session_id: session_id.to_string(),
-        image: String::new(),
-        created_at: crate::db::now_rfc3339(),
-        size_bytes: 0,
-        mounts: "[]".to_string(),
-        layers: Vec::new(),
-    };
-    e.state
-        .db
-        .insert_snapshot_within(row, 0, u64::MAX)
-        .await
-        .unwrap();
-    id
-}
-
 #[tokio::test]
 async fn a_restore_racing_a_delete_never_brings_the_session_back() {
     let e = Arc::new(engine(|_| {}).await);
     let id = e.create("alice").await.unwrap().session_id;
-    let snapshot = stored_snapshot(&e, "alice", &id).await;
+    let snapshot = e.stored_snapshot("alice", &id).await;
     e.fake.knobs.launch_delay_ms.store(300, Ordering::SeqCst);
     let restore = {
         let (e, id) = (e.clone(), id.clone());
@@ -186,7 +163,7 @@ async fn a_restore_racing_a_delete_never_brings_the_session_back() {
 async fn a_restore_that_waited_out_a_delete_answers_not_found() {
     let e = Arc::new(engine(|_| {}).await);
     let id = e.create("alice").await.unwrap().session_id;
-    let snapshot = stored_snapshot(&e, "alice", &id).await;
+    let snapshot = e.stored_snapshot("alice", &id).await;
     let session = e.state.sessions().get(&id).unwrap();
     let exec = session.gate.read().await;
     let restore = {
@@ -231,7 +208,7 @@ async fn a_restore_numbers_processes_after_the_replaced_sandboxs() {
     let first = sessions::processes::start(&e.state, &caller("alice"), &id, &start)
         .await
         .unwrap();
-    let snapshot = stored_snapshot(&e, "alice", &id).await;
+    let snapshot = e.stored_snapshot("alice", &id).await;
     sessions::snapshots::restore(&e.state, &caller("alice"), &id, &snapshot)
         .await
         .unwrap();
@@ -249,7 +226,7 @@ async fn a_restore_numbers_processes_after_the_replaced_sandboxs() {
 async fn a_fork_of_a_snapshot_being_deleted_fails_whole() {
     let e = Arc::new(engine(|_| {}).await);
     let id = e.create("alice").await.unwrap().session_id;
-    let snapshot = stored_snapshot(&e, "alice", &id).await;
+    let snapshot = e.stored_snapshot("alice", &id).await;
     let held = sessions::Held::Snapshot {
         tenant: "alice".into(),
         id: snapshot.clone(),

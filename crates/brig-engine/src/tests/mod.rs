@@ -92,6 +92,29 @@ impl Engine {
             .map(|(result, _permit)| result)
     }
 
+    /// A snapshot row for `session_id` of `tenant` (the fake takes no real snapshots:
+    /// a restore or fork of it only launches a sandbox from its name).
+    pub async fn stored_snapshot(&self, tenant: &str, session_id: &str) -> String {
+        let id = format!("snap_{}", crate::auth::random_hex(12));
+        let row = crate::db::SnapshotRow {
+            id: id.clone(),
+            tenant: tenant.to_string(),
+            name: None,
+            session_id: session_id.to_string(),
+            image: String::new(),
+            created_at: crate::db::now_rfc3339(),
+            size_bytes: 0,
+            mounts: "[]".to_string(),
+            layers: Vec::new(),
+        };
+        self.state
+            .db
+            .insert_snapshot_within(row, 0, u64::MAX)
+            .await
+            .unwrap();
+        id
+    }
+
     /// Every audit event, oldest first.
     pub async fn audit(&self) -> Vec<AuditRow> {
         let filter = AuditFilter {
