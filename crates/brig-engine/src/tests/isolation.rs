@@ -23,6 +23,17 @@ async fn streamed(e: &Engine, c: &Caller, id: &str, run: &exec::ExecRequest) -> 
     Ok(())
 }
 
+/// A download read to its end, as a client that wants it does (one dropped
+/// unread is audited a second time, as abandoned).
+async fn downloaded(download: Result<files::Download, Error>) -> Result<(), Error> {
+    let mut download = download?;
+    let mut bytes = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut download, &mut bytes)
+        .await
+        .map_err(Error::internal)?;
+    Ok(())
+}
+
 /// Every verb on a session, called as `c`, each with its outcome ("ok" or the
 /// error's code).
 async fn every_verb(e: &Engine, c: &Caller, id: &str) -> Vec<(&'static str, String)> {
@@ -60,7 +71,7 @@ async fn every_verb(e: &Engine, c: &Caller, id: &str) -> Vec<(&'static str, Stri
         ("read", outcome(files::read(state, c, id, file).await)),
         (
             "list",
-            outcome(files::list(state, c, id, "/workspace", no_listing).await),
+            outcome(downloaded(files::list(state, c, id, "/workspace", no_listing).await).await),
         ),
         ("mkdir", outcome(files::mkdir(state, c, id, dir).await)),
         (
@@ -69,7 +80,7 @@ async fn every_verb(e: &Engine, c: &Caller, id: &str) -> Vec<(&'static str, Stri
         ),
         (
             "read archive",
-            outcome(files::read_archive(state, c, id, dir).await),
+            outcome(downloaded(files::read_archive(state, c, id, dir).await).await),
         ),
         (
             "remove",
