@@ -81,3 +81,36 @@ async fn a_drained_pool_leaves_no_sandbox() {
     let rows = e.state.db.stored_sessions().await.unwrap();
     assert!(rows.is_empty(), "pool rows left: {rows:?}");
 }
+
+/// A client that hangs up on a streamed exec: the command is killed with the
+/// request (it is bound to it) and the exec audited as abandoned.
+#[tokio::test]
+async fn a_dropped_stream_kills_its_command_and_is_audited_as_abandoned() {
+    use futures_util::StreamExt;
+    let e = engine(|_| {}).await;
+    let id = e.create("alice").await.unwrap().session_id;
+    let request = ExecRequest {
+        cmd: Some("echo started; sleep 30".into()),
+        ..Default::default()
+    };
+    let mut events = Box::pin(
+        exec::stream(&e.state, &caller("alice"), &id, &request)
+            .await
+            .unwrap(),
+    );
+    assert!(events.next().await.is_some(), "no output");
+    assert_eq!(e.fake.running(), 1);
+    drop(events);
+    let fake = e.fake.clone();
+    assert!(eventually(Duration::from_secs(5), || fake.running() == 0).await);
+    let mut abandoned = Vec::new();
+    for _ in 0..100 {
+        abandoned = e.audited("exec.stream").await;
+        if !abandoned.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(abandoned.len(), 1);
+    assert_eq!(abandoned[0].outcome, exec::CLIENT_CLOSED);
+}

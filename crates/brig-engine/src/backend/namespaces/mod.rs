@@ -20,7 +20,7 @@ use crate::fault::Error as ApiError;
 use crate::rootfs::{Filler, RootfsError, SandboxRoot};
 use agent::Agent;
 use copy_in::CopyIn;
-use launch::{LaunchReply, LaunchRequest, Launched};
+use launch::Launched;
 
 pub struct Namespaces {
     store: PathBuf,
@@ -70,7 +70,7 @@ impl Backend for Namespaces {
     fn launch(&self, launch: Launch) -> BoxFuture<'_, Result<Arc<dyn Sandbox>, ApiError>> {
         Box::pin(async move {
             let process_base = launch.process_base;
-            let mut launched = launch_sandbox(self, launch).await?;
+            let mut launched = launch::start_sandbox(&self.store, self.id_range, launch).await?;
             launched.process_base = process_base;
             Ok(Arc::new(NsSandbox::new(launched)) as Arc<dyn Sandbox>)
         })
@@ -302,95 +302,4 @@ fn raise_nofile() {
             tracing::warn!("cannot raise the open-file limit: {e}");
         }
     }
-}
-
-/// Starts a sandbox through the launch helper: from `image` (a root) or the host's
-/// system dirs, whose /tmp and /workspace `seed` (a host snapshot's store image)
-/// fills.
-async fn launch_sandbox(backend: &Namespaces, launch: Launch) -> Result<Launched, ApiError> {
-    let Launch {
-        dir,
-        spec,
-        image,
-        seed,
-        background,
-        process_base: _,
-    } = launch;
-    let made_dir = !dir.exists();
-    tokio::fs::create_dir_all(&dir)
-        .await
-        .map_err(ApiError::internal)?;
-    // A fresh name per sandbox: a restore starts the new one beside the old.
-    let socket = dir.join(format!("agent-{}.sock", crate::auth::random_hex(4)));
-    let disk_bytes = spec.limits.disk_bytes;
-    let request = LaunchRequest {
-        spec,
-        image,
-        seed,
-        user: None,
-        store: backend.store.clone(),
-        control_socket: socket.clone(),
-        id_range: backend.id_range,
-        cgroup_parent: None,
-        background,
-    };
-    let input = serde_json::to_vec(&request).map_err(ApiError::internal)?;
-    let mut child = tokio::process::Command::new(helper_binary())
-        .arg("__session-start")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| ApiError::internal(format!("start the launch helper: {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        use tokio::io::AsyncWriteExt;
-        stdin
-            .write_all(&input)
-            .await
-            .map_err(|e| ApiError::internal(format!("talk to the launch helper: {e}")))?;
-    }
-    let output = child
-        .wait_with_output()
-        .await
-        .map_err(|e| ApiError::internal(format!("wait for the launch helper: {e}")))?;
-    let reply: LaunchReply = serde_json::from_slice(&output.stdout).map_err(|e| {
-        ApiError::internal(format!(
-            "launch helper answered badly ({e}); stderr: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    })?;
-    match reply {
-        LaunchReply::Started(launched) => Ok(*launched),
-        LaunchReply::Failed { code, message } => {
-            let _ = tokio::fs::remove_file(&socket).await;
-            let _ = tokio::fs::remove_file(launch::record_path(&socket)).await;
-            if made_dir {
-                let _ = tokio::fs::remove_dir_all(&dir).await;
-            }
-            Err(match code.as_str() {
-                "no_such_image" | "image_not_found" | "not_found" => ApiError::not_found(message),
-                // "unsupported": an image no sandbox can stack (stored by an older brig).
-                "bad_name" | "invalid_name" | "policy" | "wrong_image_kind" | "unsupported" => {
-                    ApiError::invalid(message)
-                }
-                // A snapshot larger than the disk asked for: the request's to fix.
-                "disk_full" => ApiError::invalid(format!(
-                    "{message}: ask for a larger limits.disk (this one is {disk_bytes} bytes)"
-                )),
-                // The same for its memory, which a host snapshot's files fill (tmpfs).
-                "memory_full" => {
-                    ApiError::invalid(format!("{message}: ask for a larger limits.memory"))
-                }
-                _ => ApiError::internal(format!("{code}: {message}")),
-            })
-        }
-    }
-}
-
-/// The brig binary, for the launch helper. Tests and packagers may point elsewhere.
-fn helper_binary() -> PathBuf {
-    std::env::var_os("BRIG_HELPER_BINARY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/proc/self/exe"))
 }
