@@ -241,3 +241,56 @@ async fn a_fork_of_a_snapshot_being_deleted_fails_whole() {
     assert_eq!(e.fake.knobs.launched.load(Ordering::SeqCst), launched);
     assert_eq!(e.state.sessions().usage("alice").sessions, 1);
 }
+
+/// A snapshot deleted while a fork of it starts: the delete waits for the fork's
+/// sandbox (which needs the snapshot's image until it runs), and the fork lives.
+#[tokio::test]
+async fn a_snapshot_delete_waits_for_the_fork_under_way() {
+    let e = Arc::new(engine(|_| {}).await);
+    let id = e.create("alice").await.unwrap().session_id;
+    let snapshot = e.stored_snapshot("alice", &id).await;
+    e.fake.knobs.launch_delay_ms.store(300, Ordering::SeqCst);
+    let fork = {
+        let (e, snapshot) = (e.clone(), snapshot.clone());
+        tokio::spawn(async move {
+            let request = CreateSession {
+                snapshot: Some(snapshot),
+                ..Default::default()
+            };
+            let made = e.create_with("alice", request).await;
+            (made, tokio::time::Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let deleted = sessions::snapshots::delete(&e.state, &caller("alice"), &snapshot).await;
+    let deleted_at = tokio::time::Instant::now();
+    let (made, made_at) = fork.await.unwrap();
+    let forked = made.expect("the fork under way failed");
+    deleted.unwrap();
+    assert!(
+        made_at <= deleted_at,
+        "the delete did not wait for the fork"
+    );
+    assert!(!gone(&e, &forked.session_id));
+    let again = CreateSession {
+        snapshot: Some(snapshot),
+        ..Default::default()
+    };
+    assert_eq!(code(e.create_with("alice", again).await), "not_found");
+}
+
+/// An exec running longer than the idle timeout keeps its session: a session in
+/// use is not idle.
+#[tokio::test]
+async fn the_reaper_does_not_end_a_session_while_an_exec_runs() {
+    let e = Arc::new(engine(|_| {}).await);
+    let request = CreateSession {
+        ttl_seconds: Some(60),
+        idle_timeout_seconds: Some(1),
+        ..Default::default()
+    };
+    let id = e.create_with("alice", request).await.unwrap().session_id;
+    let out = e.sh("alice", &id, "sleep 3; echo still").await.unwrap();
+    assert_eq!(out.stdout, "still\n");
+    assert!(e.audited("session.expire").await.is_empty());
+}
