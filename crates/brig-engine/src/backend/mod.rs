@@ -3,7 +3,7 @@
 //! `Arc<dyn Sandbox>` per live sandbox, and never reaches past them into `/proc`,
 //! cgroups or the agent socket. So a sandbox without `/proc/<pid>/root` or
 //! fd-passing (gVisor) can be added as another `Backend`, and the engine can be
-//! tested without root through [`fake`].
+//! tested without root through `fake` (the engine's tests' own).
 //!
 //! Exec goes through a [`Link`]: the request/reply exchange with the sandbox's init
 //! of brig-jail's agent protocol, with the command's stdio handed over as
@@ -53,8 +53,9 @@ pub fn not_answering() -> io::Error {
 /// Object-safe async methods: boxed futures (no `async_trait` dependency).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The kinds of sandbox a daemon can run; a session's row records its kind (the
-/// `backend` column), so a daemon finds the backend of each row it re-attaches.
+/// The kinds of sandbox a daemon can run. A session's row records its kind (the
+/// `backend` column): a daemon re-attaches the rows of its own kind and leaves the
+/// others for one that runs theirs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum BackendKind {
     /// Linux namespaces, cgroups, seccomp and Landlock, started by the launch helper.
