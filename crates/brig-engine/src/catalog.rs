@@ -670,7 +670,9 @@ mod tests {
             for entry in std::fs::read_dir(dir).unwrap() {
                 let path = entry.unwrap().path();
                 if path.is_dir() {
-                    if path.file_name().is_some_and(|n| n != "db") {
+                    // The engine's own tests may set up in SQL what no verb makes
+                    // (a row of another backend); they are not the engine.
+                    if path.file_name().is_some_and(|n| n != "db" && n != "tests") {
                         walk(&path, out);
                     }
                 } else if path.extension().is_some_and(|e| e == "rs") {
