@@ -6,6 +6,11 @@
 # For "no regression" checks of a change: A is the build before it, B after.
 #
 #   bench/daemon_ab.sh A_BRIG B_BRIG [ROUNDS]     (as root)
+#   INTERLEAVED=create|idle bench/daemon_ab.sh A_BRIG B_BRIG [BATCHES]
+#
+# The second form runs both daemons at once and alternates one measure between
+# them batch by batch (create: 40 cold creates; idle: 300 idle sessions), for when
+# the rounds of the first disagree more than the builds do.
 #
 # Build A in a worktree of the earlier commit (`cargo build --release`; the binary
 # is target/<host triple>/release/brig). Writes bench/results/daemon-ab.md.
@@ -63,6 +68,21 @@ load() {
 }
 
 out="$work/samples.jsonl"
+
+if [ -n "${INTERLEAVED:-}" ]; then
+  start a "$a_brig"
+  start b "$b_brig"
+  for batch in $(seq "$rounds"); do
+    for side in a b; do
+      case $INTERLEAVED in
+        create) echo "$side create $(load "$side" create 40)" ;;
+        idle) echo "$side idle $(load "$side" idle 300 "${pid[$side]}")" ;;
+        *) echo "INTERLEAVED is create or idle" >&2; exit 2 ;;
+      esac
+    done
+  done
+  exit 0
+fi
 record() {
   # record SIDE MEASURE JSON
   python3 -c 'import json,sys; print(json.dumps({"side": sys.argv[1], "measure": sys.argv[2], "result": json.loads(sys.argv[3])}))' \
