@@ -7,6 +7,7 @@
 //!
 //! | module | concern |
 //! |---|---|
+//! | `boot` | starting the engine, in order, and its background work |
 //! | `config` | the daemon's settings (parsed from `brig serve`'s flags by the server) |
 //! | `catalog` | the engine's state behind one trait, all the verbs see of it |
 //! | `db` | the catalog in SQLite (WAL), and the row types |
@@ -27,6 +28,7 @@
 pub mod audit;
 pub mod auth;
 pub mod backend;
+pub mod boot;
 pub mod catalog;
 pub mod config;
 pub mod db;

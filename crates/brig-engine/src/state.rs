@@ -32,7 +32,7 @@ pub struct Shared {
     pub metrics: Metrics,
     /// The kind of sandbox this daemon starts (`Config::backend`).
     pub backend: Arc<dyn crate::backend::Backend>,
-    /// Set once by `server::start` after `Sessions::start`; see [`Shared::sessions`].
+    /// Set once by `boot::start` after `Sessions::start`; see [`Shared::sessions`].
     pub sessions: OnceCell<Sessions>,
     /// Volumes and bundles claimed by session creates under way.
     pub holds: Holds,
@@ -73,7 +73,7 @@ where
 impl Shared {
     /// Creates the data dir (0700) and opens the database, keys and metrics. Does not
     /// validate `args` (see `Config::validate`), create the admin key or start
-    /// sessions: `server::start` does all of that in order.
+    /// sessions: `boot::start` does all of that in order.
     pub async fn new(args: Config) -> anyhow::Result<AppState> {
         let backend = crate::backend::from_config(&args);
         Shared::with_backend(args, backend).await
@@ -110,7 +110,7 @@ impl Shared {
         }))
     }
 
-    /// The live sandboxes. `server::start` sets them before anything is served, so
+    /// The live sandboxes. `boot::start` sets them before anything is served, so
     /// handlers may rely on them.
     ///
     /// # Panics

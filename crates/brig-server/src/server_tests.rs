@@ -63,7 +63,11 @@ async fn harness(extra: &[&str]) -> Harness {
     args.validate().unwrap();
     let state = Shared::new(args).await.unwrap();
     if state.args.no_auth {
-        state.db.ensure_tenant(DEFAULT_TENANT).await.unwrap();
+        state
+            .db
+            .ensure_tenant(crate::auth::DEFAULT_TENANT)
+            .await
+            .unwrap();
     }
     let path = state.auth.bootstrap_admin(&state.data_dir).await.unwrap();
     let admin = std::fs::read_to_string(path.unwrap())
