@@ -522,13 +522,17 @@ fn run(args: RunArgs) -> ExitCode {
 fn main() -> ExitCode {
     // A watchdog whose brig died re-executes this binary to clean up.
     brig_jail::watchdog::main_if_requested();
-    // The daemon's launch helper: decided before anything else runs, so the process
-    // stays single-threaded (it clones the sandbox).
-    if std::env::args_os()
-        .nth(1)
-        .is_some_and(|a| a == "__session-start")
-    {
-        return brig_server::backend::namespaces::launch::helper_main();
+    // The daemon's launch zygote and helper: decided before anything else runs, so
+    // the process stays single-threaded (it forks, and clones the sandbox).
+    match std::env::args_os().nth(1) {
+        Some(a) if a == "__session-zygote" => {
+            return brig_jail::zygote::serve(brig_server::backend::namespaces::launch::helper_main)
+        }
+        // One helper exec'd on its own, for a packager's or a debugger's use.
+        Some(a) if a == "__session-start" => {
+            return brig_server::backend::namespaces::launch::helper_main()
+        }
+        _ => {}
     }
     if let Some(Ok(args)) = serve_args() {
         return serve(args);

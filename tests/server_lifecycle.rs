@@ -702,6 +702,101 @@ fn restart_after_sigkill_reattaches_every_session_and_delete_leaves_nothing() {
     assert_nothing_left(&fx, &inits, &mounts_before);
 }
 
+// 1b. The launch zygote -----------------------------------------------------------
+
+/// The daemon's launch zygote (`brig_jail::zygote`), found among its children.
+fn zygote_of(d: &Daemon) -> Init {
+    let pid = children(d.pid() as i32)
+        .into_iter()
+        .find(|p| common::daemon::is_zygote(*p as u32) && !common::daemon::is_zombie(*p as u32))
+        .expect("the daemon has no launch zygote after a launch");
+    let (_, _, start_time) = proc_stat(pid).expect("the zygote's stat");
+    Init {
+        pid,
+        start_time,
+        leaves: Vec::new(),
+    }
+}
+
+#[test]
+fn the_launch_zygote_ends_with_its_daemon_stopped_or_killed_and_sandboxes_live_on() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let mut d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+    let first = id_of(&create(&d, &key, json!({})));
+    let zygote = zygote_of(&d);
+    d.stop();
+    assert!(
+        zygote.gone_within(30_000),
+        "the zygote outlived a stopped daemon: {}",
+        zygote.describe()
+    );
+    let mut d2 = fx.start(&[]);
+    let second = id_of(&create(&d2, &key, json!({})));
+    let inits = [fx.init(&first), fx.init(&second)];
+    let zygote = zygote_of(&d2);
+    d2.kill9();
+    assert!(
+        zygote.gone_within(30_000),
+        "the zygote outlived a killed daemon: {}",
+        zygote.describe()
+    );
+    for init in &inits {
+        assert!(
+            init.alive(),
+            "a sandbox ended with the zygote: {}",
+            init.describe()
+        );
+    }
+    let d3 = fx.start(&[]);
+    for id in [&first, &second] {
+        assert_eq!(sh(&d3, &key, id, "echo alive"), "alive\n");
+        delete(&d3, &key, id);
+    }
+    assert_nothing_left(&fx, &inits, &mounts_before);
+}
+
+#[test]
+fn a_launch_zygote_that_died_is_started_again_by_the_next_launch() {
+    if !setup() {
+        return;
+    }
+    let _serial = serial();
+    let fx = Fixture::new();
+    let mounts_before = fx.mounts();
+    let d = fx.start(&[]);
+    let key = d.admin_key().to_string();
+    let first = id_of(&create(&d, &key, json!({})));
+    let killed = zygote_of(&d);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(killed.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        eventually(30_000, || proc_stat(killed.pid)
+            .is_none_or(|(state, _, _)| state == 'Z')),
+        "SIGKILL did not end the zygote"
+    );
+    let second = id_of(&create(&d, &key, json!({})));
+    assert_eq!(sh(&d, &key, &second, "echo started"), "started\n");
+    let again = zygote_of(&d);
+    assert_ne!(
+        (again.pid, again.start_time),
+        (killed.pid, killed.start_time)
+    );
+    let inits = [fx.init(&first), fx.init(&second)];
+    for id in [&first, &second] {
+        delete(&d, &key, id);
+    }
+    assert_nothing_left(&fx, &inits, &mounts_before);
+}
+
 // 2. Restart after SIGTERM --------------------------------------------------------
 
 #[test]
@@ -1077,8 +1172,9 @@ fn orphaned_inits(known: &[Init]) -> Vec<i32> {
     children(std::process::id() as i32)
         .into_iter()
         .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmdline).contains("__session-start")
+            // `brig_jail` names a session's init so.
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "brig-init")
                 && proc_stat(*pid).is_some_and(|(state, _, _)| state != 'Z')
                 && !known.iter().any(|k| k.pid == *pid && k.alive())
         })

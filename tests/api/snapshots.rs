@@ -828,30 +828,38 @@ fn create_while_forks_run(
     })
 }
 
-/// The daemon's launch helpers (`brig __session-start`) running now.
+/// The daemon's launch helpers running now: the live children of its zygote.
 fn launch_helpers(d: &Daemon) -> BTreeSet<u32> {
-    let mut found = BTreeSet::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", d.pid())) else {
-        return found;
-    };
-    for task in tasks.flatten() {
-        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for pid in children
-            .split_whitespace()
-            .filter_map(|c| c.parse::<u32>().ok())
-        {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // The state follows the command's name, which may hold anything but ')'.
-            let running = stat
-                .rsplit_once(") ")
-                .is_some_and(|(_, rest)| !rest.starts_with('Z'));
-            if running && cmdline.split(|&b| b == 0).any(|a| a == b"__session-start") {
-                found.insert(pid);
+    let live_children = |pid: u32| -> Vec<u32> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+            {
+                let stat =
+                    std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+                // The state follows the command's name, which may hold anything but ')'.
+                if stat
+                    .rsplit_once(") ")
+                    .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+                {
+                    found.push(child);
+                }
             }
         }
-    }
-    found
+        found
+    };
+    live_children(d.pid())
+        .into_iter()
+        .filter(|pid| common::daemon::is_zygote(*pid))
+        .flat_map(live_children)
+        .collect()
 }
 
 #[test]

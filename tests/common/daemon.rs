@@ -320,8 +320,10 @@ impl Daemon {
         self.leaves.lock().unwrap().iter().cloned().collect()
     }
 
-    /// The daemon's descendants (sandbox inits, their watchdogs, ...), found through
-    /// `/proc/<pid>/task/*/children`.
+    /// The daemon's live descendants (sandbox inits, their watchdogs, launch helpers
+    /// in flight), found through `/proc/<pid>/task/*/children`. Its launch zygote,
+    /// which lives as long as the daemon, is left out, and so are exited processes
+    /// not yet reaped.
     pub fn descendants(&self) -> Vec<u32> {
         let mut found = Vec::new();
         let mut todo = vec![self.pid];
@@ -334,7 +336,9 @@ impl Daemon {
                     std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
                 for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
                     if !found.contains(&child) {
-                        found.push(child);
+                        if !is_zygote(child) && !is_zombie(child) {
+                            found.push(child);
+                        }
                         todo.push(child);
                     }
                 }
@@ -543,4 +547,18 @@ pub fn read_whole(response: Response<ureq::Body>) -> std::io::Result<(u16, Vec<u
     let mut bytes = Vec::new();
     response.into_body().into_reader().read_to_end(&mut bytes)?;
     Ok((status, bytes))
+}
+
+/// Whether `pid` is a daemon's launch zygote (`brig_jail::zygote` names it).
+pub fn is_zygote(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|comm| comm.trim() == "brig-zygote")
+}
+
+/// Whether `pid` has exited and waits to be reaped.
+pub fn is_zombie(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command's name, which may hold anything but ')'.
+    stat.rsplit_once(") ")
+        .is_some_and(|(_, rest)| rest.starts_with('Z'))
 }

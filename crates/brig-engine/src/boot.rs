@@ -73,3 +73,13 @@ pub fn spawn_background(state: &AppState, expiry_interval: Duration) {
     crate::audit::spawn_refusal_summaries(state);
     crate::volumes::spawn_idle_unmount(state);
 }
+
+/// What a stopping daemon does once it serves no more requests. Live sessions
+/// outlive it, by design; pooled sandboxes belong to no session, and none does.
+pub async fn stop(state: &AppState) {
+    crate::sessions::pool::drain(state).await;
+    crate::volumes::unmount_unused(state).await;
+    crate::audit::write_refusal_summaries(state).await;
+    let backend = state.backend.clone();
+    let _ = tokio::task::spawn_blocking(move || backend.shutdown()).await;
+}

@@ -185,6 +185,7 @@ fn detach_and_serve(writes: mounts::Writes, oom: Option<crate::oom::OomScore>) -
     }
     let _ = nix::unistd::close(SYNC_FD);
     let _ = nix::unistd::close(REPORT_FD);
+    let _ = rustix::thread::set_name(c"brig-init");
     // SAFETY: arrange_fds placed the listening socket at LISTENER_FD and nothing
     // else owns it.
     let listener =

@@ -42,6 +42,7 @@ pub mod session;
 mod supervisor;
 mod sys;
 pub mod watchdog;
+pub mod zygote;
 
 pub use brig_sys::process::die_with_parent;
 pub use brig_sys::{loopdev, resolve, sparse};

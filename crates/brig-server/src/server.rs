@@ -498,11 +498,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         signals.begin_shutdown();
     });
     let result = run(listener, state.clone()).await;
-    // Pooled sandboxes belong to no session: none outlives the daemon (live sessions
-    // do, by design).
-    crate::sessions::pool::drain(&state).await;
-    crate::volumes::unmount_unused(&state).await;
-    crate::audit::write_refusal_summaries(&state).await;
+    brig_engine::boot::stop(&state).await;
     result
 }
 

@@ -123,6 +123,10 @@ pub trait Backend: Send + Sync {
     /// daemon started but never stored (it died between a launch and its row), but
     /// `current`, the session's live sandbox.
     fn sweep<'a>(&'a self, dir: &'a Path, current: Option<&'a dyn Sandbox>) -> BoxFuture<'a, ()>;
+
+    /// Once, as the daemon stops: ends what the backend runs for itself. Sandboxes
+    /// are not among it: they outlive the daemon.
+    fn shutdown(&self) {}
 }
 
 /// What the engine reads of a started sandbox, whatever its kind.

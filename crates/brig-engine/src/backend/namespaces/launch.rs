@@ -1,15 +1,17 @@
 //! Starting a session's sandbox from a multi-threaded daemon.
 //!
-//! The daemon never forks: it runs `brig __session-start` (its own binary, through
-//! /proc/self/exe), a single-threaded helper that reads a [`LaunchRequest`] on stdin,
-//! resolves and locks the image, binds the agent socket, starts the sandbox with
+//! The daemon never forks. Each launch runs a single-threaded helper, forked by the
+//! daemon's launch zygote (`brig __session-zygote`, its own binary exec'd once; see
+//! `brig_jail::zygote` for why), that reads a [`LaunchRequest`] on stdin, resolves
+//! and locks the image, binds the agent socket, starts the sandbox with
 //! [`brig_jail::start_session`] and prints a [`LaunchReply`] on stdout. The helper
 //! exits at once; because the daemon is a child subreaper, the sandbox's init becomes
-//! the daemon's child. Measured cost of the extra exec: see BENCHMARKS.md.
+//! the daemon's child. Measured costs: see BENCHMARKS.md.
 
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brig_policy::SandboxSpec;
@@ -76,7 +78,7 @@ pub struct Launched {
     pub process_base: u64,
 }
 
-/// `brig __session-start`: runs in a fresh single-threaded process.
+/// The launch helper: runs in a single-threaded process forked by the zygote.
 pub fn helper_main() -> std::process::ExitCode {
     let reply = match read_request().and_then(start) {
         Ok(launched) => LaunchReply::Started(Box::new(launched)),
@@ -237,6 +239,7 @@ fn start(request: LaunchRequest) -> Result<Launched, Failure> {
 pub(super) async fn start_sandbox(
     store: &Path,
     id_range: Option<(u32, u32)>,
+    zygote: &ZygoteSlot,
     launch: Launch,
 ) -> Result<Launched, ApiError> {
     let Launch {
@@ -266,25 +269,7 @@ pub(super) async fn start_sandbox(
         background,
     };
     let input = serde_json::to_vec(&request).map_err(ApiError::internal)?;
-    let mut child = tokio::process::Command::new(helper_binary())
-        .arg("__session-start")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| ApiError::internal(format!("start the launch helper: {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        use tokio::io::AsyncWriteExt;
-        stdin
-            .write_all(&input)
-            .await
-            .map_err(|e| ApiError::internal(format!("talk to the launch helper: {e}")))?;
-    }
-    let output = child
-        .wait_with_output()
-        .await
-        .map_err(|e| ApiError::internal(format!("wait for the launch helper: {e}")))?;
+    let output = run_helper(zygote, &input).await?;
     let reply: LaunchReply = serde_json::from_slice(&output.stdout).map_err(|e| {
         ApiError::internal(format!(
             "launch helper answered badly ({e}); stderr: {}",
@@ -316,6 +301,122 @@ pub(super) async fn start_sandbox(
                 _ => ApiError::internal(format!("{code}: {message}")),
             })
         }
+    }
+}
+
+/// What a launch helper wrote before it exited.
+struct HelperOutput {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+/// Runs one launch helper, forked by the zygote, on `input`. Dropping the future
+/// (a create whose caller went away) kills the helper, as an exec'd one was killed.
+async fn run_helper(zygote: &ZygoteSlot, input: &[u8]) -> Result<HelperOutput, ApiError> {
+    use rustix::pipe::{pipe_with, PipeFlags};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::unix::pipe;
+    let pipes =
+        || pipe_with(PipeFlags::CLOEXEC).map_err(|e| ApiError::internal(format!("pipe: {e}")));
+    let (stdin_theirs, stdin_ours) = pipes()?;
+    let (stdout_ours, stdout_theirs) = pipes()?;
+    let (stderr_ours, stderr_theirs) = pipes()?;
+    let zygote = zygote.clone();
+    let pidfd = tokio::task::spawn_blocking(move || {
+        zygote.fork(brig_jail::zygote::HelperStdio {
+            stdin: stdin_theirs.as_fd(),
+            stdout: stdout_theirs.as_fd(),
+            stderr: stderr_theirs.as_fd(),
+        })
+        // The helper's ends close here: ours see EOF when the helper exits.
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(|e| ApiError::internal(format!("start the launch helper: {e}")))?;
+    let helper = KillOnDrop(Some(pidfd));
+    let talk = |e: std::io::Error| ApiError::internal(format!("talk to the launch helper: {e}"));
+    let mut stdin = pipe::Sender::from_owned_fd(stdin_ours).map_err(talk)?;
+    let mut stdout = pipe::Receiver::from_owned_fd(stdout_ours).map_err(talk)?;
+    let mut stderr = pipe::Receiver::from_owned_fd(stderr_ours).map_err(talk)?;
+    let mut output = HelperOutput {
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    let write = async {
+        stdin.write_all(input).await?;
+        drop(stdin);
+        Ok::<_, std::io::Error>(())
+    };
+    let (written, out, err) = tokio::join!(
+        write,
+        stdout.read_to_end(&mut output.stdout),
+        stderr.read_to_end(&mut output.stderr)
+    );
+    written.and(out).and(err).map_err(talk)?;
+    // Its pipes close as it exits; once the pidfd is readable it has exited, as an
+    // exec'd helper had when the daemon reaped it.
+    let pidfd = helper.disarm();
+    tokio::task::spawn_blocking(move || {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+        poll(&mut fds, None)
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(|e| talk(e.into()))?;
+    Ok(output)
+}
+
+/// The launch helper's pidfd, killed if the launch is abandoned.
+struct KillOnDrop(Option<OwnedFd>);
+
+impl KillOnDrop {
+    fn disarm(mut self) -> OwnedFd {
+        self.0.take().expect("armed until disarmed")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pidfd) = &self.0 {
+            let _ = brig_jail::zygote::kill(pidfd.as_fd());
+        }
+    }
+}
+
+/// A daemon's launch zygote, started at its first launch (again if it died).
+#[derive(Clone, Default)]
+pub(super) struct ZygoteSlot(Arc<std::sync::Mutex<Option<brig_jail::zygote::Zygote>>>);
+
+impl ZygoteSlot {
+    /// Forks a helper on `stdio`. Blocks for the length of one fork (and one exec the
+    /// first time).
+    fn fork(&self, stdio: brig_jail::zygote::HelperStdio<'_>) -> std::io::Result<OwnedFd> {
+        let mut zygote = self.lock();
+        if let Some(running) = zygote.as_mut() {
+            if !running.alive() {
+                *zygote = None;
+            }
+        }
+        let running = match zygote.as_mut() {
+            Some(running) => running,
+            None => zygote.insert(brig_jail::zygote::Zygote::spawn(
+                &helper_binary(),
+                "__session-zygote",
+            )?),
+        };
+        running.fork(stdio)
+    }
+
+    /// Ends the zygote and reaps it (its helpers finish on their own).
+    pub(super) fn stop(&self) {
+        drop(self.lock().take());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<brig_jail::zygote::Zygote>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

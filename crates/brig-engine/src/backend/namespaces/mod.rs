@@ -25,6 +25,7 @@ use launch::Launched;
 pub struct Namespaces {
     store: PathBuf,
     id_range: Option<(u32, u32)>,
+    zygote: launch::ZygoteSlot,
 }
 
 impl Namespaces {
@@ -32,6 +33,7 @@ impl Namespaces {
         Namespaces {
             store: config.store.clone(),
             id_range: config.id_range.map(|r| (r.start, r.end)),
+            zygote: launch::ZygoteSlot::default(),
         }
     }
 }
@@ -70,10 +72,15 @@ impl Backend for Namespaces {
     fn launch(&self, launch: Launch) -> BoxFuture<'_, Result<Arc<dyn Sandbox>, ApiError>> {
         Box::pin(async move {
             let process_base = launch.process_base;
-            let mut launched = launch::start_sandbox(&self.store, self.id_range, launch).await?;
+            let mut launched =
+                launch::start_sandbox(&self.store, self.id_range, &self.zygote, launch).await?;
             launched.process_base = process_base;
             Ok(Arc::new(NsSandbox::new(launched)) as Arc<dyn Sandbox>)
         })
+    }
+
+    fn shutdown(&self) {
+        self.zygote.stop();
     }
 
     fn reattach(&self, runtime: &str) -> Option<Arc<dyn Sandbox>> {
