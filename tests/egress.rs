@@ -455,6 +455,82 @@ fn root_a_name_resolving_to_a_forbidden_address_is_refused() {
     assert!(up.seen().is_empty());
 }
 
+/// DNS rebinding: a name allowed while it resolves to an address opted in, then
+/// pointed at a forbidden one. Every connection is checked against what the name
+/// resolves to then, whichever way it comes (a name to the proxy, or the synthetic
+/// address the sandbox's resolver gave out before the change).
+#[test]
+fn root_a_name_rebound_to_a_forbidden_address_is_refused_from_then_on() {
+    require_root!();
+    if !capture_available() {
+        eprintln!("skipped: transparent capture needs nftables (scripts/test.sh installs it)");
+        return;
+    }
+    let first = Upstream::start("127.0.0.1", 0).unwrap();
+    let port = first.port();
+    let forbidden = Upstream::start("127.0.0.2", port).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 rebind.test\n");
+    let allowed = format!("rebind.test:{port}");
+    let args = [
+        "--network",
+        "allow",
+        "--allow-host",
+        &allowed,
+        "--egress-hosts",
+        &hosts,
+        "--egress-allow-private",
+        "127.0.0.1/32",
+    ];
+    // Once the first connection arrives, the name moves (replaced as an operator
+    // would, by a rename) to an address the operator did not opt in.
+    let rebind = {
+        let (hosts, seen) = (hosts.clone(), first.seen.clone());
+        std::thread::spawn(move || {
+            let end = std::time::Instant::now() + Duration::from_secs(120);
+            while seen.lock().unwrap().is_empty() && std::time::Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let next = format!("{hosts}.next");
+            std::fs::write(&next, "127.0.0.2 rebind.test\n").unwrap();
+            std::fs::rename(&next, &hosts).unwrap();
+        })
+    };
+    let out = sandbox(
+        &args,
+        &format!(
+            "import time\n\
+             synthetic = socket.gethostbyname('rebind.test')\n\
+             print(raw(synthetic, {port}))\n\
+             end = time.time() + 60\n\
+             r = connect('rebind.test:{port}')\n\
+             while ' 200 ' in r and time.time() < end:\n\
+             \x20   time.sleep(0.05)\n\
+             \x20   r = connect('rebind.test:{port}')\n\
+             print(r)\n\
+             print(socks('rebind.test', {port}))\n\
+             print(raw(synthetic, {port}))\n"
+        ),
+    );
+    rebind.join().unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(lines[0], "ECHOED", "before the change: {out}");
+    assert!(
+        lines[1].contains("403") && lines[1].contains("loopback"),
+        "after the change, by name: {out}"
+    );
+    assert_eq!(lines[2], "socks reply 2", "{out}");
+    assert_ne!(
+        lines[3], "ECHOED",
+        "after the change, by the old address: {out}"
+    );
+    assert!(
+        forbidden.seen().is_empty(),
+        "the rebound address was reached: {out}"
+    );
+}
+
 #[test]
 fn root_open_mode_reaches_any_name_but_still_refuses_private_ranges() {
     require_root!();
