@@ -716,7 +716,69 @@ fn plan_etc(spec: &SandboxSpec, host_root: &Path, ops: &mut Vec<FsOp>) -> Result
         path: "/etc/mtab".into(),
         target: "/proc/self/mounts".into(),
     });
+    plan_ca_bundle(spec, host_root, ops);
     Ok(())
+}
+
+/// Where roots keep their CA bundle (Debian and Alpine, Fedora, others), by preference.
+const STANDARD_CA_BUNDLES: &[&str] = &[
+    "etc/ssl/certs/ca-certificates.crt",
+    "etc/pki/tls/certs/ca-bundle.crt",
+    "etc/ssl/cert.pem",
+];
+
+/// With `extra_ca` (brig intercepts this sandbox's TLS): the root's bundle plus
+/// those certificates, at [`brig_policy::net::CA_BUNDLE`] and over the root's own
+/// bundle, so tools that ignore `SSL_CERT_FILE` trust brig's CA too. Generated
+/// (bound from the scratch tmpfs): never written into a root or an image's layer.
+fn plan_ca_bundle(spec: &SandboxSpec, host_root: &Path, ops: &mut Vec<FsOp>) {
+    let Some(extra) = &spec.filesystem.extra_ca else {
+        return;
+    };
+    // An image or rootfs is read without following its symlinks (read_layered):
+    // one planted there must not lead brig to a host file.
+    let read = |path: &str| -> Option<String> {
+        match &spec.filesystem.root {
+            RootSource::HostSystem => std::fs::read_to_string(host_root.join(path)).ok(),
+            RootSource::Directory(dir) => read_layered(
+                &[host_root.join(dir.to_string_lossy().trim_start_matches('/'))],
+                path,
+            ),
+            RootSource::Layers(layers) => {
+                let layers: Vec<PathBuf> = layers
+                    .iter()
+                    .map(|l| host_root.join(l.to_string_lossy().trim_start_matches('/')))
+                    .collect();
+                read_layered(&layers, path)
+            }
+        }
+    };
+    let found = STANDARD_CA_BUNDLES
+        .iter()
+        .find_map(|path| read(path).map(|text| (*path, text)));
+    let mut bundle = found.as_ref().map(|(_, t)| t.clone()).unwrap_or_default();
+    if !bundle.is_empty() && !bundle.ends_with('\n') {
+        bundle.push('\n');
+    }
+    bundle.push_str("# brig egress CA: brig intercepts TLS to this sandbox's secrets' hosts\n");
+    bundle.push_str(extra);
+    let own = brig_policy::net::CA_BUNDLE;
+    if let Some((parent, _)) = own.rsplit_once('/') {
+        ops.push(FsOp::Dir {
+            path: parent.to_string(),
+            mode: 0o755,
+        });
+    }
+    ops.push(FsOp::Generated {
+        path: own.to_string(),
+        contents: bundle.clone().into_bytes(),
+    });
+    if let Some((path, _)) = found {
+        ops.push(FsOp::Generated {
+            path: format!("/{path}"),
+            contents: bundle.into_bytes(),
+        });
+    }
 }
 
 /// /etc/resolv.conf for the sandbox's network mode.
@@ -783,6 +845,7 @@ fn plan_image_etc(
             contents: contents.into_bytes(),
         });
     }
+    plan_ca_bundle(spec, host_root, ops);
     Ok(())
 }
 

@@ -83,6 +83,8 @@ pub enum PolicyError {
     BuildIdOutOfRange(u32),
     #[error("network mode '{0}' is not supported yet: the only mode is 'none' (loopback only)")]
     UnsupportedNetwork(String),
+    #[error("extra CA: expected PEM certificates, at most 64 KiB")]
+    BadExtraCa,
 }
 
 /// A complete description of one sandbox run.
@@ -327,10 +329,20 @@ pub struct Filesystem {
     /// root and a private /workspace, the only roots whose writable state is those
     /// two directories.
     pub seed: Option<PathBuf>,
+    /// PEM certificates the sandbox trusts besides its root's own (brig's egress
+    /// CA, when it intercepts TLS for secrets): the root's bundle with these
+    /// appended is placed at [`net::CA_BUNDLE`] and over the root's standard bundle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra_ca: Option<String>,
 }
 
 impl Filesystem {
     fn validate(&self) -> Result<(), PolicyError> {
+        if let Some(pem) = &self.extra_ca {
+            if pem.len() > 64 << 10 || !pem.contains("-----BEGIN CERTIFICATE-----") {
+                return Err(PolicyError::BadExtraCa);
+            }
+        }
         match &self.root {
             RootSource::HostSystem => {}
             RootSource::Directory(dir) => require_absolute(dir)?,

@@ -15,6 +15,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// Where a sandbox whose TLS brig intercepts finds the CA bundle that holds brig's
+/// CA (see `Filesystem::extra_ca`); its TLS variables point here.
+pub const CA_BUNDLE: &str = "/etc/brig/ca-bundle.crt";
+
 /// What a sandbox may reach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
