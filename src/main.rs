@@ -159,6 +159,16 @@ struct RunArgs {
     /// mirror). Repeatable.
     #[arg(long, value_name = "CIDR")]
     egress_allow_private: Vec<String>,
+    /// A secret the sandbox never sees: the value is taken from brig's own
+    /// environment variable NAME; inside, NAME holds a placeholder that brig's proxy
+    /// replaces by the value in requests to HOST (example.com, *.example.com) only,
+    /// intercepting their TLS. A placeholder sent elsewhere is refused. Repeatable.
+    #[arg(long, value_name = "NAME@HOST[,HOST...]")]
+    secret: Vec<String>,
+    /// Operator: trust the CAs in this PEM file, besides the web's roots, for the
+    /// upstreams of TLS that brig intercepts for --secret (an internal CA; tests).
+    #[arg(long, value_name = "FILE")]
+    egress_ca_file: Option<PathBuf>,
     /// seccomp filter: default or off.
     #[arg(long, value_name = "MODE", default_value = "default")]
     seccomp: SeccompMode,
@@ -192,7 +202,11 @@ fn optional<T>(
 }
 
 impl RunArgs {
-    fn spec(&self, image: Option<&image_cmd::ImageInUse>) -> anyhow::Result<SandboxSpec> {
+    fn spec(
+        &self,
+        image: Option<&image_cmd::ImageInUse>,
+        secrets: Option<&RunSecrets>,
+    ) -> anyhow::Result<SandboxSpec> {
         let config = image.map(|i| &i.record.config);
         let command = match config {
             Some(config) if self.command.is_empty() => config
@@ -271,6 +285,19 @@ impl RunArgs {
                 spec.env.entry(key).or_insert(value);
             }
         }
+        if let Some(secrets) = secrets {
+            for secret in &secrets.list {
+                let name = secret.name().to_string();
+                if spec.env.contains_key(&name) {
+                    anyhow::bail!("--secret {name}: --env or the image also sets {name}");
+                }
+                spec.env.insert(name, secret.placeholder().to_string());
+            }
+            for (key, value) in brig_net::ca_env() {
+                spec.env.entry(key).or_insert(value);
+            }
+            spec.filesystem.extra_ca = Some(secrets.ca.cert_pem().to_string());
+        }
         spec.seccomp.mode = self.seccomp;
         spec.seccomp.allow_ptrace = self.allow_ptrace;
         spec.landlock = self.landlock;
@@ -298,9 +325,46 @@ impl RunArgs {
         Ok(policy)
     }
 
+    /// The --secret flags: values from brig's environment, placeholders, and a CA
+    /// for this run only. `None` without --secret.
+    fn secrets(&self) -> anyhow::Result<Option<RunSecrets>> {
+        if self.secret.is_empty() {
+            if self.egress_ca_file.is_some() {
+                anyhow::bail!("--egress-ca-file is for --secret");
+            }
+            return Ok(None);
+        }
+        if self.egress()?.mode == EgressMode::None {
+            anyhow::bail!("--secret needs --network allow or open: with none nothing leaves");
+        }
+        let mut list = Vec::new();
+        for flag in &self.secret {
+            let (name, hosts) = flag.split_once('@').ok_or_else(|| {
+                anyhow::anyhow!("--secret {flag:?}: expected NAME@HOST[,HOST...]")
+            })?;
+            let value = std::env::var(name).map_err(|_| {
+                anyhow::anyhow!(
+                    "--secret {name}: brig's environment has no variable {name} to take the value from"
+                )
+            })?;
+            let hosts: Vec<String> = hosts.split(',').map(str::to_string).collect();
+            list.push(brig_net::Secret::new(name, value, &hosts)?);
+        }
+        brig_net::secrets::check_unique(&list)?;
+        let upstream_roots = match &self.egress_ca_file {
+            Some(path) => brig_net::ca::load_certificates(path)?,
+            None => Vec::new(),
+        };
+        Ok(Some(RunSecrets {
+            list,
+            ca: std::sync::Arc::new(brig_net::Ca::ephemeral()?),
+            upstream_roots,
+        }))
+    }
+
     /// The way out for a run with egress: brig's listeners in the sandbox's
     /// namespace, served from this process for the life of the run.
-    fn egress_setup(&self) -> anyhow::Result<brig_jail::EgressSetup> {
+    fn egress_setup(&self, secrets: Option<RunSecrets>) -> anyhow::Result<brig_jail::EgressSetup> {
         use brig_jail::net::{Capture, Listen};
         use brig_net::layout;
         let policy = self.egress()?;
@@ -329,6 +393,13 @@ impl RunArgs {
             resolver,
             limits: brig_net::Limits::default(),
             events: None,
+            secrets: secrets
+                .map(|s| brig_net::Secrets {
+                    list: s.list,
+                    ca: Some(s.ca),
+                    upstream_roots: s.upstream_roots,
+                })
+                .unwrap_or_default(),
         };
         Ok(brig_jail::EgressSetup {
             listen,
@@ -348,6 +419,13 @@ impl RunArgs {
         host.cgroup.parent = self.cgroup_parent.clone();
         host
     }
+}
+
+/// A run's secrets and the CA that intercepts TLS to their hosts.
+struct RunSecrets {
+    list: Vec<brig_net::Secret>,
+    ca: std::sync::Arc<brig_net::Ca>,
+    upstream_roots: Vec<brig_net::ca::CertificateDer>,
 }
 
 fn parse_all<T: std::str::FromStr>(texts: &[String]) -> Result<Vec<T>, T::Err> {
@@ -476,7 +554,11 @@ fn run(args: RunArgs) -> ExitCode {
         }
         None => None,
     };
-    let spec = match args.spec(image.as_ref()) {
+    let secrets = match args.secrets() {
+        Ok(secrets) => secrets,
+        Err(e) => return fail(args.json, "invalid_argument", &e.to_string()),
+    };
+    let spec = match args.spec(image.as_ref(), secrets.as_ref()) {
         Ok(spec) => spec,
         Err(e) => return fail(args.json, "invalid_argument", &e.to_string()),
     };
@@ -486,7 +568,7 @@ fn run(args: RunArgs) -> ExitCode {
         Stdio::Inherit
     };
     let launched = if spec.network == NetworkMode::Egress {
-        match args.egress_setup() {
+        match args.egress_setup(secrets) {
             Ok(setup) => brig_jail::run_with_egress(&spec, &args.host(), stdio, setup),
             Err(e) => return fail(args.json, "invalid_argument", &e.to_string()),
         }

@@ -3,7 +3,7 @@
 //! with `Connection: close` and its Host header set to the URL's host, then bytes
 //! flow both ways (to that one checked address only, whatever the client sends next).
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::dial::{dial, Failure, Host};
@@ -23,7 +23,9 @@ pub(crate) fn response(code: u16, reason: &str, message: &str) -> Vec<u8> {
 }
 
 /// Reads until the end of the request head; returns the buffer and the head's length.
-async fn read_head(stream: &mut TcpStream) -> Result<(Vec<u8>, usize), &'static str> {
+pub(crate) async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Result<(Vec<u8>, usize), &'static str> {
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     loop {
@@ -62,6 +64,92 @@ fn split_authority(authority: &str, default_port: u16) -> Option<(String, u16)> 
         return None;
     }
     Some((host, port))
+}
+
+/// A request refused before it went anywhere: the answer and what to record.
+pub(crate) struct Refusal {
+    pub response: Vec<u8>,
+    pub code: &'static str,
+    /// The secret whose placeholder was sent where it may not go.
+    pub secret: Option<String>,
+}
+
+impl Refusal {
+    fn leak(leak: crate::secrets::Leak) -> Refusal {
+        Refusal {
+            response: response(403, "Forbidden", &leak.message()),
+            code: "secret_exfiltration",
+            secret: Some(leak.secret),
+        }
+    }
+}
+
+/// Hop-by-hop headers brig does not pass on (it sets `Connection: close` itself).
+fn hop_by_hop(name: &str) -> bool {
+    name.eq_ignore_ascii_case("connection")
+        || name.eq_ignore_ascii_case("proxy-connection")
+        || name.eq_ignore_ascii_case("proxy-authorization")
+        || name.eq_ignore_ascii_case("keep-alive")
+}
+
+/// An intercepted request (origin form, inside TLS to `name`), as it goes upstream:
+/// its head with `Connection: close` and the secrets for `name`, then `body`.
+/// Its Host must be `name`: the value must not reach another site the same
+/// server (a CDN) also answers for.
+pub(crate) fn origin_request(
+    shared: &Shared,
+    name: &str,
+    head: &[u8],
+    body: &[u8],
+) -> Result<Vec<u8>, Refusal> {
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut headers);
+    let bad = |why: &str| Refusal {
+        response: response(400, "Bad Request", &format!("brig egress: {why}")),
+        code: "protocol_error",
+        secret: None,
+    };
+    if !matches!(req.parse(head), Ok(httparse::Status::Complete(_))) {
+        return Err(bad("not an HTTP/1.1 request"));
+    }
+    let method = req.method.unwrap_or("");
+    let path = req.path.unwrap_or("");
+    let mut bytes = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
+    for h in req.headers.iter() {
+        if hop_by_hop(h.name) {
+            continue;
+        }
+        if h.name.eq_ignore_ascii_case("host") {
+            let given = std::str::from_utf8(h.value).unwrap_or("");
+            let host = split_authority(given, 443).map(|(host, _)| host);
+            let same = host
+                .as_deref()
+                .and_then(|h| brig_policy::net::normalize_name(h).ok())
+                == brig_policy::net::normalize_name(name).ok();
+            if !same {
+                return Err(Refusal {
+                    response: response(
+                        403,
+                        "Forbidden",
+                        &format!("brig egress: this connection is to {name}; a request for Host {given:?} must open its own"),
+                    ),
+                    code: "host_mismatch",
+                    secret: None,
+                });
+            }
+        }
+        bytes.extend_from_slice(h.name.as_bytes());
+        bytes.extend_from_slice(b": ");
+        bytes.extend_from_slice(h.value);
+        bytes.extend_from_slice(b"\r\n");
+    }
+    bytes.extend_from_slice(b"Connection: close\r\n\r\n");
+    let mut bytes = match crate::secrets::rewrite_head(&shared.secrets, name, &bytes, body) {
+        Ok(rewritten) => rewritten.unwrap_or(bytes),
+        Err(leak) => return Err(Refusal::leak(leak)),
+    };
+    bytes.extend_from_slice(body);
+    Ok(bytes)
 }
 
 /// Answers `response` and closes, recording the refusal as `code`.
@@ -184,11 +272,7 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
         };
         let mut bytes = format!("{method} {path} HTTP/1.1\r\nHost: {host_header}\r\n").into_bytes();
         for h in req.headers.iter() {
-            let name = h.name.to_ascii_lowercase();
-            if matches!(
-                name.as_str(),
-                "host" | "connection" | "proxy-connection" | "proxy-authorization" | "keep-alive"
-            ) {
+            if hop_by_hop(h.name) || h.name.eq_ignore_ascii_case("host") {
                 continue;
             }
             // Values as sent: they need not be UTF-8.
@@ -198,7 +282,6 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
             bytes.extend_from_slice(b"\r\n");
         }
         bytes.extend_from_slice(b"Connection: close\r\n\r\n");
-        bytes.extend_from_slice(&buf[head_len..]);
         (host, port, Some(bytes))
     };
     event.host = host.clone();
@@ -206,6 +289,27 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
     let parsed = Host::parse(&host);
     let name = crate::dial::named(shared, &parsed).unwrap_or_default();
     let shown = name.clone().unwrap_or_else(|| host.clone());
+    // Plain HTTP: the secrets for this host go into the head; a placeholder for
+    // another host, in the head or the body read so far, stops the request here.
+    let rewritten = match rewritten {
+        Some(head) => {
+            let body = &buf[head_len..];
+            match crate::secrets::rewrite_head(&shared.secrets, &shown, &head, body) {
+                Ok(new) => {
+                    let mut bytes = new.unwrap_or(head);
+                    bytes.extend_from_slice(body);
+                    Some(bytes)
+                }
+                Err(leak) => {
+                    let refusal = Refusal::leak(leak);
+                    let _ = stream.write_all(&refusal.response).await;
+                    event.refused_for(shared, refusal.code, refusal.secret);
+                    return close_gently(stream).await;
+                }
+            }
+        }
+        None => None,
+    };
     let (upstream, addr) = match dial(shared, &parsed, port).await {
         Ok(ok) => ok,
         Err((failure, addr)) => {

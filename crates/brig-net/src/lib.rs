@@ -16,13 +16,19 @@
 //! | `capture` | TCP redirected to brig inside the namespace (no proxy variables) |
 //! | `tls` | the SNI of a TLS ClientHello |
 //! | `relay` | the byte copy, the caps, the log line and the event |
+//! | `secrets` | placeholders, and their values put into requests toward their hosts |
+//! | `ca` | the CA of TLS interception and the leaf certificates it issues |
+//! | `mitm` | TLS interception, for secrets' hosts only |
 
+pub mod ca;
 mod capture;
 mod dial;
 mod dns;
 mod http;
+mod mitm;
 mod relay;
 pub mod resolve;
+pub mod secrets;
 mod socks;
 pub mod synth;
 pub mod tls;
@@ -35,8 +41,10 @@ use std::time::Duration;
 
 use brig_policy::net::EgressPolicy;
 
+pub use ca::Ca;
 pub use relay::{Decision, EgressEvent, EventSink, Via};
 pub use resolve::Resolver;
+pub use secrets::{Secret, SecretError};
 
 /// Where brig's listeners are inside a sandbox's namespace.
 pub mod layout {
@@ -71,6 +79,37 @@ pub fn proxy_env() -> BTreeMap<String, String> {
     env
 }
 
+/// Where the sandbox finds the CA bundle that holds brig's CA (with the root's own).
+pub const CA_BUNDLE: &str = brig_policy::net::CA_BUNDLE;
+
+/// The variables that point TLS clients at [`CA_BUNDLE`], for a sandbox whose TLS
+/// brig intercepts (OpenSSL, Python requests, Node, pip).
+pub fn ca_env() -> BTreeMap<String, String> {
+    [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS",
+        "PIP_CERT",
+        "CURL_CA_BUNDLE",
+    ]
+    .iter()
+    .map(|key| (key.to_string(), CA_BUNDLE.to_string()))
+    .collect()
+}
+
+/// A sandbox's secrets and what interception needs. Empty by default.
+#[derive(Debug, Default)]
+pub struct Secrets {
+    /// Each appears in the sandbox as its placeholder only.
+    pub list: Vec<Secret>,
+    /// Issues certificates for the secrets' hosts; without it no TLS is
+    /// intercepted and secrets reach plain HTTP only.
+    pub ca: Option<Arc<Ca>>,
+    /// Roots trusted for intercepted upstreams besides the web's (an operator's
+    /// internal CA; tests).
+    pub upstream_roots: Vec<ca::CertificateDer>,
+}
+
 /// Limits of one sandbox's proxy.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -98,6 +137,7 @@ pub struct Egress {
     pub resolver: Resolver,
     pub limits: Limits,
     pub events: Option<EventSink>,
+    pub secrets: Secrets,
 }
 
 /// The sockets made in the sandbox's namespace, as `brig_jail::net::Listen` lists them.
@@ -117,6 +157,10 @@ pub enum NetError {
         path: String,
         source: std::io::Error,
     },
+    #[error("egress TLS: {0}")]
+    Tls(String),
+    #[error(transparent)]
+    Secret(#[from] SecretError),
     #[error("hosts file {path}, line {line}: {reason}")]
     HostsLine {
         path: String,
@@ -133,6 +177,14 @@ pub(crate) struct Shared {
     pub events: Option<EventSink>,
     pub synth: synth::Synthetic,
     pub slots: Arc<tokio::sync::Semaphore>,
+    pub secrets: Vec<Secret>,
+    pub tls: Option<Interception>,
+}
+
+/// The two sides of intercepted TLS.
+pub(crate) struct Interception {
+    pub ca: Arc<Ca>,
+    pub upstream: Arc<rustls::ClientConfig>,
 }
 
 /// Serves `sockets` on `runtime` until the runtime ends (or the sockets close).
@@ -143,7 +195,19 @@ pub fn spawn(
     sockets: Sockets,
 ) -> Result<(), NetError> {
     let _guard = runtime.enter();
+    secrets::check_unique(&egress.secrets.list)?;
+    let tls = match egress.secrets.ca {
+        Some(ca) => Some(Interception {
+            ca,
+            upstream: Arc::new(
+                mitm::client_config(&egress.secrets.upstream_roots).map_err(NetError::Tls)?,
+            ),
+        }),
+        None => None,
+    };
     let shared = Arc::new(Shared {
+        secrets: egress.secrets.list,
+        tls,
         slots: Arc::new(tokio::sync::Semaphore::new(egress.limits.max_connections)),
         policy: egress.policy,
         resolver: egress.resolver,

@@ -53,8 +53,12 @@ pub struct EgressEvent {
     /// The address connected to, or the one that was refused.
     pub addr: Option<SocketAddr>,
     pub decision: Decision,
-    /// A short code: `allowed`, or why not (`not_allowed`, `forbidden_range`, ...).
+    /// A short code: `allowed`, or why not (`not_allowed`, `forbidden_range`, ...;
+    /// `secret_exfiltration`: a secret's placeholder was sent toward a host that
+    /// secret may not reach).
     pub reason: String,
+    /// With `secret_exfiltration`: the secret's name (never its value).
+    pub secret: Option<String>,
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub duration: Duration,
@@ -72,6 +76,7 @@ pub(crate) fn record(shared: &Shared, event: EgressEvent) {
         addr = %addr,
         decision = ?event.decision,
         reason = %event.reason,
+        secret = event.secret.as_deref().unwrap_or(""),
         bytes_up = event.bytes_up,
         bytes_down = event.bytes_down,
         duration_ms = event.duration.as_millis() as u64,
@@ -106,7 +111,30 @@ impl Pending {
         self.finish(shared, Decision::Refused, reason, 0, 0);
     }
 
+    /// A refusal that names the secret it protected.
+    pub fn refused_for(self, shared: &Shared, reason: &str, secret: Option<String>) {
+        if let Some(secret) = &secret {
+            tracing::warn!(
+                "egress: refused a request to {}:{} carrying the placeholder of secret {secret}: an attempted exfiltration",
+                self.host,
+                self.port
+            );
+        }
+        self.record(shared, Decision::Refused, reason, (0, 0), secret);
+    }
+
     pub fn finish(self, shared: &Shared, decision: Decision, reason: &str, up: u64, down: u64) {
+        self.record(shared, decision, reason, (up, down), None);
+    }
+
+    fn record(
+        self,
+        shared: &Shared,
+        decision: Decision,
+        reason: &str,
+        (up, down): (u64, u64),
+        secret: Option<String>,
+    ) {
         record(
             shared,
             EgressEvent {
@@ -116,6 +144,7 @@ impl Pending {
                 addr: self.addr,
                 decision,
                 reason: reason.to_string(),
+                secret,
                 bytes_up: up,
                 bytes_down: down,
                 duration: self.started.elapsed(),
@@ -129,13 +158,10 @@ impl Pending {
 const COPY_BUFFER: usize = 64 * 1024;
 
 /// Copies both ways until both sides are done, then records the connection.
-pub(crate) async fn splice<C>(
-    shared: &Shared,
-    event: Pending,
-    client: &mut C,
-    mut upstream: TcpStream,
-) where
+pub(crate) async fn splice<C, U>(shared: &Shared, event: Pending, client: &mut C, mut upstream: U)
+where
     C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
 {
     match tokio::io::copy_bidirectional_with_sizes(client, &mut upstream, COPY_BUFFER, COPY_BUFFER)
         .await
@@ -211,7 +237,8 @@ async fn over_cap_reply(stream: &mut TcpStream, via: Via, cap: usize) {
 }
 
 /// After the client was told its tunnel is open: on port 443 to a name, the TLS
-/// ClientHello must name that host (or none); then the bytes flow.
+/// ClientHello must name that host (or none); then the bytes flow, or, for a
+/// secret's host, brig ends the TLS itself (`mitm`).
 pub(crate) async fn tunnel<C>(
     shared: &Shared,
     event: Pending,
@@ -242,6 +269,9 @@ pub(crate) async fn tunnel<C>(
             drop(upstream);
             event.refused(shared, reason);
             return close_gently(client).await;
+        }
+        if crate::mitm::intercepts(shared, name) {
+            return crate::mitm::intercept(shared, event, client, record, upstream, name).await;
         }
         if upstream.write_all(&record).await.is_err() {
             return event.finish(shared, Decision::Allowed, "allowed, upstream closed", 0, 0);

@@ -18,6 +18,10 @@ struct Proxy {
 }
 
 fn proxy() -> Proxy {
+    proxy_with(Vec::new())
+}
+
+fn proxy_with(secrets: Vec<brig_net::Secret>) -> Proxy {
     let http = TcpListener::bind("127.0.0.1:0").unwrap();
     let socks = TcpListener::bind("127.0.0.1:0").unwrap();
     let dns = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -51,6 +55,10 @@ fn proxy() -> Proxy {
             events: Some(Arc::new(move |e: &EgressEvent| {
                 sink.lock().unwrap().push(e.clone())
             })),
+            secrets: brig_net::Secrets {
+                list: secrets,
+                ..Default::default()
+            },
         },
         Sockets {
             http: http.into(),
@@ -163,4 +171,35 @@ fn a_dns_answer_is_an_event_too() {
         (Via::Dns, Decision::Refused)
     );
     assert_eq!(events[0].host, "bad.test");
+}
+
+#[test]
+fn a_placeholder_toward_another_host_is_an_exfiltration_event_without_the_value() {
+    let secret =
+        brig_net::Secret::new("TOKEN", "v4lue-xyz".into(), &["api.test".to_string()]).unwrap();
+    let placeholder = secret.placeholder().to_string();
+    let proxy = proxy_with(vec![secret]);
+    let port = echo();
+    let mut s = TcpStream::connect(proxy.http).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET http://good.test:{port}/?k={placeholder} HTTP/1.1\r\nHost: good.test\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(
+        answer.contains("TOKEN") && answer.contains("api.test"),
+        "{answer}"
+    );
+    let events = wait_for(&proxy.events, 1);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    assert_eq!(e.decision, Decision::Refused);
+    assert_eq!(e.reason, "secret_exfiltration");
+    assert_eq!(e.secret.as_deref(), Some("TOKEN"));
+    assert_eq!(e.addr, None, "refused before any connection");
+    assert!(!format!("{e:?}").contains("v4lue"));
 }
