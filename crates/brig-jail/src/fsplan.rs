@@ -999,6 +999,48 @@ mod tests {
         assert!(!paths(&plan).contains(&"/lib32".to_string()));
     }
 
+    fn generated(plan: &FsPlan, path: &str) -> Option<String> {
+        plan.ops.iter().find_map(|op| match op {
+            FsOp::Generated { path: p, contents } if p == path => {
+                Some(String::from_utf8(contents.clone()).unwrap())
+            }
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn an_extra_ca_joins_the_roots_bundle_at_brigs_path_and_the_standard_one() {
+        let host = fake_host();
+        let bundle = host.path().join("etc/ssl/certs/ca-certificates.crt");
+        std::fs::write(&bundle, "HOST ROOTS").unwrap();
+        assert_eq!(
+            generated(
+                &plan(&spec(), host.path()).unwrap(),
+                "/etc/brig/ca-bundle.crt"
+            ),
+            None
+        );
+        let mut spec = spec();
+        spec.filesystem.extra_ca = Some("-----BEGIN CERTIFICATE-----\nBRIG\n".into());
+        let plan = plan(&spec, host.path()).unwrap();
+        let own = generated(&plan, brig_policy::net::CA_BUNDLE).unwrap();
+        assert!(
+            own.starts_with("HOST ROOTS\n") && own.ends_with("BRIG\n"),
+            "{own}"
+        );
+        let standard = generated(&plan, "/etc/ssl/certs/ca-certificates.crt").unwrap();
+        assert_eq!(standard, own);
+        // A root without a bundle gets brig's path alone, with brig's CA only.
+        std::fs::remove_file(&bundle).unwrap();
+        let plan = super::plan(&spec, host.path()).unwrap();
+        assert!(generated(&plan, brig_policy::net::CA_BUNDLE)
+            .unwrap()
+            .ends_with("BRIG\n"));
+        assert_eq!(generated(&plan, "/etc/ssl/certs/ca-certificates.crt"), None);
+        spec.filesystem.extra_ca = Some("not a certificate".into());
+        assert!(spec.validate().is_err());
+    }
+
     #[test]
     fn etc_never_exposes_secrets_or_host_users() {
         let host = fake_host();
