@@ -111,13 +111,36 @@ fn echo<S: Read + Write>(stream: &mut S, value: &str) {
             _ => return,
         }
     }
-    let text = String::from_utf8_lossy(&head).replace(value, SEEN);
+    // curl -u x:VALUE sends base64("x:VALUE"), which decodes to the value.
+    let basic = base64_encode(format!("x:{value}").as_bytes());
+    let text = String::from_utf8_lossy(&head)
+        .replace(value, SEEN)
+        .replace(&basic, BASIC_SEEN);
     let _ = write!(
         stream,
         "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
         text.len()
     );
     let _ = stream.flush();
+}
+
+/// Stands for `base64("x:" + value)` in what the upstream echoes.
+const BASIC_SEEN: &str = "[[BASIC-WITH-THE-REAL-VALUE]]";
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().fold(0u32, |n, &b| n << 8 | u32::from(b)) << (8 * (3 - chunk.len()));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -136,6 +159,7 @@ set -u
 C="curl -sS --max-time 60"
 echo "PLACEHOLDER=$TOKEN"
 echo "== https api"; $C https://api.test/h -H "Authorization: Bearer $TOKEN"
+echo "== https api basic"; $C -u "x:$TOKEN" https://api.test/b
 echo "== https api query"; $C "https://api.test/q?key=$TOKEN&x=1"
 echo "== https other"; $C https://other.test/h -H "X-Leak: $TOKEN"
 echo "== http api"; $C "http://api.test:$HTTP_PORT/h" -H "Authorization: Bearer $TOKEN"
@@ -216,6 +240,11 @@ fn root_a_secret_reaches_its_host_only_and_the_sandbox_never_sees_it() {
     assert!(
         api.contains(&format!("Authorization: Bearer {SEEN}")),
         "{api}\n{stderr}"
+    );
+    let basic = section(&stdout, "https api basic");
+    assert!(
+        basic.contains(&format!("Authorization: Basic {BASIC_SEEN}")),
+        "{basic}"
     );
     let query = section(&stdout, "https api query");
     assert!(query.contains(&format!("GET /q?key={SEEN}&x=1")), "{query}");

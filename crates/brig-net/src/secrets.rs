@@ -4,7 +4,8 @@
 //! placeholder seen in a request toward any other host is not substituted: the
 //! request is refused and recorded as an attempted exfiltration.
 //!
-//! What is looked at: the request line and headers, and the part of the body that
+//! What is looked at: the request line and headers (and the user:password inside
+//! `Authorization: Basic`, as git and pip send credentials), and the part of the body that
 //! arrived with them (for a refusal only: bodies are never rewritten), of plain
 //! HTTP through the proxy and of TLS the proxy intercepts (secret hosts on 443).
 //! A tunnel that is not intercepted is opaque: a placeholder inside it cannot be
@@ -186,7 +187,52 @@ pub(crate) fn rewrite_head(
             out = Some(replace_all(current, needle, secret.value.as_bytes()));
         }
     }
-    Ok(out)
+    match rewrite_basic(secrets, host, out.as_deref().unwrap_or(head))? {
+        Some(rewritten) => Ok(Some(rewritten)),
+        None => Ok(out),
+    }
+}
+
+/// `Authorization: Basic base64(user:password)` with a placeholder inside: the
+/// same rules, applied to the decoded credentials.
+fn rewrite_basic(secrets: &[Secret], host: &str, head: &[u8]) -> Result<Option<Vec<u8>>, Leak> {
+    use base64::Engine;
+    const PREFIX: &[u8] = b"authorization:";
+    let engine = base64::engine::general_purpose::STANDARD;
+    let mut out = Vec::with_capacity(head.len());
+    let mut changed = false;
+    for line in head.split_inclusive(|&b| b == b'\n') {
+        let rewritten = (|| {
+            let name = line.get(..PREFIX.len())?;
+            if !name.eq_ignore_ascii_case(PREFIX) {
+                return None;
+            }
+            let value = line[PREFIX.len()..].trim_ascii();
+            let scheme = value.get(..6)?;
+            if !scheme.eq_ignore_ascii_case(b"basic ") {
+                return None;
+            }
+            let decoded = engine.decode(value[6..].trim_ascii()).ok()?;
+            Some(rewrite_head(secrets, host, &decoded, b"").map(|new| {
+                new.map(|new| {
+                    let mut line = line[..PREFIX.len()].to_vec();
+                    line.extend_from_slice(b" Basic ");
+                    line.extend_from_slice(engine.encode(new).as_bytes());
+                    line.extend_from_slice(b"\r\n");
+                    line
+                })
+            }))
+        })();
+        match rewritten {
+            Some(Err(leak)) => return Err(leak),
+            Some(Ok(Some(new))) => {
+                out.extend_from_slice(&new);
+                changed = true;
+            }
+            _ => out.extend_from_slice(line),
+        }
+    }
+    Ok(changed.then_some(out))
 }
 
 fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
@@ -290,5 +336,36 @@ mod tests {
         assert!(rewrite_head(&list, "evil.test", plain, body).is_err());
         // Nothing to do.
         assert_eq!(rewrite_head(&list, "evil.test", plain, b"x"), Ok(None));
+    }
+
+    #[test]
+    fn basic_credentials_are_decoded_checked_and_reencoded() {
+        use base64::Engine;
+        let engine = base64::engine::general_purpose::STANDARD;
+        let s = secret("T", "s3cr3t", &["git.test"]);
+        let list = [s.clone()];
+        let creds = engine.encode(format!("x-token:{}", s.placeholder()));
+        let head = format!("GET / HTTP/1.1\r\nauthorization: Basic {creds}\r\nAccept: */*\r\n\r\n");
+        let out = rewrite_head(&list, "git.test", head.as_bytes(), b"")
+            .unwrap()
+            .unwrap();
+        let expected = engine.encode("x-token:s3cr3t");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("GET / HTTP/1.1\r\nauthorization: Basic {expected}\r\nAccept: */*\r\n\r\n")
+        );
+        let leak = rewrite_head(&list, "evil.test", head.as_bytes(), b"").unwrap_err();
+        assert_eq!(leak.secret, "T");
+        // Basic credentials without a placeholder, or not base64: untouched.
+        let other = format!(
+            "GET / HTTP/1.1\r\nAuthorization: Basic {}\r\n\r\n",
+            engine.encode("a:b")
+        );
+        assert_eq!(
+            rewrite_head(&list, "evil.test", other.as_bytes(), b""),
+            Ok(None)
+        );
+        let junk = b"GET / HTTP/1.1\r\nAuthorization: Basic !!!\r\n\r\n";
+        assert_eq!(rewrite_head(&list, "evil.test", junk, b""), Ok(None));
     }
 }
