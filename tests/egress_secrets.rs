@@ -160,6 +160,7 @@ C="curl -sS --max-time 60"
 echo "PLACEHOLDER=$TOKEN"
 echo "== https api"; $C https://api.test/h -H "Authorization: Bearer $TOKEN"
 echo "== https api basic"; $C -u "x:$TOKEN" https://api.test/b
+echo "== python api"; /usr/bin/python3 -c 'import os, urllib.request as u; r = u.Request("https://api.test/p", headers={"X-Key": os.environ["TOKEN"]}); print(u.urlopen(r, timeout=60).read().decode())'
 echo "== https api query"; $C "https://api.test/q?key=$TOKEN&x=1"
 echo "== https other"; $C https://other.test/h -H "X-Leak: $TOKEN"
 echo "== http api"; $C "http://api.test:$HTTP_PORT/h" -H "Authorization: Bearer $TOKEN"
@@ -246,6 +247,9 @@ fn root_a_secret_reaches_its_host_only_and_the_sandbox_never_sees_it() {
         basic.contains(&format!("Authorization: Basic {BASIC_SEEN}")),
         "{basic}"
     );
+    // Python's own TLS trusts brig's CA through SSL_CERT_FILE.
+    let python = section(&stdout, "python api");
+    assert!(python.contains(&format!("X-Key: {SEEN}")), "{python}");
     let query = section(&stdout, "https api query");
     assert!(query.contains(&format!("GET /q?key={SEEN}&x=1")), "{query}");
     // And over plain HTTP.
