@@ -345,6 +345,7 @@ pub(crate) async fn handle(shared: &Shared, mut stream: TcpStream) {
                 let answer = (502, "Bad Gateway", message.as_str());
                 return refuse(shared, event, stream, answer, "unreachable").await;
             }
+            event.sent_up = request.len() as u64;
             splice(shared, event, &mut stream, upstream).await;
         }
     }

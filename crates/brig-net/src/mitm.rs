@@ -161,5 +161,7 @@ pub(crate) async fn intercept<C>(
     if upstream.write_all(&request).await.is_err() {
         return event.refused(shared, "unreachable");
     }
+    let mut event = event;
+    event.sent_up = request.len() as u64;
     splice(shared, event, &mut client, upstream).await;
 }

@@ -94,6 +94,8 @@ pub(crate) struct Pending {
     pub port: u16,
     pub addr: Option<SocketAddr>,
     pub started: Instant,
+    /// Bytes brig sent upstream itself before the copy (a rewritten request head).
+    pub sent_up: u64,
 }
 
 impl Pending {
@@ -104,6 +106,7 @@ impl Pending {
             port: 0,
             addr: None,
             started: Instant::now(),
+            sent_up: 0,
         }
     }
 
@@ -145,7 +148,7 @@ impl Pending {
                 decision,
                 reason: reason.to_string(),
                 secret,
-                bytes_up: up,
+                bytes_up: up + self.sent_up,
                 bytes_down: down,
                 duration: self.started.elapsed(),
             },

@@ -203,3 +203,26 @@ fn a_placeholder_toward_another_host_is_an_exfiltration_event_without_the_value(
     assert_eq!(e.addr, None, "refused before any connection");
     assert!(!format!("{e:?}").contains("v4lue"));
 }
+
+#[test]
+fn a_plain_request_counts_the_head_brig_sent_upstream() {
+    let proxy = proxy();
+    let port = echo();
+    let mut s = TcpStream::connect(proxy.http).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let request = format!("GET http://good.test:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n");
+    s.write_all(request.as_bytes()).unwrap();
+    let mut back = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !back.ends_with(b"\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "{back:?}");
+        back.extend_from_slice(&buf[..n]);
+    }
+    drop(s);
+    let events = wait_for(&proxy.events, 1);
+    let e = &events[0];
+    assert_eq!(e.reason, "allowed");
+    // The echo upstream sent back exactly what brig sent it.
+    assert_eq!(e.bytes_up, back.len() as u64, "{events:?}");
+}
