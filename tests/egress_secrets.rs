@@ -378,3 +378,32 @@ fn root_bad_secret_flags_are_refused_in_one_line() {
         assert!(!stderr.contains("=x"), "{stderr}");
     }
 }
+
+#[test]
+fn root_an_upstream_brig_cannot_verify_never_gets_the_value() {
+    require_root!();
+    let value = format!("v4lue-{}", sha256_hex(b"unverified"));
+    let up = start(&value);
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, format!("{} api.test\n", up.ip)).unwrap();
+    // No --egress-ca-file: the upstream's test CA is not among the roots brig trusts.
+    let out = brig()
+        .env("TOKEN", &value)
+        .args(["run", "--timeout", "120s", "--network", "allow"])
+        .args(["--allow-host", "api.test", "--egress-hosts"])
+        .arg(&hosts)
+        .args(["--egress-allow-private", "127.0.0.0/8"])
+        .args(["--secret", "TOKEN@api.test", "--", "/bin/sh", "-c"])
+        .arg(r#"curl -sS --max-time 60 https://api.test/h -H "Authorization: Bearer $TOKEN""#)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stdout.contains("api.test is allowed, but its TLS could not be verified"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(!stdout.contains(SEEN), "{stdout}");
+    assert!(!stderr.contains(&value), "{stderr}");
+}

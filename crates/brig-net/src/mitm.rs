@@ -107,6 +107,11 @@ pub(crate) async fn intercept<C>(
     let Some(tls) = &shared.tls else {
         return event.refused(shared, "internal");
     };
+    // One certificate per name as rules compare names (`API.test.` is `api.test`).
+    let Ok(name) = brig_policy::net::normalize_name(name) else {
+        return event.refused(shared, "not_allowed");
+    };
+    let name = name.as_str();
     let config = match tls.ca.server_config(name) {
         Ok(config) => config,
         Err(e) => {
