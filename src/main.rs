@@ -169,6 +169,10 @@ struct RunArgs {
     /// upstreams of TLS that brig intercepts for --secret (an internal CA; tests).
     #[arg(long, value_name = "FILE")]
     egress_ca_file: Option<PathBuf>,
+    /// Cap the sandbox's traffic through brig's proxy at RATE bytes per second each
+    /// way (10M, 512K), across all its connections, after a burst of one second's worth.
+    #[arg(long, value_name = "RATE")]
+    egress_rate: Option<String>,
     /// seccomp filter: default or off.
     #[arg(long, value_name = "MODE", default_value = "default")]
     seccomp: SeccompMode,
@@ -316,10 +320,11 @@ impl RunArgs {
         policy.validate()?;
         let egress_flags = !self.deny_host.is_empty()
             || self.egress_hosts.is_some()
-            || !self.egress_allow_private.is_empty();
+            || !self.egress_allow_private.is_empty()
+            || self.egress_rate.is_some();
         if policy.mode == EgressMode::None && egress_flags {
             anyhow::bail!(
-                "--deny-host, --egress-hosts and --egress-allow-private need --network allow or open"
+                "--deny-host, --egress-hosts, --egress-allow-private and --egress-rate need --network allow or open"
             );
         }
         Ok(policy)
@@ -391,7 +396,14 @@ impl RunArgs {
         let egress = brig_net::Egress {
             policy,
             resolver,
-            limits: brig_net::Limits::default(),
+            limits: brig_net::Limits {
+                bytes_per_second: match &self.egress_rate {
+                    Some(rate) => optional(rate, parse_size)
+                        .map_err(|e| anyhow::anyhow!("--egress-rate: {e}"))?,
+                    None => None,
+                },
+                ..brig_net::Limits::default()
+            },
             events: None,
             secrets: secrets
                 .map(|s| brig_net::Secrets {

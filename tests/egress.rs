@@ -531,6 +531,50 @@ fn root_a_name_rebound_to_a_forbidden_address_is_refused_from_then_on() {
     );
 }
 
+/// `--egress-rate` caps the sandbox, not each connection: two connections share it.
+#[test]
+fn root_the_bandwidth_cap_holds_across_all_of_a_sandboxs_connections() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let port = up.port();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 good.test\n");
+    let mut args = allow_args(&hosts, &["good.test"]);
+    args.extend(["--egress-rate".to_string(), "1M".to_string()]);
+    // 3 MiB up and back, over two connections at once: past the one-second burst,
+    // 2 MiB at 1 MiB/s take two seconds each way.
+    let out = sandbox(
+        &strs(&args),
+        &format!(
+            "import threading, time\n\
+             def echo(n):\n\
+             \x20   s = socket.create_connection(('127.0.0.1', 3128), timeout=T)\n\
+             \x20   s.sendall(b'CONNECT good.test:{port} HTTP/1.1\\r\\nHost: good.test\\r\\n\\r\\n')\n\
+             \x20   head = b''\n\
+             \x20   while not head.endswith(b'\\r\\n\\r\\n'):\n\
+             \x20       head += s.recv(1)\n\
+             \x20   threading.Thread(target=s.sendall, args=(b'x' * n,)).start()\n\
+             \x20   got = 0\n\
+             \x20   while got < n:\n\
+             \x20       d = s.recv(65536)\n\
+             \x20       if not d: break\n\
+             \x20       got += len(d)\n\
+             \x20   results.append(got)\n\
+             results = []\n\
+             n = 3 * 1024 * 1024 // 2\n\
+             start = time.time()\n\
+             ts = [threading.Thread(target=echo, args=(n,)) for _ in range(2)]\n\
+             [t.start() for t in ts]\n\
+             [t.join() for t in ts]\n\
+             print(results == [n, n], round(time.time() - start, 2))\n"
+        ),
+    );
+    let (intact, took) = out.trim().split_once(' ').expect(&out);
+    assert_eq!(intact, "True", "{out}");
+    let took: f64 = took.parse().unwrap();
+    assert!(took >= 1.5, "3 MiB through a 1 MiB/s cap took {took} s");
+}
+
 #[test]
 fn root_open_mode_reaches_any_name_but_still_refuses_private_ranges() {
     require_root!();
@@ -709,6 +753,11 @@ fn a_bad_pattern_is_refused_in_one_line_naming_it() {
         ),
         (vec!["--allow-host", "a.test"], "--network allow"),
         (vec!["--deny-host", "a.test"], "--network allow or open"),
+        (
+            vec!["--network", "open", "--egress-rate", "fast"],
+            "--egress-rate",
+        ),
+        (vec!["--egress-rate", "1M"], "--network allow or open"),
     ] {
         let out = brig()
             .arg("run")

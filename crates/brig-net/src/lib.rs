@@ -31,6 +31,7 @@ pub mod resolve;
 pub mod secrets;
 mod socks;
 pub mod synth;
+mod throttle;
 pub mod tls;
 
 use std::collections::BTreeMap;
@@ -119,6 +120,9 @@ pub struct Limits {
     pub handshake: Duration,
     /// How long connecting to an upstream address may take.
     pub connect: Duration,
+    /// Bytes per second each way, shared by all the sandbox's connections (with a
+    /// burst of one second's worth); `None`: no cap.
+    pub bytes_per_second: Option<u64>,
 }
 
 impl Default for Limits {
@@ -127,6 +131,7 @@ impl Default for Limits {
             max_connections: 256,
             handshake: Duration::from_secs(10),
             connect: Duration::from_secs(10),
+            bytes_per_second: None,
         }
     }
 }
@@ -179,6 +184,8 @@ pub(crate) struct Shared {
     pub slots: Arc<tokio::sync::Semaphore>,
     pub secrets: Vec<Secret>,
     pub tls: Option<Interception>,
+    /// With [`Limits::bytes_per_second`]: the buckets up and down.
+    pub bandwidth: Option<(Arc<throttle::Bucket>, Arc<throttle::Bucket>)>,
 }
 
 /// The two sides of intercepted TLS.
@@ -214,6 +221,10 @@ pub fn spawn(
         limits: egress.limits,
         events: egress.events,
         synth: synth::Synthetic::new(layout::SYNTHETIC),
+        bandwidth: egress
+            .limits
+            .bytes_per_second
+            .map(|rate| (throttle::Bucket::new(rate), throttle::Bucket::new(rate))),
     });
     let tcp = |fd: OwnedFd| {
         tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd)).map_err(NetError::Socket)

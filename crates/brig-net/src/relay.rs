@@ -1,5 +1,6 @@
 //! The common path of every proxied connection: the per-sandbox cap, the
-//! handshake deadline, the byte copy (`copy_bidirectional`: no per-byte work), and
+//! handshake deadline, the byte copy (`copy_bidirectional`: no per-byte work; with
+//! a bandwidth cap, through `throttle`), and
 //! the record of what happened (a log line and an [`EgressEvent`]).
 
 use std::net::SocketAddr;
@@ -166,9 +167,29 @@ where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
-    match tokio::io::copy_bidirectional_with_sizes(client, &mut upstream, COPY_BUFFER, COPY_BUFFER)
-        .await
-    {
+    let copied = match &shared.bandwidth {
+        None => {
+            tokio::io::copy_bidirectional_with_sizes(
+                client,
+                &mut upstream,
+                COPY_BUFFER,
+                COPY_BUFFER,
+            )
+            .await
+        }
+        Some((up, down)) => {
+            let mut client = crate::throttle::Throttled::new(client, up.clone());
+            let mut upstream = crate::throttle::Throttled::new(upstream, down.clone());
+            tokio::io::copy_bidirectional_with_sizes(
+                &mut client,
+                &mut upstream,
+                COPY_BUFFER,
+                COPY_BUFFER,
+            )
+            .await
+        }
+    };
+    match copied {
         Ok((up, down)) => event.finish(shared, Decision::Allowed, "allowed", up, down),
         // The byte counts of a broken copy are lost with it; the connection was allowed.
         Err(_) => event.finish(
