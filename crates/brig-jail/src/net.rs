@@ -80,6 +80,18 @@ impl std::fmt::Debug for EgressSetup {
     }
 }
 
+/// [`bind_in`] for a sandbox that is already running: a daemon's session, whose
+/// listeners are bound after its start and again by a restarted daemon (then with
+/// `capture` `None`: the rules stay in the namespace, which lives as long as the
+/// sandbox). `init` is the pid of the sandbox's init, as its owner holds it.
+pub fn bind_in_namespace_of(
+    init: i32,
+    listen: &[Listen],
+    capture: Option<Capture>,
+) -> Result<Vec<OwnedFd>, JailError> {
+    bind_in(nix::unistd::Pid::from_raw(init), listen, capture)
+}
+
 /// Creates `listen`'s sockets (and `capture`'s rules) inside the network namespace
 /// of `child`, from a thread of this process that joins it and ends: this process
 /// stays in its own namespace and single-threaded afterwards. Needs root (setns

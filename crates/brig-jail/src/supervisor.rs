@@ -156,11 +156,9 @@ pub fn start_session(
         // Validation wants a command; a session runs none of its own.
         spec.command = vec!["/bin/true".into()];
     }
-    if spec.network == NetworkMode::Egress {
-        return Err(JailError::Unsupported(
-            "sessions do not offer egress yet: use --network none".into(),
-        ));
-    }
+    // A session's way out is bound by the daemon once the sandbox runs (see
+    // [`crate::net::bind_in_namespace_of`]): it outlives this helper, and the
+    // daemon binds it again after a restart.
     match launch(&spec, host, Stdio::Inherit, Some(&control), None)? {
         Launched::Session(started) => Ok(*started),
         Launched::Finished(_) => Err(JailError::Setup("a session ended during start".into())),
@@ -181,7 +179,7 @@ fn launch(
 ) -> Result<Launched, JailError> {
     let mut timeline = Timeline::new();
     spec.validate()?;
-    if spec.network == NetworkMode::Egress && egress.is_none() {
+    if spec.network == NetworkMode::Egress && egress.is_none() && session.is_none() {
         return Err(JailError::Setup(
             "the egress network mode needs brig's proxy (run_with_egress)".into(),
         ));

@@ -35,12 +35,12 @@ mod throttle;
 pub mod tls;
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_policy::net::EgressPolicy;
+use brig_policy::net::{EgressPolicy, Refusal};
 
 pub use ca::Ca;
 pub use relay::{Decision, EgressEvent, EventSink, Via};
@@ -174,9 +174,96 @@ pub enum NetError {
     },
 }
 
+/// A sandbox's policy that its owner can replace while the proxy serves: each
+/// connection and DNS question reads the one in force when it is decided, so a
+/// change applies to new connections and leaves open ones alone. An optional
+/// `bound` (an operator's upper limit) is checked too: a connection goes out only
+/// if both allow it.
+#[derive(Clone)]
+pub struct LivePolicy(Arc<std::sync::RwLock<Arc<Layers>>>);
+
+/// A policy and its bound.
+type Layers = (EgressPolicy, Option<EgressPolicy>);
+
+impl LivePolicy {
+    pub fn new(policy: EgressPolicy, bound: Option<EgressPolicy>) -> LivePolicy {
+        LivePolicy(Arc::new(std::sync::RwLock::new(Arc::new((policy, bound)))))
+    }
+
+    /// Replaces the policy and its bound together.
+    pub fn replace(&self, policy: EgressPolicy, bound: Option<EgressPolicy>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new((policy, bound));
+    }
+
+    fn now(&self) -> Arc<Layers> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// [`EgressPolicy::check_name`] of the policy, then of the bound.
+    pub fn check_name(&self, name: &str, port: Option<u16>) -> Result<String, Refusal> {
+        let now = self.now();
+        let name = now.0.check_name(name, port)?;
+        match &now.1 {
+            Some(bound) => bound.check_name(&name, port).map_err(bounded),
+            None => Ok(name),
+        }
+    }
+
+    /// [`EgressPolicy::check`] of the policy, then of the bound.
+    pub fn check(&self, name: Option<&str>, addr: IpAddr, port: u16) -> Result<(), Refusal> {
+        let now = self.now();
+        now.0.check(name, addr, port)?;
+        match &now.1 {
+            Some(bound) => bound.check(name, addr, port).map_err(bounded),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A refusal by the operator's bound says so, so the model does not retry with
+/// another session policy.
+fn bounded(refusal: Refusal) -> Refusal {
+    match refusal {
+        Refusal::NotAllowed { allowed } => Refusal::Denied {
+            rule: format!(
+                "the operator's bound for this tenant, which allows only {}",
+                if allowed.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    allowed.join(", ")
+                }
+            ),
+        },
+        Refusal::Offline => Refusal::Denied {
+            rule: "the operator's bound for this tenant, which allows no network".into(),
+        },
+        other => other,
+    }
+}
+
+/// [`Egress`] with a [`LivePolicy`], for [`spawn_live`].
+pub struct LiveEgress {
+    pub policy: LivePolicy,
+    pub resolver: Resolver,
+    pub limits: Limits,
+    pub events: Option<EventSink>,
+}
+
+/// The listeners of one sandbox as [`spawn_live`] serves them: dropping it closes
+/// them (connections already relayed keep going until they end).
+pub struct Serving(Vec<tokio::task::AbortHandle>);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// Shared by every listener of one sandbox.
 pub(crate) struct Shared {
-    pub policy: EgressPolicy,
+    pub policy: LivePolicy,
     pub resolver: Resolver,
     pub limits: Limits,
     pub events: Option<EventSink>,
@@ -201,6 +288,24 @@ pub fn spawn(
     egress: Egress,
     sockets: Sockets,
 ) -> Result<(), NetError> {
+    let live = LiveEgress {
+        policy: LivePolicy::new(egress.policy, None),
+        resolver: egress.resolver,
+        limits: egress.limits,
+        events: egress.events,
+    };
+    // Served for the life of the runtime.
+    std::mem::forget(spawn_live(runtime, live, sockets)?);
+    Ok(())
+}
+
+/// Serves `sockets` on `runtime` until the returned [`Serving`] is dropped, with a
+/// policy the caller can replace meanwhile.
+pub fn spawn_live(
+    runtime: &tokio::runtime::Handle,
+    egress: LiveEgress,
+    sockets: Sockets,
+) -> Result<Serving, NetError> {
     let _guard = runtime.enter();
     secrets::check_unique(&egress.secrets.list)?;
     let tls = match egress.secrets.ca {
@@ -234,11 +339,60 @@ pub fn spawn(
     let dns = tokio::net::UdpSocket::from_std(std::net::UdpSocket::from(sockets.dns))
         .map_err(NetError::Socket)?;
     let capture = sockets.capture.map(tcp).transpose()?;
-    runtime.spawn(relay::accept_loop(http, shared.clone(), Via::Http));
-    runtime.spawn(relay::accept_loop(socks, shared.clone(), Via::Socks));
+    let mut tasks = vec![
+        runtime.spawn(relay::accept_loop(http, shared.clone(), Via::Http)),
+        runtime.spawn(relay::accept_loop(socks, shared.clone(), Via::Socks)),
+    ];
     if let Some(capture) = capture {
-        runtime.spawn(relay::accept_loop(capture, shared.clone(), Via::Capture));
+        tasks.push(runtime.spawn(relay::accept_loop(capture, shared.clone(), Via::Capture)));
     }
-    runtime.spawn(dns::serve(dns, shared));
-    Ok(())
+    tasks.push(runtime.spawn(dns::serve(dns, shared)));
+    Ok(Serving(tasks.iter().map(|t| t.abort_handle()).collect()))
+}
+
+#[cfg(test)]
+mod live_tests {
+    use super::*;
+    use brig_policy::net::EgressMode;
+
+    fn policy(mode: EgressMode, allow: &[&str]) -> EgressPolicy {
+        EgressPolicy {
+            mode,
+            allow: allow.iter().map(|r| r.parse().unwrap()).collect(),
+            ..EgressPolicy::default()
+        }
+    }
+
+    const PUBLIC: IpAddr = IpAddr::V4(Ipv4Addr::new(93, 184, 216, 34));
+
+    #[test]
+    fn a_connection_needs_both_the_policy_and_the_bound() {
+        let live = LivePolicy::new(
+            policy(EgressMode::Open, &[]),
+            Some(policy(EgressMode::Allow, &["a.test"])),
+        );
+        assert!(live.check(Some("a.test"), PUBLIC, 443).is_ok());
+        let refused = live.check(Some("b.test"), PUBLIC, 443).unwrap_err();
+        assert!(
+            refused.message("b.test", 443).contains("bound"),
+            "{refused:?}"
+        );
+        assert!(live.check_name("b.test", Some(443)).is_err());
+        assert!(live.check_name("a.test", None).is_ok());
+    }
+
+    #[test]
+    fn a_replaced_policy_decides_from_then_on() {
+        let live = LivePolicy::new(policy(EgressMode::Allow, &["a.test"]), None);
+        let held = live.clone();
+        assert!(held.check(Some("a.test"), PUBLIC, 80).is_ok());
+        live.replace(policy(EgressMode::Allow, &["b.test"]), None);
+        assert!(held.check(Some("a.test"), PUBLIC, 80).is_err());
+        assert!(held.check(Some("b.test"), PUBLIC, 80).is_ok());
+        live.replace(
+            policy(EgressMode::Open, &[]),
+            Some(policy(EgressMode::None, &[])),
+        );
+        assert!(held.check(Some("b.test"), PUBLIC, 80).is_err());
+    }
 }
