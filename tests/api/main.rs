@@ -12,6 +12,7 @@ mod support;
 mod audit;
 mod bad_input;
 mod connections;
+mod egress;
 mod exec;
 mod file_lease;
 mod files;

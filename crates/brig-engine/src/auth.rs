@@ -476,6 +476,14 @@ impl Auth {
         }
     }
 
+    /// The bound on a tenant's sessions' network policies, if an administrator set one.
+    pub fn network_bound(&self, tenant: &str) -> Option<crate::egress::Network> {
+        read_lock(&self.overrides)
+            .get(tenant)
+            .and_then(|r| r.network_bound.as_deref())
+            .and_then(|json| serde_json::from_str(json).ok())
+    }
+
     /// Changes a tenant's quotas; `None` if there is no such tenant.
     pub async fn set_quotas(
         &self,
@@ -582,6 +590,8 @@ pub struct TenantInfo {
     pub tenant: String,
     pub created_at: String,
     pub quotas: Quotas,
+    /// The bound on its sessions' network policies (`None`: the daemon's only).
+    pub network_bound: Option<crate::egress::Network>,
     pub usage: Usage,
 }
 
@@ -603,6 +613,7 @@ async fn tenant_info(state: &Shared, row: TenantRow) -> Result<TenantInfo, ApiEr
     };
     Ok(TenantInfo {
         quotas: state.auth.quotas(&row.name).await?,
+        network_bound: state.auth.network_bound(&row.name),
         tenant: row.name,
         created_at: row.created_at,
         usage,
@@ -704,20 +715,38 @@ pub async fn set_quotas(
         ))),
         other => Ok(other),
     };
+    // A bound is checked and stored in its canonical form; a bad one changes nothing.
+    let network_bound = match &update.network_bound {
+        Some(Some(json)) => {
+            let network: crate::egress::Network = serde_json::from_str(json)
+                .map_err(|e| ApiError::invalid(format!("network_bound: {e}")))?;
+            let network = network.normalized()?;
+            Some(Some(
+                serde_json::to_string(&network).map_err(ApiError::internal)?,
+            ))
+        }
+        other => other.clone(),
+    };
     let update = QuotaUpdate {
         max_sessions: check("max_sessions", update.max_sessions)?,
         max_concurrent_execs: check("max_concurrent_execs", update.max_concurrent_execs)?,
         max_disk_bytes: check("max_disk_bytes", update.max_disk_bytes)?,
+        network_bound,
     };
     let detail = serde_json::json!({
         "tenant": tenant,
         "max_sessions": update.max_sessions,
         "max_concurrent_execs": update.max_concurrent_execs,
         "max_disk_bytes": update.max_disk_bytes,
+        "network_bound": update.network_bound.as_ref().map(|b| b.as_deref().and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok())),
     });
+    let bound_changed = update.network_bound.is_some();
     let Some(row) = state.auth.set_quotas(tenant, update).await? else {
         return Err(ApiError::not_found(format!("no tenant {tenant}")));
     };
+    if bound_changed {
+        crate::sessions::rebound(state, tenant);
+    }
     audit::record(state, caller, None, "tenant.quotas", detail, "ok").await;
     tenant_info(state, row).await
 }

@@ -65,6 +65,7 @@ pub async fn start(args: Config) -> anyhow::Result<AppState> {
 /// Starts the background work of a started state: session tasks, file expiry
 /// (every `expiry_interval`), metrics upkeep, the catalog's upkeep, audit retention.
 pub fn spawn_background(state: &AppState, expiry_interval: Duration) {
+    crate::egress::spawn_writer(state);
     crate::sessions::Sessions::spawn_tasks(state);
     crate::filestore::spawn_expiry(state, expiry_interval);
     state.metrics.spawn_upkeep();

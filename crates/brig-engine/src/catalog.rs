@@ -397,6 +397,10 @@ pub trait Catalog: Send + Sync {
     /// less appears later (the export pages by id up to it).
     fn insert_audit(&self, event: NewAuditEvent) -> CatalogFuture<'_, i64>;
 
+    /// Appends events in one transaction, in their order (a batch of connections
+    /// of sessions' egress proxies).
+    fn insert_audits(&self, events: Vec<NewAuditEvent>) -> CatalogFuture<'_, ()>;
+
     /// The id of the newest event; 0 if there is none.
     fn max_audit_id(&self) -> CatalogFuture<'_, i64>;
 
@@ -479,6 +483,7 @@ mod tests {
             created_at: now_rfc3339(),
             size_bytes: 0,
             mounts: "[]".into(),
+            network: None,
             layers: layers.iter().map(|(d, n)| (d.to_string(), *n)).collect(),
         };
         catalog

@@ -62,6 +62,12 @@ pub struct Config {
     pub id_range: Option<IdRange>,
     /// The kind of sandbox sessions run in.
     pub backend: crate::backend::BackendKind,
+    /// The proxy resolves names from this hosts file only.
+    pub egress_hosts: Option<PathBuf>,
+    /// Forbidden ranges sessions may reach (an internal mirror).
+    pub egress_allow_private: Vec<brig_policy::net::Cidr>,
+    /// The network of sessions that do not ask for one.
+    pub session_network: crate::egress::Network,
 }
 
 /// The defaults of `brig serve` (the server's flags hold the same; a test there
@@ -102,6 +108,9 @@ impl Default for Config {
             pool: Vec::new(),
             id_range: None,
             backend: crate::backend::BackendKind::Namespaces,
+            egress_hosts: None,
+            egress_allow_private: Vec::new(),
+            session_network: crate::egress::Network::default(),
         }
     }
 }

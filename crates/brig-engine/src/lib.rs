@@ -15,6 +15,7 @@
 //! | `auth` | API keys, tenants, callers, quotas |
 //! | `backend` | the kinds of sandbox: what the engine asks of one (namespaces now) |
 //! | `audit` | recording and querying the audit log |
+//! | `egress` | sessions' network policies, tenants' bounds, each session's proxy |
 //! | `metrics` | Prometheus metrics |
 //! | `filestore` | the tenants' stored files and their expiry |
 //! | `rootfs` | files inside a sandbox's root, resolved as with RESOLVE_IN_ROOT |
@@ -32,6 +33,7 @@ pub mod boot;
 pub mod catalog;
 pub mod config;
 pub mod db;
+pub mod egress;
 pub mod execute;
 pub mod fault;
 pub mod filestore;

@@ -117,6 +117,14 @@ fn describe() {
         "processes killed for holding more file locks than their session's budget"
     );
     metrics::describe_counter!(
+        "brig_egress_connections_total",
+        "connections sessions' proxies allowed or refused"
+    );
+    metrics::describe_counter!(
+        "brig_egress_bytes_total",
+        "bytes relayed by sessions' proxies, up (to the upstream) and down"
+    );
+    metrics::describe_counter!(
         "brig_failures_total",
         "error responses and failures by code"
     );
@@ -155,6 +163,17 @@ pub fn snapshot_started() -> SnapshotRunning {
 /// Processes of sessions killed for holding more file locks than their budget.
 pub fn file_lock_kills(processes: u64) {
     metrics::counter!("brig_file_lock_kills_total").increment(processes);
+}
+
+/// A connection a session's proxy allowed (and then relayed `up` and `down`
+/// bytes) or refused.
+pub fn egress_connection(allowed: bool, up: u64, down: u64) {
+    let decision = if allowed { "allowed" } else { "refused" };
+    metrics::counter!("brig_egress_connections_total", "decision" => decision).increment(1);
+    if allowed {
+        metrics::counter!("brig_egress_bytes_total", "direction" => "up").increment(up);
+        metrics::counter!("brig_egress_bytes_total", "direction" => "down").increment(down);
+    }
 }
 
 /// The number of sessions in `state` (e.g. `running`, `paused`).

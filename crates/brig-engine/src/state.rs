@@ -38,6 +38,8 @@ pub struct Shared {
     pub holds: Holds,
     /// Refusals recorded one by one; the rest are summed up (`audit::RefusalBudget`).
     pub refusals: crate::audit::RefusalBudget,
+    /// The egress settings and the audit channel of sessions' proxies.
+    pub egress: crate::egress::Egress,
     shutdown: watch::Sender<bool>,
     /// Held for as long as the state lives; see [`DataDirLock`].
     _data_dir_lock: DataDirLock,
@@ -94,6 +96,7 @@ impl Shared {
                 .context("the database open task failed")??,
         );
         let auth = Auth::new(db.clone(), &args).await?;
+        let egress = crate::egress::Egress::new(&args)?;
         let (shutdown, _) = watch::channel(false);
         Ok(Arc::new(Shared {
             args,
@@ -105,6 +108,7 @@ impl Shared {
             sessions: OnceCell::new(),
             holds: Holds::default(),
             refusals: Default::default(),
+            egress,
             shutdown,
             _data_dir_lock: data_dir_lock,
         }))

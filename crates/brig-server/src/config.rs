@@ -176,6 +176,29 @@ pub struct ServeArgs {
     /// The kind of sandbox sessions run in; hidden while there is one.
     #[arg(long, hide = true, value_name = "KIND", default_value = "namespaces")]
     pub backend: brig_engine::backend::BackendKind,
+    /// Sessions' egress proxy resolves names from this hosts file only (air-gapped
+    /// installs, tests) instead of the system's resolver.
+    #[arg(long, value_name = "FILE")]
+    pub egress_hosts: Option<PathBuf>,
+    /// Let sessions reach this otherwise forbidden range (an internal mirror).
+    /// Repeatable.
+    #[arg(long, value_name = "CIDR", value_parser = cidr)]
+    pub egress_allow_private: Vec<brig_policy::net::Cidr>,
+    /// The network policy of sessions that ask for none, as the API's `network`
+    /// object, e.g. '{"mode":"allow","allow":["pypi.org:443"]}'.
+    #[arg(long, value_name = "JSON", default_value = r#"{"mode":"none"}"#, value_parser = network)]
+    pub session_network: brig_engine::egress::Network,
+}
+
+fn cidr(text: &str) -> Result<brig_policy::net::Cidr, String> {
+    text.parse()
+        .map_err(|e: brig_policy::net::NetPolicyError| e.to_string())
+}
+
+fn network(text: &str) -> Result<brig_engine::egress::Network, String> {
+    let network: brig_engine::egress::Network =
+        serde_json::from_str(text).map_err(|e| format!("invalid network policy: {e}"))?;
+    network.normalized().map_err(|e| e.message)
 }
 
 /// How log lines are written.
@@ -265,6 +288,9 @@ impl From<ServeArgs> for Config {
             log_format: _,
             id_range,
             backend,
+            egress_hosts,
+            egress_allow_private,
+            session_network,
         } = args;
         Config {
             listen,
@@ -300,6 +326,9 @@ impl From<ServeArgs> for Config {
             pool,
             id_range,
             backend,
+            egress_hosts,
+            egress_allow_private,
+            session_network,
         }
     }
 }

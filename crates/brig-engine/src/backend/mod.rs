@@ -232,6 +232,17 @@ pub trait Sandbox: Send + Sync {
 
     /// The cgroup files that work done for it (snapshot packing) may join.
     fn charge_to(&self) -> Vec<PathBuf>;
+
+    /// Makes `listen`'s sockets (and `capture`'s rules) inside its network
+    /// namespace, for brig's egress proxy (blocking). A backend without one says so.
+    fn bind_net(
+        &self,
+        listen: &[brig_jail::net::Listen],
+        capture: Option<brig_jail::net::Capture>,
+    ) -> Result<Vec<OwnedFd>, String> {
+        let _ = (listen, capture);
+        Err("this sandbox backend offers no egress".into())
+    }
 }
 
 /// A connection to a sandbox's init speaking brig-jail's agent protocol.

@@ -377,6 +377,10 @@ impl Catalog for Db {
         Box::pin(Db::insert_audit(self, event))
     }
 
+    fn insert_audits(&self, events: Vec<NewAuditEvent>) -> CatalogFuture<'_, ()> {
+        Box::pin(Db::insert_audits(self, events))
+    }
+
     fn max_audit_id(&self) -> CatalogFuture<'_, i64> {
         Box::pin(Db::max_audit_id(self))
     }

@@ -227,6 +227,13 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE sessions ADD COLUMN backend TEXT NOT NULL DEFAULT 'namespaces';
     "#,
+    // 12: egress. A tenant's upper bound on its sessions' network policies (JSON of
+    // `egress::Network`; NULL: no bound), and the network policy of the session a
+    // snapshot was taken from, which its forks keep (NULL: none).
+    r#"
+    ALTER TABLE tenants ADD COLUMN network_bound TEXT NULL;
+    ALTER TABLE snapshots ADD COLUMN network TEXT NULL;
+    "#,
 ];
 
 /// Inserts a stored file's row (a cached statement: a batch inserts thousands).
@@ -649,14 +656,18 @@ impl Db {
             if let Some(v) = update.max_disk_bytes {
                 row.max_disk_bytes = v;
             }
+            if let Some(v) = update.network_bound {
+                row.network_bound = v;
+            }
             tx.execute(
                 "UPDATE tenants SET max_sessions = ?2, max_concurrent_execs = ?3, \
-                 max_disk_bytes = ?4 WHERE name = ?1",
+                 max_disk_bytes = ?4, network_bound = ?5 WHERE name = ?1",
                 params![
                     name,
                     row.max_sessions.map(to_sql_int),
                     row.max_concurrent_execs.map(to_sql_int),
-                    row.max_disk_bytes.map(to_sql_int)
+                    row.max_disk_bytes.map(to_sql_int),
+                    row.network_bound
                 ],
             )?;
             tx.commit()?;
@@ -1046,7 +1057,7 @@ impl Db {
             let before: i64 = tx.query_row(STORED_BYTES, [&snapshot.tenant], |row| row.get(0))?;
             tx.execute(
                 "INSERT INTO snapshots (id, tenant, name, session_id, image, created_at, \
-                 size_bytes, mounts) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                 size_bytes, mounts, network) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     snapshot.id,
                     snapshot.tenant,
@@ -1055,7 +1066,8 @@ impl Db {
                     snapshot.image,
                     snapshot.created_at,
                     to_sql_int(snapshot.size_bytes),
-                    snapshot.mounts
+                    snapshot.mounts,
+                    snapshot.network
                 ],
             )?;
             for (digest, size) in &snapshot.layers {
@@ -1188,6 +1200,25 @@ impl Db {
             .await
     }
 
+    /// Appends events in one transaction.
+    pub async fn insert_audits(&self, events: Vec<NewAuditEvent>) -> Result<(), ApiError> {
+        let rows: Vec<(NewAuditEvent, String)> = events
+            .into_iter()
+            .map(|e| {
+                let detail = e.detail.to_string();
+                (e, detail)
+            })
+            .collect();
+        self.call(move |conn| {
+            let tx = conn.transaction()?;
+            for (event, detail) in &rows {
+                insert_audit_in(&tx, event, detail)?;
+            }
+            tx.commit()
+        })
+        .await
+    }
+
     /// The id of the newest audit event; 0 if there is none.
     pub async fn max_audit_id(&self) -> Result<i64, ApiError> {
         self.call(|c| c.query_row("SELECT COALESCE(MAX(id), 0) FROM audit", [], |r| r.get(0)))
@@ -1318,7 +1349,8 @@ fn from_sql_int(v: i64) -> u64 {
 // ---------------------------------------------------------------------------------
 // Rows
 
-const TENANT_COLUMNS: &str = "name, created_at, max_sessions, max_concurrent_execs, max_disk_bytes";
+const TENANT_COLUMNS: &str =
+    "name, created_at, max_sessions, max_concurrent_execs, max_disk_bytes, network_bound";
 
 /// A tenant; `None` quotas fall back to the `brig serve` defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1328,6 +1360,8 @@ pub struct TenantRow {
     pub max_sessions: Option<u64>,
     pub max_concurrent_execs: Option<u64>,
     pub max_disk_bytes: Option<u64>,
+    /// The bound on its sessions' network policies, as JSON (`egress::Network`).
+    pub network_bound: Option<String>,
 }
 
 impl TenantRow {
@@ -1338,6 +1372,7 @@ impl TenantRow {
             max_sessions: row.get::<_, Option<i64>>(2)?.map(from_sql_int),
             max_concurrent_execs: row.get::<_, Option<i64>>(3)?.map(from_sql_int),
             max_disk_bytes: row.get::<_, Option<i64>>(4)?.map(from_sql_int),
+            network_bound: row.get(5)?,
         })
     }
 }
@@ -1349,6 +1384,8 @@ pub struct QuotaUpdate {
     pub max_sessions: Option<Option<u64>>,
     pub max_concurrent_execs: Option<Option<u64>>,
     pub max_disk_bytes: Option<Option<u64>>,
+    /// JSON of an `egress::Network`.
+    pub network_bound: Option<Option<String>>,
 }
 
 const KEY_COLUMNS: &str = "id, tenant, name, created_at, revoked_at";
@@ -1417,6 +1454,8 @@ pub struct SnapshotRow {
     pub size_bytes: u64,
     /// Its session's bundle mounts, as JSON.
     pub mounts: String,
+    /// Its session's network policy, as JSON (`egress::Network`).
+    pub network: Option<String>,
     /// The layers of its image beyond the operator's images, by digest, with their
     /// file sizes: what the tenant's disk quota counts for it.
     pub layers: Vec<(String, u64)>,
@@ -1942,6 +1981,7 @@ mod tests {
             created_at: now_rfc3339(),
             size_bytes: layers.last().map_or(0, |l| l.1),
             mounts: "[]".into(),
+            network: None,
             layers: layers.iter().map(|(d, n)| (d.to_string(), *n)).collect(),
         };
         db.insert_snapshot_within(snapshot("a", &[("sha256:1", 40 * K)]), 10 * K, 100 * K)

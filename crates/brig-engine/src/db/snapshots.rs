@@ -19,6 +19,8 @@ pub struct StoredSnapshot {
     pub size_bytes: u64,
     /// Its session's bundle mounts, as JSON.
     pub mounts: Option<String>,
+    /// Its session's network policy, as JSON (`egress::Network`).
+    pub network: Option<String>,
 }
 
 fn row_to_snapshot(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredSnapshot> {
@@ -30,6 +32,7 @@ fn row_to_snapshot(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredSnapshot> 
         created_at: row.get(4)?,
         size_bytes: row.get::<_, i64>(5)? as u64,
         mounts: row.get(6)?,
+        network: row.get(7)?,
     })
 }
 
@@ -43,7 +46,7 @@ impl Db {
         let (tenant, id) = (tenant.to_string(), id.to_string());
         self.call(move |conn| {
             conn.query_row(
-                "SELECT id, name, session_id, image, created_at, size_bytes, mounts FROM snapshots
+                "SELECT id, name, session_id, image, created_at, size_bytes, mounts, network FROM snapshots
                  WHERE id = ?1 AND tenant = ?2",
                 params![id, tenant],
                 row_to_snapshot,
@@ -58,7 +61,7 @@ impl Db {
         let tenant = tenant.to_string();
         self.call(move |conn| {
             let mut stmt = conn.prepare(
-                "SELECT id, name, session_id, image, created_at, size_bytes, mounts FROM snapshots
+                "SELECT id, name, session_id, image, created_at, size_bytes, mounts, network FROM snapshots
                  WHERE tenant = ?1 ORDER BY created_at, id",
             )?;
             let rows = stmt

@@ -84,6 +84,11 @@ pub struct CreateSession {
     /// 16 entries, keys 1-64 characters of `A-Z a-z 0-9 _ . -`, values at most 256
     /// bytes.
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Where the session may connect (see [`crate::egress`]); the daemon's
+    /// `--session-network` when absent (a fork: its snapshot's session's). As
+    /// stored in a row: the policy in force, `None` for a session started without
+    /// a way out.
+    pub network: Option<crate::egress::Network>,
 }
 
 /// Bounds of a session's `metadata`: labels to find sessions by, not storage.
@@ -138,6 +143,10 @@ pub struct UpdateSession {
     pub idle_timeout_seconds: Option<u64>,
     /// Replaces the labels, all of them (`{}` removes them); the bounds of create's.
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Replaces the network policy, for connections made from then on (open ones
+    /// keep going). A session started without a way out (mode `none`) cannot get
+    /// one: 409.
+    pub network: Option<crate::egress::Network>,
 }
 
 fn check_ttl(ttl: u64) -> Result<(), ApiError> {
@@ -386,6 +395,9 @@ pub struct Session {
     pub lock_kills: AtomicU64,
     /// When its locks may be counted next (see `brig_jail::locks::next_count`).
     pub(super) next_lock_count: Mutex<Option<std::time::Instant>>,
+    /// Its egress proxy, for a session started with a way out: dropped, it stops
+    /// serving.
+    pub(crate) egress: Mutex<Option<crate::egress::Proxy>>,
 }
 
 /// What of a session can change after create (`PATCH /v1/sessions/{id}`).
@@ -395,6 +407,8 @@ struct Terms {
     expires_at: Option<i64>,
     idle_timeout_seconds: Option<u64>,
     metadata: BTreeMap<String, String>,
+    /// The network policy in force; `None`: started without a way out.
+    network: Option<crate::egress::Network>,
 }
 
 impl Terms {
@@ -403,6 +417,7 @@ impl Terms {
     fn stored_request(&self, request: &CreateSession) -> Result<String, ApiError> {
         let request = CreateSession {
             metadata: (!self.metadata.is_empty()).then(|| self.metadata.clone()),
+            network: self.network.clone(),
             ..request.clone()
         };
         serde_json::to_string(&request).map_err(ApiError::internal)
@@ -425,6 +440,20 @@ impl Session {
     pub fn replace_sandbox(&self, launched: Arc<dyn Sandbox>) -> Arc<dyn Sandbox> {
         let mut sandbox = self.sandbox.write().unwrap_or_else(|e| e.into_inner());
         std::mem::replace(&mut *sandbox, launched)
+    }
+
+    /// The network policy in force; `None` for a session started without a way out.
+    pub fn network(&self) -> Option<crate::egress::Network> {
+        self.terms().network.clone()
+    }
+
+    /// Serves the session's egress through `proxy` (the old one's listeners close).
+    pub(crate) fn set_proxy(&self, proxy: Option<crate::egress::Proxy>) {
+        let old = std::mem::replace(
+            &mut *self.egress.lock().unwrap_or_else(|e| e.into_inner()),
+            proxy,
+        );
+        drop(old);
     }
 
     pub fn dir(&self, shared: &Shared) -> PathBuf {
@@ -456,6 +485,7 @@ impl Session {
             mounts: self.request.mounts.clone().unwrap_or_default(),
             volume: self.request.volume.clone(),
             metadata: terms.metadata,
+            network: terms.network.unwrap_or_default(),
             limits: serde_json::to_value(&self.limits).unwrap_or_default(),
             enforced: sandbox.facts().enforced.clone(),
         }
@@ -736,10 +766,12 @@ impl Sessions {
             }
             let mut request: CreateSession = serde_json::from_str(&request).unwrap_or_default();
             let limits = limits_of(&request).unwrap_or_default();
+            let network = request.network.take();
             let terms = Terms {
                 expires_at: expires,
                 idle_timeout_seconds: idle.map(|s| s as u64),
                 metadata: request.metadata.take().unwrap_or_default(),
+                network: network.clone(),
             };
             let session = Session {
                 id: id.clone(),
@@ -761,7 +793,26 @@ impl Sessions {
                 deleted: AtomicBool::new(false),
                 lock_kills: AtomicU64::new(0),
                 next_lock_count: Mutex::new(None),
+                egress: Mutex::new(None),
             };
+            // Its listeners went with the previous daemon; until they are bound
+            // again nothing leaves (the namespace has only lo).
+            if let Some(network) = &network {
+                let sandbox = session.sandbox();
+                let proxy = async {
+                    let policies = crate::egress::policies(shared, &session.tenant, network)?;
+                    crate::egress::attach(shared, &session.tenant, &id, &sandbox, policies, false)
+                        .await
+                };
+                match proxy.await {
+                    Ok(proxy) => {
+                        *session.egress.lock().unwrap_or_else(|e| e.into_inner()) = Some(proxy)
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %id, "egress not served again: {}", e.message)
+                    }
+                }
+            }
             tracing::info!(session = %id, "re-attached");
             self.insert(Arc::new(session));
         }
@@ -1159,6 +1210,10 @@ async fn create_with(
             if request.mounts.is_none() && !source.mounts.is_empty() {
                 request.mounts = Some(source.mounts.clone());
             }
+            // And its network policy, unless it asks for its own.
+            if request.network.is_none() {
+                request.network = source.network.clone();
+            }
             source.start()
         }
         None => (
@@ -1175,7 +1230,23 @@ async fn create_with(
             crate::filestore::open(state, &caller.tenant, &file.file_id).await?;
         }
     }
-    let spec = spec_for(shared, &caller.tenant, &request, &limits)?;
+    let mut spec = spec_for(shared, &caller.tenant, &request, &limits)?;
+    let network = request
+        .network
+        .clone()
+        .unwrap_or_else(|| shared.egress.default.clone())
+        .normalized()?;
+    let policies = crate::egress::policies(shared, &caller.tenant, &network)?;
+    // A session without a way out is started exactly as before egress existed.
+    let egress = (!network.is_none()).then_some((network, policies));
+    if egress.is_some() {
+        if !rustix::process::geteuid().is_root() {
+            return Err(ApiError::invalid(
+                "network: egress needs the daemon to run as root (its listeners are bound in the session's network namespace)",
+            ));
+        }
+        crate::egress::offer(&mut spec);
+    }
     check_bundles(state, &caller.tenant, &request).await?;
     // Extracted before the admission lock: a large bundle takes a while.
     prepare_bundles(state, &caller.tenant, &request, limits.disk_bytes, false).await?;
@@ -1242,7 +1313,16 @@ async fn create_with(
         Some(name) => crate::volumes::ensure(state, &caller.tenant, name, volume_size).await?,
         None => false,
     };
-    let started = start_session(state, caller, &request, image, seed, spec, limits, event).await;
+    let started = start_session(
+        state,
+        caller,
+        &request,
+        (image, seed),
+        (spec, egress),
+        limits,
+        event,
+    )
+    .await;
     let (session, recorded) = match started {
         Ok(started) => started,
         Err(e) => {
@@ -1286,9 +1366,8 @@ async fn start_session(
     state: &AppState,
     caller: &Caller,
     request: &CreateSession,
-    image: Option<String>,
-    seed: Option<String>,
-    spec: SandboxSpec,
+    (image, seed): (Option<String>, Option<String>),
+    (spec, egress): (SandboxSpec, Option<(crate::egress::Network, Policies)>),
     limits: brig_policy::Limits,
     event: Option<NewAuditEvent>,
 ) -> Result<(Arc<Session>, bool), ApiError> {
@@ -1310,7 +1389,9 @@ async fn start_session(
         (None, None) => Some(shared.args.session_idle_timeout_ms / 1000),
     }
     .filter(|s| *s > 0);
-    let pooled = if pool::fits(request, &limits) {
+    // Pool sandboxes are started without a way out (resolv.conf, proxy variables):
+    // a session with one is launched for itself.
+    let pooled = if egress.is_none() && pool::fits(request, &limits) {
         sessions.pool.take(image.as_deref())
     } else {
         None
@@ -1325,6 +1406,20 @@ async fn start_session(
             None,
         ),
     };
+    let (network, proxy) = match egress {
+        Some((network, policies)) => {
+            match crate::egress::attach(state, &caller.tenant, &id, &launched, policies, true).await
+            {
+                Ok(proxy) => (Some(network), Some(proxy)),
+                Err(e) => {
+                    let _ = launched.destroy().await;
+                    let _ = tokio::fs::remove_dir_all(session_dir(shared, &id)).await;
+                    return Err(e);
+                }
+            }
+        }
+        None => (None, None),
+    };
     let session = Arc::new(Session {
         id: id.clone(),
         tenant: caller.tenant.clone(),
@@ -1334,6 +1429,7 @@ async fn start_session(
         request: CreateSession {
             image: image.clone(),
             metadata: None,
+            network: None,
             ..request.clone()
         },
         created_at: rfc3339(now),
@@ -1341,6 +1437,7 @@ async fn start_session(
             expires_at: Some(now + ttl as i64),
             idle_timeout_seconds: idle,
             metadata: request.metadata.clone().unwrap_or_default(),
+            network,
         }),
         updating: tokio::sync::Mutex::new(()),
         last_active: AtomicI64::new(now),
@@ -1353,6 +1450,7 @@ async fn start_session(
         deleted: AtomicBool::new(false),
         lock_kills: AtomicU64::new(0),
         next_lock_count: Mutex::new(None),
+        egress: Mutex::new(proxy),
     });
     // Files are copied in after the row is written, and if that fails the session is
     // deleted: then the event is the handler's to record, with that outcome.
@@ -1368,6 +1466,12 @@ async fn start_session(
     }
     Ok((session, recorded))
 }
+
+/// A session's egress policy and its tenant's bound.
+type Policies = (
+    brig_policy::net::EgressPolicy,
+    Option<brig_policy::net::EgressPolicy>,
+);
 
 /// A session's row in the `sessions` table.
 fn session_row(state: &Shared, session: &Session, db_state: &str) -> Result<SessionRow, ApiError> {
@@ -1492,6 +1596,8 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
     }
     // Marked first: if the daemon dies now, the next one finishes the cleanup.
     state.db.mark_session_deleting(&session.id).await?;
+    // Its proxy's listeners close; connections under way end with the sandbox.
+    session.set_proxy(None);
     // The sandbox ends before the gate is taken: execs running in it end with it
     // (409) instead of holding the delete, and the reaper, up to their timeouts.
     let sandbox = session.sandbox();
@@ -1508,6 +1614,27 @@ pub async fn delete(state: &AppState, session: &Arc<Session>) -> Result<(), ApiE
     state.db.forget_session_quick(&session.id).await?;
     crate::metrics::set_sessions("running", state.sessions().count() as f64);
     Ok(())
+}
+
+/// A tenant's bound changed: its sessions' proxies decide new connections under the
+/// new one (a session whose own mode is now wider keeps it, held by the bound).
+pub fn rebound(state: &Shared, tenant: &str) {
+    let Some(sessions) = state.sessions.get() else {
+        return;
+    };
+    let opened = &state.egress.allow_private;
+    let bound = state
+        .auth
+        .network_bound(tenant)
+        .and_then(|b| b.policy(opened).ok());
+    for session in sessions.of_tenant(tenant) {
+        let Some(policy) = session.network().and_then(|n| n.policy(opened).ok()) else {
+            continue;
+        };
+        if let Some(proxy) = &*session.egress.lock().unwrap_or_else(|e| e.into_inner()) {
+            proxy.replace(policy, bound.clone());
+        }
+    }
 }
 
 /// Finds a caller's live session; another tenant's id answers 404 as an unknown one.
@@ -1654,6 +1781,7 @@ pub async fn update_session(
         "ttl_seconds": update.ttl_seconds,
         "idle_timeout_seconds": update.idle_timeout_seconds,
         "metadata": update.metadata,
+        "network": update.network,
     });
     let result = update_terms(state, caller, id, update).await;
     let outcome = audit::outcome(&result);
@@ -1671,7 +1799,7 @@ async fn update_terms(
 ) -> Result<SessionInfo, ApiError> {
     if update == UpdateSession::default() {
         return Err(ApiError::invalid(
-            "nothing to change: give ttl_seconds, idle_timeout_seconds or metadata",
+            "nothing to change: give ttl_seconds, idle_timeout_seconds, metadata or network",
         ));
     }
     if let Some(ttl) = update.ttl_seconds {
@@ -1683,6 +1811,15 @@ async fn update_terms(
     if let Some(metadata) = &update.metadata {
         check_metadata(metadata)?;
     }
+    // Checked whole before anything changes: a bad policy leaves the old in force.
+    let network = match &update.network {
+        Some(network) => {
+            let network = network.normalized()?;
+            let policies = crate::egress::policies(state, &caller.tenant, &network)?;
+            Some((network, policies))
+        }
+        None => None,
+    };
     let session = lookup(state, caller, id)?;
     let _updating = session.updating.lock().await;
     let mut terms = session.terms().clone();
@@ -1694,6 +1831,18 @@ async fn update_terms(
     }
     if let Some(metadata) = update.metadata {
         terms.metadata = metadata;
+    }
+    if let Some((asked, _)) = &network {
+        match &terms.network {
+            Some(_) => terms.network = Some(asked.clone()),
+            None if asked.is_none() => {}
+            None => {
+                return Err(ApiError::conflict(format!(
+                    "session {id} was started without a network (mode \"none\"), so it has no \
+                     way out to open; create a session with a network mode"
+                )))
+            }
+        }
     }
     let updated = state
         .db
@@ -1707,6 +1856,13 @@ async fn update_terms(
     // Deleted (or expired) meanwhile.
     if updated == 0 || session.deleted.load(Ordering::SeqCst) {
         return Err(ApiError::not_found(format!("no session {id}")));
+    }
+    // New connections are decided by the new policy from here; open ones go on.
+    if let (Some((_, policies)), Some(proxy)) = (
+        network,
+        &*session.egress.lock().unwrap_or_else(|e| e.into_inner()),
+    ) {
+        proxy.replace(policies.0, policies.1);
     }
     *session.terms() = terms;
     Ok(session.info())

@@ -66,6 +66,8 @@ pub struct SessionInfo {
     pub volume: Option<String>,
     /// The caller's labels (given at create, replaced by `PATCH`).
     pub metadata: BTreeMap<String, String>,
+    /// Where it may connect (mode `none` for a session without a way out).
+    pub network: crate::egress::Network,
     pub limits: serde_json::Value,
     /// What isolation the sandbox really has (as `brig run --json`'s `enforced`).
     pub enforced: serde_json::Value,

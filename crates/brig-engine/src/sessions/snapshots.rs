@@ -75,6 +75,8 @@ pub struct Source {
     pub host: bool,
     /// The bundle mounts of the snapshotted session.
     pub mounts: Vec<BundleMount>,
+    /// The network policy of the snapshotted session (`None`: it had no way out).
+    pub network: Option<crate::egress::Network>,
 }
 
 impl Source {
@@ -90,11 +92,21 @@ impl Source {
 
 /// A caller's snapshot to start from (404 for unknown or another tenant's).
 pub async fn source(state: &AppState, tenant: &str, snapshot_id: &str) -> Result<Source, ApiError> {
-    let info = stored(state, tenant, snapshot_id).await?;
+    let row = state
+        .db
+        .snapshot(tenant, snapshot_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no snapshot {snapshot_id}")))?;
+    let network = row
+        .network
+        .as_deref()
+        .and_then(|json| serde_json::from_str(json).ok());
+    let info = info_of(row);
     Ok(Source {
         image: image_name(snapshot_id),
         host: info.base == BASE_HOST,
         mounts: info.mounts,
+        network,
     })
 }
 
@@ -315,6 +327,11 @@ async fn take(
         created_at: info.created_at.clone(),
         size_bytes: info.size_bytes,
         mounts: serde_json::to_string(&info.mounts).map_err(ApiError::internal)?,
+        network: session
+            .network()
+            .map(|n| serde_json::to_string(&n))
+            .transpose()
+            .map_err(ApiError::internal)?,
         layers: packed.layers,
     };
     let recorded = {
@@ -780,7 +797,16 @@ pub async fn restore(
         ensure_not_deleted(&session)?;
         let limits = limits_of(&session.request)?;
         // The session keeps its own mounts and volume (held while it lives).
-        let spec = spec_for(state, &caller.tenant, &session.request, &limits)?;
+        let mut spec = spec_for(state, &caller.tenant, &session.request, &limits)?;
+        // The session keeps its network policy, served for the new sandbox.
+        let network = session.network();
+        let policies = network
+            .as_ref()
+            .map(|n| crate::egress::policies(state, &caller.tenant, n))
+            .transpose()?;
+        if network.is_some() {
+            crate::egress::offer(&mut spec);
+        }
         // The session's disk is reserved already: it is live.
         prepare_bundles(state, &caller.tenant, &session.request, 0, false).await?;
         // The new sandbox gets its own socket beside the old one, then replaces it.
@@ -790,7 +816,30 @@ pub async fn restore(
         let launched =
             super::launch_from(state, &session.id, spec, (image, seed), false, process_base)
                 .await?;
+        let proxy = match policies {
+            Some(policies) => {
+                let attached = crate::egress::attach(
+                    state,
+                    &caller.tenant,
+                    &session.id,
+                    &launched,
+                    policies,
+                    true,
+                )
+                .await;
+                match attached {
+                    Ok(proxy) => Some(proxy),
+                    Err(e) => {
+                        let _ = launched.destroy().await;
+                        launched.forget().await;
+                        return Err(e);
+                    }
+                }
+            }
+            None => None,
+        };
         let old = session.replace_sandbox(launched);
+        session.set_proxy(proxy);
         let _ = old.destroy().await;
         super::release_deleted_snapshot_layers(state, &*old).await;
         old.forget().await;

@@ -105,6 +105,7 @@ impl Engine {
             created_at: crate::db::now_rfc3339(),
             size_bytes: 0,
             mounts: "[]".to_string(),
+            network: None,
             layers: Vec::new(),
         };
         self.state

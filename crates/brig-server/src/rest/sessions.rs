@@ -135,6 +135,42 @@ impl From<sessions::BundleMount> for BundleMount {
     }
 }
 
+/// Where a session may connect: `none` (loopback only, the default), `allow` (only
+/// the `allow` rules), `open` (any public address). Rules are `PATTERN[:PORTS]`
+/// (`example.com`, `*.example.com`, an IP or a CIDR; ports `443`, `80,443`,
+/// `8000-9000`); `deny` wins over `allow`. Loopback, private, link-local, CGNAT,
+/// multicast and metadata addresses are never reached unless the operator opened
+/// a range (`--egress-allow-private`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    /// `none`, `allow` or `open`.
+    #[serde(default = "mode_none")]
+    pub mode: String,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+fn mode_none() -> String {
+    "none".into()
+}
+
+impl From<Network> for brig_engine::egress::Network {
+    fn from(Network { mode, allow, deny }: Network) -> brig_engine::egress::Network {
+        brig_engine::egress::Network { mode, allow, deny }
+    }
+}
+
+impl From<brig_engine::egress::Network> for Network {
+    fn from(
+        brig_engine::egress::Network { mode, allow, deny }: brig_engine::egress::Network,
+    ) -> Network {
+        Network { mode, allow, deny }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
@@ -160,6 +196,9 @@ pub struct CreateSession {
     /// 16 entries, keys 1-64 characters of `A-Z a-z 0-9 _ . -`, values at most 256
     /// bytes.
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Where the session may connect; the daemon's `--session-network` when absent
+    /// (a fork: the policy of its snapshot's session).
+    pub network: Option<Network>,
 }
 
 impl From<CreateSession> for sessions::CreateSession {
@@ -176,6 +215,7 @@ impl From<CreateSession> for sessions::CreateSession {
             ttl_seconds,
             idle_timeout_seconds,
             metadata,
+            network,
         } = request;
         sessions::CreateSession {
             image,
@@ -189,6 +229,7 @@ impl From<CreateSession> for sessions::CreateSession {
             ttl_seconds,
             idle_timeout_seconds,
             metadata,
+            network: network.map(Into::into),
         }
     }
 }
@@ -206,6 +247,10 @@ pub struct UpdateSession {
     pub idle_timeout_seconds: Option<u64>,
     /// Replaces the labels, all of them (`{}` removes them); the bounds of create's.
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Replaces the network policy for connections made from now on (open ones go
+    /// on). An invalid one is 400 and the old stays; a session started with mode
+    /// `none` has no way out to open (409).
+    pub network: Option<Network>,
 }
 
 impl From<UpdateSession> for sessions::UpdateSession {
@@ -214,11 +259,13 @@ impl From<UpdateSession> for sessions::UpdateSession {
             ttl_seconds,
             idle_timeout_seconds,
             metadata,
+            network,
         } = update;
         sessions::UpdateSession {
             ttl_seconds,
             idle_timeout_seconds,
             metadata,
+            network: network.map(Into::into),
         }
     }
 }
@@ -242,6 +289,8 @@ pub struct SessionInfo {
     pub volume: Option<String>,
     /// The caller's labels (given at create, replaced by `PATCH`).
     pub metadata: BTreeMap<String, String>,
+    /// The network policy in force.
+    pub network: Network,
     #[schema(value_type = Object)]
     pub limits: serde_json::Value,
     /// What isolation the sandbox really has (as `brig run --json`'s `enforced`).
@@ -264,6 +313,7 @@ impl From<sessions::SessionInfo> for SessionInfo {
             mounts,
             volume,
             metadata,
+            network,
             limits,
             enforced,
         } = info;
@@ -280,6 +330,7 @@ impl From<sessions::SessionInfo> for SessionInfo {
             mounts: mounts.into_iter().map(Into::into).collect(),
             volume,
             metadata,
+            network: network.into(),
             limits,
             enforced,
         }
@@ -514,6 +565,7 @@ mod tests {
             "ttl_seconds": 60,
             "idle_timeout_seconds": 0,
             "metadata": {"user": "u42"},
+            "network": {"mode": "allow", "allow": ["example.com:443"], "deny": ["10.0.0.0/8"]},
         });
         let wire: CreateSession = serde_json::from_value(sent.clone()).unwrap();
         let engine: sessions::CreateSession = wire.into();
@@ -539,6 +591,11 @@ mod tests {
             }],
             volume: Some("v".into()),
             metadata: BTreeMap::from([("user".into(), "u42".into())]),
+            network: brig_engine::egress::Network {
+                mode: "allow".into(),
+                allow: vec!["example.com".into()],
+                deny: Vec::new(),
+            },
             limits: json!({"pids": 64}),
             enforced: json!({"seccomp": true}),
         };

@@ -139,6 +139,10 @@ pub struct TenantInfo {
     pub tenant: String,
     pub created_at: String,
     pub quotas: Quotas,
+    /// The bound on its sessions' network policies: a session may ask for this mode
+    /// or a narrower one, and a connection goes out only if both the session's
+    /// policy and this bound allow it. `null`: no bound but the daemon's.
+    pub network_bound: Option<super::sessions::Network>,
     pub usage: Usage,
 }
 
@@ -148,12 +152,14 @@ impl From<auth::TenantInfo> for TenantInfo {
             tenant,
             created_at,
             quotas,
+            network_bound,
             usage,
         } = info;
         TenantInfo {
             tenant,
             created_at,
             quotas: quotas.into(),
+            network_bound: network_bound.map(Into::into),
             usage: usage.into(),
         }
     }
@@ -178,6 +184,11 @@ pub struct QuotaRequest {
     #[serde(default, deserialize_with = "some")]
     #[schema(value_type = Option<ByteSize>)]
     pub max_disk_bytes: Option<Option<ByteSize>>,
+    /// The bound on the tenant's sessions' network policies (see `TenantInfo`);
+    /// `null` removes it. Live sessions decide new connections under it at once.
+    #[serde(default, deserialize_with = "some")]
+    #[schema(value_type = Option<super::sessions::Network>)]
+    pub network_bound: Option<Option<super::sessions::Network>>,
 }
 
 impl From<QuotaRequest> for QuotaUpdate {
@@ -186,11 +197,16 @@ impl From<QuotaRequest> for QuotaUpdate {
             max_sessions,
             max_concurrent_execs,
             max_disk_bytes,
+            network_bound,
         } = request;
         QuotaUpdate {
             max_sessions,
             max_concurrent_execs,
             max_disk_bytes: max_disk_bytes.map(|size| size.map(|s| s.0)),
+            // Checked (and made canonical) by the engine.
+            network_bound: network_bound.map(|bound| {
+                bound.map(|network| serde_json::to_string(&network).unwrap_or_default())
+            }),
         }
     }
 }

@@ -268,6 +268,19 @@ impl Sandbox for NsSandbox {
         self.launched.handle.oom_kills()
     }
 
+    fn bind_net(
+        &self,
+        listen: &[brig_jail::net::Listen],
+        capture: Option<brig_jail::net::Capture>,
+    ) -> Result<Vec<OwnedFd>, String> {
+        let handle = &self.launched.handle;
+        // Checked first: a pid that no longer names init may name another process.
+        if !handle.is_alive() {
+            return Err("the sandbox has ended".into());
+        }
+        brig_jail::net::bind_in_namespace_of(handle.pid, listen, capture).map_err(|e| e.to_string())
+    }
+
     fn lock_scope(&self) -> Option<(&Cgroup, i32)> {
         let handle = &self.launched.handle;
         handle.cgroup.as_ref().map(|c| (c, handle.pid))
