@@ -667,3 +667,46 @@ fn root_a_fork_and_a_restore_keep_the_sessions_policy() {
     delete_session(&d, &key, &id);
     delete_snapshot(&d, &key, &snap);
 }
+
+#[test]
+fn root_a_session_that_asks_for_no_network_is_started_as_before() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let d = egress_daemon(&hosts(&dir), &[]);
+    let key = d.admin_key().to_string();
+    let s = create(&d, &key, json!({}));
+    assert_eq!(
+        s["network"],
+        json!({"mode": "none", "allow": [], "deny": []})
+    );
+    let id = sid(&s);
+    let out = sh(&d, &key, &id, "env | grep -ci proxy; cat /etc/resolv.conf");
+    assert!(out.starts_with("0\n"), "no proxy variable: {out}");
+    assert!(out.contains("loopback only"), "{out}");
+    assert!(!out.contains("nameserver"), "{out}");
+    delete_session(&d, &key, &id);
+}
+
+#[test]
+fn root_the_operators_default_network_applies_to_sessions_that_ask_for_none() {
+    require_root!();
+    let up = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = up.port();
+    let default = json!({"mode": "allow", "allow": [format!("good.test:{port}")]}).to_string();
+    let d = egress_daemon(&hosts(&dir), &["--session-network", &default]);
+    let key = d.admin_key().to_string();
+    let s = create(&d, &key, json!({}));
+    assert_eq!(s["network"]["mode"], "allow", "{s}");
+    let id = sid(&s);
+    let script = format!("print(connect('good.test:{port}'))\nprint(connect('bad.test:{port}'))\n");
+    let out = python(&d, &key, &id, &script, false);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "OK", "{out}");
+    assert!(lines[1].starts_with("REFUSED"), "{out}");
+    // A session may still ask for less.
+    let offline = create(&d, &key, json!({"network": {"mode": "none"}}));
+    assert_eq!(offline["network"]["mode"], "none");
+    delete_session(&d, &key, &id);
+    delete_session(&d, &key, &sid(&offline));
+}

@@ -397,6 +397,41 @@ mod tests {
     }
 
     #[test]
+    fn egress_flags_are_checked_as_they_are_parsed() {
+        let config = config(&[
+            "--egress-hosts",
+            "/etc/brig-hosts",
+            "--egress-allow-private",
+            "10.1.0.0/16",
+            "--egress-allow-private",
+            "127.0.0.0/8",
+            "--session-network",
+            r#"{"mode":"allow","allow":["PyPI.org:443"]}"#,
+        ]);
+        assert_eq!(config.egress_hosts, Some(PathBuf::from("/etc/brig-hosts")));
+        assert_eq!(config.egress_allow_private.len(), 2);
+        assert_eq!(
+            config.session_network.allow,
+            vec!["pypi.org:443".to_string()]
+        );
+        for bad in [
+            &["--egress-allow-private", "10.1.0.0/99"][..],
+            &["--session-network", r#"{"mode":"allow","allow":["a b"]}"#],
+            &["--session-network", r#"{"mode":"wide"}"#],
+            &["--session-network", "allow"],
+        ] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(
+                err.contains(bad[1])
+                    || err.contains("a b")
+                    || err.contains("wide")
+                    || err.contains("invalid network policy"),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn units_and_pools() {
         let args = parse(&[
             "--output-limit",
