@@ -598,6 +598,15 @@ fn root_a_killed_daemon_leaves_no_way_out_and_a_restarted_one_serves_the_policy_
         common::eventually(60_000, || up.connections() > 0),
         "never got out"
     );
+    // A policy changed before the daemon dies is the one a restarted daemon serves.
+    let both = json!([format!("good.test:{port}"), format!("other.test:{port}")]);
+    let (status, body) = patch(
+        &d,
+        &key,
+        &id,
+        json!({"network": {"mode": "allow", "allow": both}}),
+    );
+    assert_eq!(status, 200, "{body}");
 
     d.kill9();
     // Connections relayed when it died end with it; then nothing gets through.
@@ -613,24 +622,19 @@ fn root_a_killed_daemon_leaves_no_way_out_and_a_restarted_one_serves_the_policy_
     let d = Daemon::start_in(&data, &store, &args);
     d.remember_key(&key);
     let (_, s) = d.request("GET", &format!("/v1/sessions/{id}"), Some(&key), None);
-    assert_eq!(
-        s["network"]["allow"],
-        json!([format!("good.test:{port}")]),
-        "{s}"
-    );
+    assert_eq!(s["network"]["allow"], both, "{s}");
     assert!(
         common::eventually(60_000, || up.connections() > before + 2),
         "the re-attached session does not get out"
     );
-    // The re-bound proxy holds the same policy: a name not allowed stays refused.
-    let out = python(
-        &d,
-        &key,
-        &id,
-        &format!("print(connect('bad.test:{port}'))"),
-        false,
-    );
-    assert!(out.starts_with("REFUSED"), "{out}");
+    // The re-bound proxy holds the stored policy: the added name goes out, a name
+    // not allowed stays refused.
+    let script =
+        format!("print(connect('other.test:{port}'))\nprint(connect('bad.test:{port}'))\n");
+    let out = python(&d, &key, &id, &script, false);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "OK", "{out}");
+    assert!(lines[1].starts_with("REFUSED"), "{out}");
     delete_session(&d, &key, &id);
 }
 

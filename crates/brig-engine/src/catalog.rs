@@ -278,13 +278,14 @@ pub trait Catalog: Send + Sync {
     /// a session without a row is skipped.
     fn save_last_active(&self, changed: Vec<(String, String)>) -> CatalogFuture<'_, ()>;
 
-    /// Updates a session's terms; returns how many rows changed (0: it is gone).
+    /// Updates a session's terms (expiry and idle timeout, its stored request, its
+    /// network policy); returns how many rows changed (0: it is gone).
     fn update_session_terms(
         &self,
         id: String,
-        expires_at: Option<String>,
-        idle_timeout_s: Option<i64>,
+        expiry: (Option<String>, Option<i64>),
         request: String,
+        network: Option<String>,
     ) -> CatalogFuture<'_, usize>;
 
     // -----------------------------------------------------------------------------
@@ -565,6 +566,7 @@ mod tests {
             expires_at: None,
             idle_timeout_s: None,
             last_active_at: now.clone(),
+            network: Some(r#"{"mode":"open","allow":[],"deny":[]}"#.into()),
         };
         let event = NewAuditEvent {
             time: now.clone(),
@@ -584,14 +586,19 @@ mod tests {
             )
             .await
             .unwrap();
-        let ids: Vec<String> = catalog
-            .stored_sessions()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|s| s.id)
-            .collect();
+        let stored = catalog.stored_sessions().await.unwrap();
+        let ids: Vec<&str> = stored.iter().map(|s| s.id.as_str()).collect();
         assert_eq!(ids, ["ses_1"]);
+        assert_eq!(stored[0].network, row.network);
+        // A policy change is written with the terms; `None` (no way out) stays so.
+        let changed = Some(r#"{"mode":"none","allow":[],"deny":[]}"#.to_string());
+        let terms = (None, Some(60));
+        let updated = catalog
+            .update_session_terms("ses_1".into(), terms, "{}".into(), changed.clone())
+            .await
+            .unwrap();
+        assert_eq!(updated, 1);
+        assert_eq!(catalog.stored_sessions().await.unwrap()[0].network, changed);
         let events = catalog
             .audit_events(AuditFilter {
                 session_id: Some("ses_1".into()),

@@ -253,17 +253,11 @@ impl Catalog for Db {
     fn update_session_terms(
         &self,
         id: String,
-        expires_at: Option<String>,
-        idle_timeout_s: Option<i64>,
+        expiry: (Option<String>, Option<i64>),
         request: String,
+        network: Option<String>,
     ) -> CatalogFuture<'_, usize> {
-        Box::pin(Db::update_session_terms(
-            self,
-            id,
-            expires_at,
-            idle_timeout_s,
-            request,
-        ))
+        Box::pin(Db::update_session_terms(self, id, expiry, request, network))
     }
 
     fn insert_process(&self, row: NewProcessRow) -> CatalogFuture<'_, ()> {

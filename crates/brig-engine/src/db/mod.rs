@@ -227,10 +227,12 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE sessions ADD COLUMN backend TEXT NOT NULL DEFAULT 'namespaces';
     "#,
-    // 12: egress. A tenant's upper bound on its sessions' network policies (JSON of
-    // `egress::Network`; NULL: no bound), and the network policy of the session a
-    // snapshot was taken from, which its forks keep (NULL: none).
+    // 12: egress (JSON of `egress::Network`). A session's network policy in force
+    // (NULL: started without a way out), a tenant's upper bound on its sessions'
+    // policies (NULL: no bound), and the policy of the session a snapshot was taken
+    // from, which its forks keep (NULL: none).
     r#"
+    ALTER TABLE sessions ADD COLUMN network TEXT NULL;
     ALTER TABLE tenants ADD COLUMN network_bound TEXT NULL;
     ALTER TABLE snapshots ADD COLUMN network TEXT NULL;
     "#,

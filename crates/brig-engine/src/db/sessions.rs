@@ -24,6 +24,8 @@ pub struct SessionRow {
     pub expires_at: Option<String>,
     pub idle_timeout_s: Option<i64>,
     pub last_active_at: String,
+    /// Its network policy in force, JSON; `None`: started without a way out.
+    pub network: Option<String>,
 }
 
 /// A session's row as a starting daemon reads it.
@@ -39,13 +41,14 @@ pub struct StoredSession {
     pub expires_at: Option<String>,
     pub idle_timeout_s: Option<i64>,
     pub last_active_at: String,
+    pub network: Option<String>,
 }
 
 fn insert_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<usize> {
     conn.prepare_cached(
         "INSERT INTO sessions (id, tenant, state, image, snapshot, request, runtime,
-             created_at, expires_at, idle_timeout_s, last_active_at, backend)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+             created_at, expires_at, idle_timeout_s, last_active_at, backend, network)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?
     .execute(params![
         row.id,
@@ -59,7 +62,8 @@ fn insert_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<usize> {
         row.expires_at,
         row.idle_timeout_s,
         row.last_active_at,
-        row.backend
+        row.backend,
+        row.network
     ])
 }
 
@@ -85,7 +89,7 @@ impl Db {
         self.call(|conn| {
             let mut stmt = conn.prepare(
                 "SELECT id, tenant, state, request, runtime, created_at, expires_at,
-                        idle_timeout_s, last_active_at, backend
+                        idle_timeout_s, last_active_at, backend, network
                  FROM sessions",
             )?;
             let rows = stmt
@@ -101,6 +105,7 @@ impl Db {
                         idle_timeout_s: row.get(7)?,
                         last_active_at: row.get(8)?,
                         backend: row.get(9)?,
+                        network: row.get(10)?,
                     })
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -228,16 +233,17 @@ impl Db {
     pub async fn update_session_terms(
         &self,
         id: String,
-        expires_at: Option<String>,
-        idle_timeout_s: Option<i64>,
+        (expires_at, idle_timeout_s): (Option<String>, Option<i64>),
         request: String,
+        network: Option<String>,
     ) -> Result<usize, ApiError> {
         self.quick(move |conn| {
             conn.prepare_cached(
-                "UPDATE sessions SET expires_at = ?2, idle_timeout_s = ?3, request = ?4
+                "UPDATE sessions SET expires_at = ?2, idle_timeout_s = ?3, request = ?4,
+                     network = ?5
                  WHERE id = ?1",
             )?
-            .execute(params![id, expires_at, idle_timeout_s, request])
+            .execute(params![id, expires_at, idle_timeout_s, request, network])
         })
         .await
     }

@@ -85,9 +85,8 @@ pub struct CreateSession {
     /// bytes.
     pub metadata: Option<BTreeMap<String, String>>,
     /// Where the session may connect (see [`crate::egress`]); the daemon's
-    /// `--session-network` when absent (a fork: its snapshot's session's). As
-    /// stored in a row: the policy in force, `None` for a session started without
-    /// a way out.
+    /// `--session-network` when absent (a fork: its snapshot's session's). A live
+    /// session keeps the policy in force apart (its row's `network` column).
     pub network: Option<crate::egress::Network>,
 }
 
@@ -417,10 +416,18 @@ impl Terms {
     fn stored_request(&self, request: &CreateSession) -> Result<String, ApiError> {
         let request = CreateSession {
             metadata: (!self.metadata.is_empty()).then(|| self.metadata.clone()),
-            network: self.network.clone(),
             ..request.clone()
         };
         serde_json::to_string(&request).map_err(ApiError::internal)
+    }
+
+    /// The network policy as a session's row stores it.
+    fn stored_network(&self) -> Result<Option<String>, ApiError> {
+        self.network
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(ApiError::internal)
     }
 }
 
@@ -723,6 +730,7 @@ impl Sessions {
             expires_at,
             idle_timeout_s: idle,
             last_active_at: last_active,
+            network,
         } in rows
         {
             if kind != backend.kind() {
@@ -766,7 +774,8 @@ impl Sessions {
             }
             let mut request: CreateSession = serde_json::from_str(&request).unwrap_or_default();
             let limits = limits_of(&request).unwrap_or_default();
-            let network = request.network.take();
+            let network: Option<crate::egress::Network> =
+                network.and_then(|json| serde_json::from_str(&json).ok());
             let terms = Terms {
                 expires_at: expires,
                 idle_timeout_seconds: idle.map(|s| s as u64),
@@ -1476,10 +1485,16 @@ type Policies = (
 /// A session's row in the `sessions` table.
 fn session_row(state: &Shared, session: &Session, db_state: &str) -> Result<SessionRow, ApiError> {
     let sandbox = session.sandbox();
-    let (expires_at, idle_timeout, request) = {
+    let (expires_at, idle_timeout, request, network) = {
         let terms = session.terms();
         let request = terms.stored_request(&session.request)?;
-        (terms.expires_at, terms.idle_timeout_seconds, request)
+        let network = terms.stored_network()?;
+        (
+            terms.expires_at,
+            terms.idle_timeout_seconds,
+            request,
+            network,
+        )
     };
     Ok(SessionRow {
         id: session.id.clone(),
@@ -1494,6 +1509,7 @@ fn session_row(state: &Shared, session: &Session, db_state: &str) -> Result<Sess
         expires_at: expires_at.map(rfc3339),
         idle_timeout_s: idle_timeout.map(|s| s as i64),
         last_active_at: rfc3339(session.last_active.load(Ordering::Relaxed)),
+        network,
     })
 }
 
@@ -1848,9 +1864,12 @@ async fn update_terms(
         .db
         .update_session_terms(
             session.id.clone(),
-            terms.expires_at.map(rfc3339),
-            terms.idle_timeout_seconds.map(|s| s as i64),
+            (
+                terms.expires_at.map(rfc3339),
+                terms.idle_timeout_seconds.map(|s| s as i64),
+            ),
             terms.stored_request(&session.request)?,
+            terms.stored_network()?,
         )
         .await?;
     // Deleted (or expired) meanwhile.
