@@ -294,6 +294,7 @@ pub async fn attach(
         resolver: state.egress.resolver.clone(),
         limits: brig_net::Limits::default(),
         events: Some(sink(state, tenant, session_id)),
+        secrets: brig_net::Secrets::default(),
     };
     let serving = brig_net::spawn_live(&tokio::runtime::Handle::current(), egress, sockets)
         .map_err(ApiError::internal)?;
@@ -350,6 +351,8 @@ pub fn audit_event(tenant: &str, session_id: &str, event: &brig_net::EgressEvent
             "address": address,
             "decision": if allowed { "allowed" } else { "refused" },
             "reason": event.reason,
+            // With `secret_exfiltration`: the secret's name, never its value.
+            "secret": event.secret,
             "bytes_up": event.bytes_up,
             "bytes_down": event.bytes_down,
             "duration_ms": duration_ms(event.duration),
@@ -432,6 +435,7 @@ mod tests {
             addr: Some("93.184.216.34:443".parse().unwrap()),
             decision: brig_net::Decision::Allowed,
             reason: "allowed".into(),
+            secret: None,
             bytes_up: 10,
             bytes_down: 20,
             duration: Duration::from_millis(7),

@@ -247,6 +247,7 @@ pub struct LiveEgress {
     pub resolver: Resolver,
     pub limits: Limits,
     pub events: Option<EventSink>,
+    pub secrets: Secrets,
 }
 
 /// The listeners of one sandbox as [`spawn_live`] serves them: dropping it closes
@@ -293,6 +294,7 @@ pub fn spawn(
         resolver: egress.resolver,
         limits: egress.limits,
         events: egress.events,
+        secrets: egress.secrets,
     };
     // Served for the life of the runtime.
     std::mem::forget(spawn_live(runtime, live, sockets)?);

@@ -86,6 +86,7 @@ fn a_replaced_policy_and_closed_listeners_leave_open_connections_alone() {
             resolver: Resolver::Hosts(hosts),
             limits: Limits::default(),
             events: None,
+            secrets: Default::default(),
         },
         Sockets {
             http: http.into(),
