@@ -4,6 +4,8 @@
 #     sandbox) vs connect() straight to the upstream (on the host); N each.
 #   Throughput: a 2 GiB download (the upstream sendfile()s) with curl, straight on
 #     the host vs through CONNECT, plain HTTP and transparent capture.
+#   The peer: tinyproxy (a plain forwarding proxy, no policy) on the host's loopback,
+#     the same setup and downloads through it, from the host (installed if missing).
 # Usage: bench/egress.sh [path/to/brig]   (default: the release build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +15,9 @@ brig=${1:-target/x86_64-unknown-linux-gnu/release/brig}
 n=${N:-200}
 work=$(mktemp -d)
 chmod 755 "$work"
-trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
+peer=
+trap 'kill $server $peer 2>/dev/null || true; rm -rf "$work"' EXIT
+command -v tinyproxy >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tinyproxy >/dev/null
 truncate -s 2G "$work/big.bin"
 cat "$work/big.bin" >/dev/null
 cat >"$work/server.py" <<'PY'
@@ -42,6 +46,11 @@ for _ in range(n):
     t = time.perf_counter()
     if mode == "direct":
         s = socket.create_connection(("127.0.0.1", port))
+    elif mode == "peer":
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[4])))
+        s.sendall(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\n\r\n" % port)
+        reply = s.recv(4096)
+        assert b" 200 " in reply, reply
     else:
         s = socket.create_connection(("127.0.0.1", 3128))
         s.sendall(b"CONNECT up.test:%d HTTP/1.1\r\n\r\n" % port)
@@ -57,9 +66,18 @@ server=$!
 while [ ! -s "$work/port" ]; do sleep 0.1; done
 port=$(cat "$work/port")
 echo "127.0.0.1 up.test" >"$work/hosts"
+peer_port=18888
+printf '%s\n' "Port $peer_port" "Listen 127.0.0.1" "Allow 127.0.0.1" "MaxClients 1024" \
+  "LogLevel Critical" "User nobody" "Group nogroup" >"$work/tinyproxy.conf"
+tinyproxy -d -c "$work/tinyproxy.conf" &
+peer=$!
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$peer_port) 2>/dev/null && break; sleep 0.1; done
 /usr/bin/python3 "$work/setup.py" direct "$port" "$n"
+/usr/bin/python3 "$work/setup.py" peer "$port" "$n" "$peer_port"
 for i in 1 2 3; do
   curl -s -o /dev/null -w "direct %{speed_download} B/s\n" "http://127.0.0.1:$port/"
+  curl -s -o /dev/null -w "peer-connect %{speed_download} B/s\n" -p -x "http://127.0.0.1:$peer_port" "http://127.0.0.1:$port/"
+  curl -s -o /dev/null -w "peer-http %{speed_download} B/s\n" -x "http://127.0.0.1:$peer_port" "http://127.0.0.1:$port/"
 done
 "$brig" run --timeout 10m --memory 1G --cpus none --bind "$work:/bench" --network allow --allow-host up.test \
   --egress-hosts "$work/hosts" --egress-allow-private 127.0.0.0/8 -- sh -c "
