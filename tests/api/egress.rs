@@ -714,3 +714,83 @@ fn root_the_operators_default_network_applies_to_sessions_that_ask_for_none() {
     delete_session(&d, &key, &id);
     delete_session(&d, &key, &sid(&offline));
 }
+
+/// The connection cap is each session's own: a session that floods its proxy is
+/// held at the cap, and another session's connections go through meanwhile.
+#[test]
+fn root_a_flooding_session_is_held_at_its_cap_and_another_keeps_connecting() {
+    require_root!();
+    let up = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = egress_daemon(&hosts(&dir), &[]);
+    let key = d.admin_key().to_string();
+    let port = up.port();
+    let rules = allow(&[format!("good.test:{port}")]);
+    let flooder = sid(&create(&d, &key, rules.clone()));
+    let bystander = sid(&create(&d, &key, rules));
+    std::thread::scope(|scope| {
+        let flood = scope.spawn(|| {
+            python(
+                &d,
+                &key,
+                &flooder,
+                &format!(
+                    "held, refused, errors = [], 0, 0\n\
+                     for i in range(300):\n\
+                     \x20   try:\n\
+                     \x20       s, why = tunnel('good.test:{port}')\n\
+                     \x20   except OSError:\n\
+                     \x20       errors += 1\n\
+                     \x20       continue\n\
+                     \x20   if s: held.append(s)\n\
+                     \x20   else: refused += 1\n\
+                     end = time.time() + 90\n\
+                     while not os.path.exists('/tmp/release') and time.time() < end:\n\
+                     \x20   time.sleep(0.05)\n\
+                     print(len(held), refused, errors)\n"
+                ),
+                false,
+            )
+        });
+        bystander_keeps_connecting(&d, &key, &bystander, &up);
+        let r = exec(
+            &d,
+            &key,
+            &flooder,
+            json!({"argv": ["touch", "/tmp/release"]}),
+        );
+        assert_eq!(r["exit_code"], 0, "{r}");
+        let counts = flood.join().unwrap();
+        assert_eq!(counts.trim(), "256 44 0", "held, refused, errors");
+    });
+    delete_session(&d, &key, &flooder);
+    delete_session(&d, &key, &bystander);
+}
+
+/// Once `up` holds a flood at the cap: 20 connections of `id` all go through.
+fn bystander_keeps_connecting(d: &Daemon, key: &str, id: &str, up: &Upstream) {
+    let port = up.port();
+    assert!(
+        common::eventually(60_000, || up.connections() >= 256),
+        "the flood did not reach the cap: {} connections",
+        up.connections()
+    );
+    let out = python(
+        d,
+        key,
+        id,
+        &format!(
+            "ok, worst = 0, 0.0\n\
+             for i in range(20):\n\
+             \x20   t = time.time()\n\
+             \x20   ok += connect('good.test:{port}') == 'OK'\n\
+             \x20   worst = max(worst, time.time() - t)\n\
+             print(ok, round(worst, 3))\n"
+        ),
+        false,
+    );
+    let (ok, worst) = out.trim().split_once(' ').expect(&out);
+    assert_eq!(ok, "20", "the bystander's connections: {out}");
+    let worst: f64 = worst.parse().unwrap();
+    assert!(worst < 10.0, "a bystander's connection took {worst} s");
+}
