@@ -803,3 +803,126 @@ fn root_connections_past_the_cap_are_refused_and_the_proxy_recovers() {
     assert_eq!(lines[1], "True", "{out}");
     assert_eq!(lines[2], "HTTP/1.0 200 OK", "{out}");
 }
+
+/// A python with pip for the sandbox, and the `--bind` it needs: the host's, or the
+/// test virtualenv `scripts/test.sh` makes (bound at the same path).
+fn python_with_pip() -> Option<(String, Vec<String>)> {
+    let host = std::process::Command::new("/usr/bin/python3")
+        .args(["-m", "pip", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if host {
+        return Some(("/usr/bin/python3".into(), Vec::new()));
+    }
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv");
+    let python = venv.join("bin/python3");
+    python.exists().then(|| {
+        let venv = venv.to_string_lossy().into_owned();
+        (
+            python.to_string_lossy().into_owned(),
+            vec!["--bind".into(), format!("{venv}:{venv}")],
+        )
+    })
+}
+
+/// `pip install` from a package index reached by name through the proxy (a local
+/// simple index: a wheel made here, served on the host's loopback), and refused
+/// from an index not on the allow list.
+#[test]
+fn root_pip_installs_from_an_allowed_index_and_not_from_another() {
+    require_root!();
+    let Some((python, bind)) = python_with_pip() else {
+        eprintln!("skipped: no pip (scripts/test.sh makes target/test-venv)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("index");
+    std::fs::create_dir_all(root.join("simple/brigdemo")).unwrap();
+    let wheel = "brigdemo-1.0-py3-none-any.whl";
+    let made = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(format!(
+            "import zipfile\n\
+             z = zipfile.ZipFile('{}', 'w')\n\
+             z.writestr('brigdemo/__init__.py', 'MESSAGE = \"installed through brig\"\\n')\n\
+             z.writestr('brigdemo-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: brigdemo\\nVersion: 1.0\\n')\n\
+             z.writestr('brigdemo-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nGenerator: brig-test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
+             z.writestr('brigdemo-1.0.dist-info/RECORD', 'brigdemo/__init__.py,,\\nbrigdemo-1.0.dist-info/METADATA,,\\nbrigdemo-1.0.dist-info/WHEEL,,\\nbrigdemo-1.0.dist-info/RECORD,,\\n')\n\
+             z.close()\n",
+            root.join(wheel).display()
+        ))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    std::fs::write(
+        root.join("simple/brigdemo/index.html"),
+        format!("<html><body><a href=\"../../{wheel}\">{wheel}</a></body></html>\n"),
+    )
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let mut server = std::process::Command::new("/usr/bin/python3")
+        .args([
+            "-m",
+            "http.server",
+            "--bind",
+            "127.0.0.1",
+            &port.to_string(),
+        ])
+        .arg("--directory")
+        .arg(&root)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let hosts = hosts_file(&dir, "127.0.0.1 index.test other-index.test\n");
+    let mut args = allow_args(&hosts, &["index.test"]);
+    args.extend(bind);
+    let pip = |index: &str| {
+        format!(
+            "{python} -m pip install --no-cache-dir --disable-pip-version-check --retries 0 \
+             --timeout 20 --target /tmp/site --index-url http://{index}:{port}/simple/ \
+             --trusted-host {index} brigdemo"
+        )
+    };
+    // The proxy's log line says why the other index gave pip nothing.
+    let out = brig()
+        .env("BRIG_LOG", "brig_net=info")
+        .arg("run")
+        .args(["--timeout", "120s"])
+        .args(strs(&args))
+        .arg("--")
+        .args([
+            "/bin/sh",
+            "-c",
+            &format!(
+                "{} >/tmp/other.log 2>&1; echo other=$?; \
+                 {} >/tmp/pip.log 2>&1 || cat /tmp/pip.log; \
+                 PYTHONPATH=/tmp/site {python} -c 'import brigdemo; print(brigdemo.MESSAGE)'",
+                pip("other-index.test"),
+                pip("index.test")
+            ),
+        ])
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(up, "the index did not start");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stdout.starts_with("other=1\n") && stdout.contains("installed through brig"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("other-index.test") && l.contains("Refused")),
+        "{stderr}"
+    );
+}
