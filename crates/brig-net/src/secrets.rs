@@ -45,6 +45,8 @@ pub enum SecretError {
     NoHosts(String),
     #[error("secret {0} is given twice")]
     Duplicate(String),
+    #[error("secret {0}: its stored placeholder is not one brig makes")]
+    BadPlaceholder(String),
     #[error("no randomness for the placeholder: {0}")]
     Random(String),
 }
@@ -52,6 +54,21 @@ pub enum SecretError {
 impl Secret {
     /// A secret with a fresh placeholder. `hosts` are `example.com` or `*.example.com`.
     pub fn new(name: &str, value: String, hosts: &[String]) -> Result<Secret, SecretError> {
+        let mut random = [0u8; 16];
+        getrandom::fill(&mut random).map_err(|e| SecretError::Random(e.to_string()))?;
+        let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        Secret::with_placeholder(name, value, hosts, format!("brig-secret-{name}-{hex}"))
+    }
+
+    /// A secret whose placeholder was made before (by [`Secret::new`]): a restarted
+    /// daemon serves a sandbox that holds it already. The placeholder must have
+    /// the shape `new` gives it.
+    pub fn with_placeholder(
+        name: &str,
+        value: String,
+        hosts: &[String],
+        placeholder: String,
+    ) -> Result<Secret, SecretError> {
         let name_ok = !name.is_empty()
             && name.len() <= 64
             && !name.starts_with(|c: char| c.is_ascii_digit())
@@ -83,11 +100,12 @@ impl Secret {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut random = [0u8; 16];
-        getrandom::fill(&mut random).map_err(|e| SecretError::Random(e.to_string()))?;
-        let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let random = placeholder.strip_prefix(&format!("brig-secret-{name}-"));
+        if !random.is_some_and(|r| r.len() == 32 && r.bytes().all(|b| b.is_ascii_hexdigit())) {
+            return Err(SecretError::BadPlaceholder(name.to_string()));
+        }
         Ok(Secret {
-            placeholder: format!("brig-secret-{name}-{hex}"),
+            placeholder,
             name: name.to_string(),
             value,
             hosts,
@@ -101,6 +119,11 @@ impl Secret {
     /// What the sandbox gets instead of the value.
     pub fn placeholder(&self) -> &str {
         &self.placeholder
+    }
+
+    /// The hosts, each in its canonical form.
+    pub fn hosts(&self) -> Vec<String> {
+        self.hosts.iter().map(|h| h.to_string()).collect()
     }
 
     /// The hosts as given, for messages.
@@ -267,6 +290,25 @@ mod tests {
         let shown = format!("{a:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("redacted"));
+    }
+
+    #[test]
+    fn a_secret_comes_back_with_its_placeholder_and_no_other() {
+        let a = secret("TOKEN", "v", &["API.test"]);
+        assert_eq!(a.hosts(), vec!["api.test".to_string()]);
+        let again =
+            Secret::with_placeholder("TOKEN", "v".into(), &a.hosts(), a.placeholder().into())
+                .unwrap();
+        assert_eq!(again.placeholder(), a.placeholder());
+        let hosts = a.hosts();
+        for bad in [
+            "brig-secret-OTHER-00000000000000000000000000000000".to_string(),
+            format!("{}0", a.placeholder()),
+            "x".to_string(),
+        ] {
+            let r = Secret::with_placeholder("TOKEN", "v".into(), &hosts, bad);
+            assert!(matches!(r, Err(SecretError::BadPlaceholder(_))));
+        }
     }
 
     #[test]
