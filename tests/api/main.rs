@@ -13,6 +13,7 @@ mod audit;
 mod bad_input;
 mod connections;
 mod egress;
+mod egress_secrets;
 mod exec;
 mod file_lease;
 mod files;

@@ -567,6 +567,7 @@ mod tests {
             idle_timeout_s: None,
             last_active_at: now.clone(),
             network: Some(r#"{"mode":"open","allow":[],"deny":[]}"#.into()),
+            secrets: Some("[]".into()),
         };
         let event = NewAuditEvent {
             time: now.clone(),
@@ -590,6 +591,7 @@ mod tests {
         let ids: Vec<&str> = stored.iter().map(|s| s.id.as_str()).collect();
         assert_eq!(ids, ["ses_1"]);
         assert_eq!(stored[0].network, row.network);
+        assert_eq!(stored[0].secrets, row.secrets);
         // A policy change is written with the terms; `None` (no way out) stays so.
         let changed = Some(r#"{"mode":"none","allow":[],"deny":[]}"#.to_string());
         let terms = (None, Some(60));

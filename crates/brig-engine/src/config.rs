@@ -64,6 +64,9 @@ pub struct Config {
     pub backend: crate::backend::BackendKind,
     /// The proxy resolves names from this hosts file only.
     pub egress_hosts: Option<PathBuf>,
+    /// Roots (PEM) trusted for the upstreams of TLS intercepted for secrets,
+    /// besides the web's.
+    pub egress_ca_file: Option<PathBuf>,
     /// Forbidden ranges sessions may reach (an internal mirror).
     pub egress_allow_private: Vec<brig_policy::net::Cidr>,
     /// The network of sessions that do not ask for one.
@@ -109,6 +112,7 @@ impl Default for Config {
             id_range: None,
             backend: crate::backend::BackendKind::Namespaces,
             egress_hosts: None,
+            egress_ca_file: None,
             egress_allow_private: Vec::new(),
             session_network: crate::egress::Network::default(),
         }

@@ -158,6 +158,13 @@ pub struct Egress {
     /// For sessions that do not ask (`--session-network`).
     pub default: Network,
     events: mpsc::Sender<NewAuditEvent>,
+    /// The CA of TLS interception for sessions' secrets, kept in the data dir
+    /// (0600) and loaded at the first session with secrets.
+    ca_path: std::path::PathBuf,
+    ca: Mutex<Option<Arc<brig_net::Ca>>>,
+    /// Roots trusted for intercepted upstreams besides the web's
+    /// (`--egress-ca-file`).
+    upstream_roots: Vec<brig_net::ca::CertificateDer>,
     /// Taken by the writer ([`spawn_writer`]).
     pending: Mutex<Option<mpsc::Receiver<NewAuditEvent>>>,
 }
@@ -180,14 +187,39 @@ impl Egress {
                 e.message.trim_start_matches("network: ")
             )
         })?;
+        let upstream_roots = match &config.egress_ca_file {
+            Some(path) => brig_net::ca::load_certificates(path)
+                .map_err(|e| anyhow::anyhow!("--egress-ca-file: {e}"))?,
+            None => Vec::new(),
+        };
         let (events, pending) = mpsc::channel(QUEUE);
         Ok(Egress {
             resolver,
             allow_private: config.egress_allow_private.clone(),
             default,
             events,
+            ca_path: config.data_dir.join(CA_FILE),
+            ca: Mutex::new(None),
+            upstream_roots,
             pending: Mutex::new(Some(pending)),
         })
+    }
+}
+
+/// The daemon's CA (key and certificate) in its data dir.
+pub const CA_FILE: &str = "egress-ca.pem";
+
+impl Egress {
+    /// The daemon's CA, loaded (or made) at the first need.
+    pub fn ca(&self) -> Result<Arc<brig_net::Ca>, ApiError> {
+        let mut ca = self.ca.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ca) = &*ca {
+            return Ok(ca.clone());
+        }
+        let loaded =
+            Arc::new(brig_net::Ca::load_or_create(&self.ca_path).map_err(ApiError::internal)?);
+        *ca = Some(loaded.clone());
+        Ok(loaded)
     }
 }
 
@@ -255,10 +287,23 @@ pub async fn attach(
     session_id: &str,
     sandbox: &Arc<dyn Sandbox>,
     (policy, bound): (EgressPolicy, Option<EgressPolicy>),
+    secrets: &[crate::secrets::SessionSecret],
     first: bool,
 ) -> Result<Proxy, ApiError> {
     use brig_jail::net::{Capture, Listen};
     use brig_net::layout;
+    let secrets = if secrets.is_empty() {
+        brig_net::Secrets::default()
+    } else {
+        brig_net::Secrets {
+            list: secrets
+                .iter()
+                .map(crate::secrets::SessionSecret::to_net)
+                .collect::<Result<_, _>>()?,
+            ca: Some(state.egress.ca()?),
+            upstream_roots: state.egress.upstream_roots.clone(),
+        }
+    };
     let capture = can_capture();
     let mut listen = vec![
         Listen::Tcp(layout::HTTP),
@@ -294,7 +339,7 @@ pub async fn attach(
         resolver: state.egress.resolver.clone(),
         limits: brig_net::Limits::default(),
         events: Some(sink(state, tenant, session_id)),
-        secrets: brig_net::Secrets::default(),
+        secrets,
     };
     let serving = brig_net::spawn_live(&tokio::runtime::Handle::current(), egress, sockets)
         .map_err(ApiError::internal)?;

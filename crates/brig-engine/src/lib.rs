@@ -39,6 +39,7 @@ pub mod fault;
 pub mod filestore;
 pub mod metrics;
 pub mod rootfs;
+pub mod secrets;
 pub mod sessions;
 pub mod state;
 pub mod volumes;

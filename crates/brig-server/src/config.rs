@@ -180,6 +180,11 @@ pub struct ServeArgs {
     /// installs, tests) instead of the system's resolver.
     #[arg(long, value_name = "FILE")]
     pub egress_hosts: Option<PathBuf>,
+    /// Trust the CAs in this PEM file, besides the web's roots, for the upstreams
+    /// of TLS that sessions' proxies intercept for their secrets (an internal CA;
+    /// tests).
+    #[arg(long, value_name = "FILE")]
+    pub egress_ca_file: Option<PathBuf>,
     /// Let sessions reach this otherwise forbidden range (an internal mirror).
     /// Repeatable.
     #[arg(long, value_name = "CIDR", value_parser = cidr)]
@@ -289,6 +294,7 @@ impl From<ServeArgs> for Config {
             id_range,
             backend,
             egress_hosts,
+            egress_ca_file,
             egress_allow_private,
             session_network,
         } = args;
@@ -327,6 +333,7 @@ impl From<ServeArgs> for Config {
             id_range,
             backend,
             egress_hosts,
+            egress_ca_file,
             egress_allow_private,
             session_network,
         }
@@ -401,6 +408,8 @@ mod tests {
         let config = config(&[
             "--egress-hosts",
             "/etc/brig-hosts",
+            "--egress-ca-file",
+            "/etc/brig-roots.pem",
             "--egress-allow-private",
             "10.1.0.0/16",
             "--egress-allow-private",
@@ -409,6 +418,10 @@ mod tests {
             r#"{"mode":"allow","allow":["PyPI.org:443"]}"#,
         ]);
         assert_eq!(config.egress_hosts, Some(PathBuf::from("/etc/brig-hosts")));
+        assert_eq!(
+            config.egress_ca_file,
+            Some(PathBuf::from("/etc/brig-roots.pem"))
+        );
         assert_eq!(config.egress_allow_private.len(), 2);
         assert_eq!(
             config.session_network.allow,

@@ -236,6 +236,12 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE tenants ADD COLUMN network_bound TEXT NULL;
     ALTER TABLE snapshots ADD COLUMN network TEXT NULL;
     "#,
+    // 13: a session's secrets with their values (JSON of `secrets::SessionSecret`;
+    // NULL: none), so a restarted daemon serves them again. Only here: this file
+    // is 0600 in the 0700 data dir.
+    r#"
+    ALTER TABLE sessions ADD COLUMN secrets TEXT NULL;
+    "#,
 ];
 
 /// Inserts a stored file's row (a cached statement: a batch inserts thousands).
@@ -413,6 +419,35 @@ fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// Makes the database file at `path` (created if missing) readable by its owner
+/// only: it holds sessions' secrets, and SQLite gives its WAL and shared-memory
+/// files the database's mode. The data dir is 0700 already; this holds even for a
+/// copy of the file moved elsewhere with its mode.
+fn private_file(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot open the database {}", path.display()))?;
+    let mode = file.metadata()?.permissions().mode();
+    if mode & 0o077 != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot make {} private (0600)", path.display()))?;
+    }
+    for suffix in ["-wal", "-shm"] {
+        let mut side = path.as_os_str().to_owned();
+        side.push(suffix);
+        if let Ok(meta) = std::fs::metadata(&side) {
+            if meta.permissions().mode() & 0o077 != 0 {
+                std::fs::set_permissions(&side, std::fs::Permissions::from_mode(0o600))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
     let known = MIGRATIONS.len() as i64;
@@ -439,6 +474,7 @@ impl Db {
     /// Opens (creating if needed) the database at `path` and brings its schema up to
     /// date. Blocking; called once at startup.
     pub fn open(path: &Path) -> anyhow::Result<Db> {
+        private_file(path)?;
         let mut first = open_connection(path)
             .with_context(|| format!("cannot open the database {}", path.display()))?;
         migrate(&mut first)
@@ -1751,6 +1787,27 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(db.pool.quick_commits.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn the_database_and_its_side_files_are_the_owners_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("brig.db");
+        // A file someone made readable to others is narrowed.
+        std::fs::write(&path, b"").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let db = Db::open(&path).unwrap();
+        db.call(|c| c.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);"))
+            .await
+            .unwrap();
+        for name in ["brig.db", "brig.db-wal", "brig.db-shm"] {
+            let mode = std::fs::metadata(dir.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o077, 0, "{name}: {mode:o}");
+        }
     }
 
     #[tokio::test]

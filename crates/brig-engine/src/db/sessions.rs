@@ -26,6 +26,8 @@ pub struct SessionRow {
     pub last_active_at: String,
     /// Its network policy in force, JSON; `None`: started without a way out.
     pub network: Option<String>,
+    /// Its secrets with their values, JSON (`secrets::SessionSecret`); `None`: none.
+    pub secrets: Option<String>,
 }
 
 /// A session's row as a starting daemon reads it.
@@ -42,13 +44,14 @@ pub struct StoredSession {
     pub idle_timeout_s: Option<i64>,
     pub last_active_at: String,
     pub network: Option<String>,
+    pub secrets: Option<String>,
 }
 
 fn insert_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<usize> {
     conn.prepare_cached(
         "INSERT INTO sessions (id, tenant, state, image, snapshot, request, runtime,
-             created_at, expires_at, idle_timeout_s, last_active_at, backend, network)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+             created_at, expires_at, idle_timeout_s, last_active_at, backend, network, secrets)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?
     .execute(params![
         row.id,
@@ -63,7 +66,8 @@ fn insert_row(conn: &Connection, row: &SessionRow) -> rusqlite::Result<usize> {
         row.idle_timeout_s,
         row.last_active_at,
         row.backend,
-        row.network
+        row.network,
+        row.secrets
     ])
 }
 
@@ -89,7 +93,7 @@ impl Db {
         self.call(|conn| {
             let mut stmt = conn.prepare(
                 "SELECT id, tenant, state, request, runtime, created_at, expires_at,
-                        idle_timeout_s, last_active_at, backend, network
+                        idle_timeout_s, last_active_at, backend, network, secrets
                  FROM sessions",
             )?;
             let rows = stmt
@@ -106,6 +110,7 @@ impl Db {
                         last_active_at: row.get(8)?,
                         backend: row.get(9)?,
                         network: row.get(10)?,
+                        secrets: row.get(11)?,
                     })
                 })?
                 .collect::<Result<Vec<_>, _>>()?;

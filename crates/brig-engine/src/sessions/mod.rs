@@ -88,6 +88,10 @@ pub struct CreateSession {
     /// `--session-network` when absent (a fork: its snapshot's session's). A live
     /// session keeps the policy in force apart (its row's `network` column).
     pub network: Option<crate::egress::Network>,
+    /// Secrets the sandbox sees as placeholders only (see [`crate::secrets`]).
+    /// Never serialized: the stored request holds no value.
+    #[serde(default, skip_serializing)]
+    pub secrets: Option<Vec<crate::secrets::SecretRequest>>,
 }
 
 /// Bounds of a session's `metadata`: labels to find sessions by, not storage.
@@ -368,8 +372,11 @@ pub struct Session {
     pub tenant: String,
     /// Replaced by `restore`.
     sandbox: RwLock<Arc<dyn Sandbox>>,
-    /// What created it; its `metadata` is taken out into `terms`.
+    /// What created it; its `metadata` is taken out into `terms`, its secrets
+    /// into `secrets`.
     pub request: CreateSession,
+    /// Its secrets, served by its proxy; fixed for its life.
+    pub(crate) secrets: Vec<crate::secrets::SessionSecret>,
     pub created_at: String,
     terms: Mutex<Terms>,
     /// Serializes updates of `terms`, each written to the database before it shows.
@@ -493,6 +500,7 @@ impl Session {
             volume: self.request.volume.clone(),
             metadata: terms.metadata,
             network: terms.network.unwrap_or_default(),
+            secrets: self.secrets.iter().map(|s| s.info()).collect(),
             limits: serde_json::to_value(&self.limits).unwrap_or_default(),
             enforced: sandbox.facts().enforced.clone(),
         }
@@ -731,6 +739,7 @@ impl Sessions {
             idle_timeout_s: idle,
             last_active_at: last_active,
             network,
+            secrets,
         } in rows
         {
             if kind != backend.kind() {
@@ -773,6 +782,10 @@ impl Sessions {
                 let _ = launched.freeze(false).await;
             }
             let mut request: CreateSession = serde_json::from_str(&request).unwrap_or_default();
+            let secrets = crate::secrets::from_stored(secrets.as_deref()).unwrap_or_else(|e| {
+                tracing::warn!(session = %id, "its secrets are unreadable, none served: {e}");
+                Vec::new()
+            });
             let limits = limits_of(&request).unwrap_or_default();
             let network: Option<crate::egress::Network> =
                 network.and_then(|json| serde_json::from_str(&json).ok());
@@ -789,6 +802,7 @@ impl Sessions {
                 disk_bytes: limits.disk_bytes,
                 limits,
                 request,
+                secrets,
                 created_at,
                 terms: Mutex::new(terms),
                 updating: tokio::sync::Mutex::new(()),
@@ -810,8 +824,16 @@ impl Sessions {
                 let sandbox = session.sandbox();
                 let proxy = async {
                     let policies = crate::egress::policies(shared, &session.tenant, network)?;
-                    crate::egress::attach(shared, &session.tenant, &id, &sandbox, policies, false)
-                        .await
+                    crate::egress::attach(
+                        shared,
+                        &session.tenant,
+                        &id,
+                        &sandbox,
+                        policies,
+                        &session.secrets,
+                        false,
+                    )
+                    .await
                 };
                 match proxy.await {
                     Ok(proxy) => {
@@ -1126,6 +1148,11 @@ pub async fn create_session(
         "mounts": request.mounts,
         "volume": request.volume,
         "metadata": request.metadata,
+        // Names and hosts: never a value.
+        "secrets": request.secrets.as_ref().map(|list| list
+            .iter()
+            .map(|s| serde_json::json!({"name": s.name, "hosts": s.hosts}))
+            .collect::<Vec<_>>()),
     });
     let event = audit::event(caller, None, "session.create", detail.clone(), "ok");
     // In its own task: a client that hangs up mid-launch must not leave a sandbox
@@ -1248,6 +1275,15 @@ async fn create_with(
     let policies = crate::egress::policies(shared, &caller.tenant, &network)?;
     // A session without a way out is started exactly as before egress existed.
     let egress = (!network.is_none()).then_some((network, policies));
+    let secrets = crate::secrets::from_request(
+        request.secrets.as_deref().unwrap_or_default(),
+        request.env.as_ref(),
+        egress.is_some(),
+    )?;
+    if !secrets.is_empty() {
+        let ca = state.egress.ca()?;
+        crate::secrets::offer(&mut spec, &secrets, ca.cert_pem());
+    }
     if egress.is_some() {
         if !rustix::process::geteuid().is_root() {
             return Err(ApiError::invalid(
@@ -1328,6 +1364,7 @@ async fn create_with(
         &request,
         (image, seed),
         (spec, egress),
+        secrets,
         limits,
         event,
     )
@@ -1377,6 +1414,7 @@ async fn start_session(
     request: &CreateSession,
     (image, seed): (Option<String>, Option<String>),
     (spec, egress): (SandboxSpec, Option<(crate::egress::Network, Policies)>),
+    secrets: Vec<crate::secrets::SessionSecret>,
     limits: brig_policy::Limits,
     event: Option<NewAuditEvent>,
 ) -> Result<(Arc<Session>, bool), ApiError> {
@@ -1417,8 +1455,17 @@ async fn start_session(
     };
     let (network, proxy) = match egress {
         Some((network, policies)) => {
-            match crate::egress::attach(state, &caller.tenant, &id, &launched, policies, true).await
-            {
+            let attached = crate::egress::attach(
+                state,
+                &caller.tenant,
+                &id,
+                &launched,
+                policies,
+                &secrets,
+                true,
+            )
+            .await;
+            match attached {
                 Ok(proxy) => (Some(network), Some(proxy)),
                 Err(e) => {
                     let _ = launched.destroy().await;
@@ -1439,8 +1486,10 @@ async fn start_session(
             image: image.clone(),
             metadata: None,
             network: None,
+            secrets: None,
             ..request.clone()
         },
+        secrets,
         created_at: rfc3339(now),
         terms: Mutex::new(Terms {
             expires_at: Some(now + ttl as i64),
@@ -1485,6 +1534,7 @@ type Policies = (
 /// A session's row in the `sessions` table.
 fn session_row(state: &Shared, session: &Session, db_state: &str) -> Result<SessionRow, ApiError> {
     let sandbox = session.sandbox();
+    let secrets = crate::secrets::stored(&session.secrets)?;
     let (expires_at, idle_timeout, request, network) = {
         let terms = session.terms();
         let request = terms.stored_request(&session.request)?;
@@ -1510,6 +1560,7 @@ fn session_row(state: &Shared, session: &Session, db_state: &str) -> Result<Sess
         idle_timeout_s: idle_timeout.map(|s| s as i64),
         last_active_at: rfc3339(session.last_active.load(Ordering::Relaxed)),
         network,
+        secrets,
     })
 }
 

@@ -68,6 +68,9 @@ pub struct SessionInfo {
     pub metadata: BTreeMap<String, String>,
     /// Where it may connect (mode `none` for a session without a way out).
     pub network: crate::egress::Network,
+    /// Its secrets: names, hosts and placeholders, never values.
+    #[serde(default)]
+    pub secrets: Vec<crate::secrets::SecretInfo>,
     pub limits: serde_json::Value,
     /// What isolation the sandbox really has (as `brig run --json`'s `enforced`).
     pub enforced: serde_json::Value,

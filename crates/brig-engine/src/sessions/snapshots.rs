@@ -807,6 +807,11 @@ pub async fn restore(
         if network.is_some() {
             crate::egress::offer(&mut spec);
         }
+        // And its secrets, with the same placeholders.
+        if !session.secrets.is_empty() {
+            let ca = state.egress.ca()?;
+            crate::secrets::offer(&mut spec, &session.secrets, ca.cert_pem());
+        }
         // The session's disk is reserved already: it is live.
         prepare_bundles(state, &caller.tenant, &session.request, 0, false).await?;
         // The new sandbox gets its own socket beside the old one, then replaces it.
@@ -824,6 +829,7 @@ pub async fn restore(
                     &session.id,
                     &launched,
                     policies,
+                    &session.secrets,
                     true,
                 )
                 .await;

@@ -171,7 +171,69 @@ impl From<brig_engine::egress::Network> for Network {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+/// A secret's value; never printed (`Debug` shows `<redacted>`) nor serialized.
+#[derive(Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(transparent)]
+#[schema(value_type = String)]
+pub struct SecretValue(String);
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
+/// A secret the sandbox sees only as a placeholder in its variable `name`; the
+/// session's proxy puts `value` into requests toward `hosts` only, and refuses
+/// (and audits) a request carrying the placeholder anywhere else.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Secret {
+    /// An environment variable's name (letters, digits, `_`; at most 64), unique.
+    pub name: String,
+    /// Never returned, logged or audited. No line breaks or NUL.
+    pub value: SecretValue,
+    /// `example.com` or `*.example.com` (no IPs, no ports): where the value may go.
+    pub hosts: Vec<String>,
+}
+
+impl From<Secret> for brig_engine::secrets::SecretRequest {
+    fn from(Secret { name, value, hosts }: Secret) -> Self {
+        brig_engine::secrets::SecretRequest {
+            name,
+            value: brig_engine::secrets::SecretValue(value.0),
+            hosts,
+        }
+    }
+}
+
+/// What a session shows of a secret: never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SecretInfo {
+    pub name: String,
+    pub hosts: Vec<String>,
+    /// What the sandbox holds instead of the value (worthless anywhere else),
+    /// for putting into a file rather than reading the variable.
+    pub placeholder: String,
+}
+
+impl From<brig_engine::secrets::SecretInfo> for SecretInfo {
+    fn from(
+        brig_engine::secrets::SecretInfo {
+            name,
+            hosts,
+            placeholder,
+        }: brig_engine::secrets::SecretInfo,
+    ) -> Self {
+        SecretInfo {
+            name,
+            hosts,
+            placeholder,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
     pub image: Option<String>,
@@ -199,6 +261,9 @@ pub struct CreateSession {
     /// Where the session may connect; the daemon's `--session-network` when absent
     /// (a fork: the policy of its snapshot's session).
     pub network: Option<Network>,
+    /// Secrets the sandbox never sees; they need a network mode other than
+    /// `none`. A fork gets only those its own request gives.
+    pub secrets: Option<Vec<Secret>>,
 }
 
 impl From<CreateSession> for sessions::CreateSession {
@@ -216,6 +281,7 @@ impl From<CreateSession> for sessions::CreateSession {
             idle_timeout_seconds,
             metadata,
             network,
+            secrets,
         } = request;
         sessions::CreateSession {
             image,
@@ -230,6 +296,7 @@ impl From<CreateSession> for sessions::CreateSession {
             idle_timeout_seconds,
             metadata,
             network: network.map(Into::into),
+            secrets: secrets.map(|list| list.into_iter().map(Into::into).collect()),
         }
     }
 }
@@ -291,6 +358,8 @@ pub struct SessionInfo {
     pub metadata: BTreeMap<String, String>,
     /// The network policy in force.
     pub network: Network,
+    /// Its secrets: names, hosts and placeholders, never values.
+    pub secrets: Vec<SecretInfo>,
     #[schema(value_type = Object)]
     pub limits: serde_json::Value,
     /// What isolation the sandbox really has (as `brig run --json`'s `enforced`).
@@ -314,6 +383,7 @@ impl From<sessions::SessionInfo> for SessionInfo {
             volume,
             metadata,
             network,
+            secrets,
             limits,
             enforced,
         } = info;
@@ -331,6 +401,7 @@ impl From<sessions::SessionInfo> for SessionInfo {
             volume,
             metadata,
             network: network.into(),
+            secrets: secrets.into_iter().map(Into::into).collect(),
             limits,
             enforced,
         }
@@ -572,6 +643,25 @@ mod tests {
         assert_eq!(serde_json::to_value(&engine).unwrap(), sent);
     }
 
+    /// Secrets reach the engine too, but no stored or printed form of the request
+    /// holds a value.
+    #[test]
+    fn a_create_requests_secrets_reach_the_engine_and_never_print() {
+        let sent = json!({
+            "network": {"mode": "open"},
+            "secrets": [{"name": "TOKEN", "value": "hunter2", "hosts": ["api.test"]}],
+        });
+        let wire: CreateSession = serde_json::from_value(sent).unwrap();
+        assert!(!format!("{wire:?}").contains("hunter2"));
+        let engine: sessions::CreateSession = wire.into();
+        assert!(!format!("{engine:?}").contains("hunter2"));
+        assert!(!serde_json::to_string(&engine).unwrap().contains("hunter2"));
+        let secrets = engine.secrets.unwrap();
+        assert_eq!(secrets[0].name, "TOKEN");
+        assert_eq!(secrets[0].value.0, "hunter2");
+        assert_eq!(secrets[0].hosts, ["api.test"]);
+    }
+
     /// A session and its stats answer as the engine reports them.
     #[test]
     fn a_session_and_its_stats_answer_as_the_engine_has_them() {
@@ -596,6 +686,11 @@ mod tests {
                 allow: vec!["example.com".into()],
                 deny: Vec::new(),
             },
+            secrets: vec![brig_engine::secrets::SecretInfo {
+                name: "TOKEN".into(),
+                hosts: vec!["api.test".into()],
+                placeholder: "brig-secret-TOKEN-00".into(),
+            }],
             limits: json!({"pids": 64}),
             enforced: json!({"seccomp": true}),
         };
