@@ -794,3 +794,47 @@ fn bystander_keeps_connecting(d: &Daemon, key: &str, id: &str, up: &Upstream) {
     let worst: f64 = worst.parse().unwrap();
     assert!(worst < 10.0, "a bystander's connection took {worst} s");
 }
+
+/// `brig serve --egress-rate` caps each session, across all its connections.
+#[test]
+fn root_the_operators_bandwidth_cap_holds_across_a_sessions_connections() {
+    require_root!();
+    let up = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = egress_daemon(&hosts(&dir), &["--egress-rate", "1M"]);
+    let key = d.admin_key().to_string();
+    let port = up.port();
+    let id = sid(&create(&d, &key, allow(&[format!("good.test:{port}")])));
+    // 3 MiB up and back over two connections at once: past the one-second burst,
+    // 2 MiB at 1 MiB/s take two seconds each way.
+    let out = python(
+        &d,
+        &key,
+        &id,
+        &format!(
+            "import threading\n\
+             def pump(n):\n\
+             \x20   s, why = tunnel('good.test:{port}')\n\
+             \x20   threading.Thread(target=s.sendall, args=(b'x' * n,)).start()\n\
+             \x20   got = 0\n\
+             \x20   while got < n:\n\
+             \x20       d = s.recv(65536)\n\
+             \x20       if not d: break\n\
+             \x20       got += len(d)\n\
+             \x20   results.append(got)\n\
+             results = []\n\
+             n = 3 * 1024 * 1024 // 2\n\
+             start = time.time()\n\
+             ts = [threading.Thread(target=pump, args=(n,)) for _ in range(2)]\n\
+             [t.start() for t in ts]\n\
+             [t.join() for t in ts]\n\
+             print(results == [n, n], round(time.time() - start, 2))\n"
+        ),
+        false,
+    );
+    let (intact, took) = out.trim().split_once(' ').expect(&out);
+    assert_eq!(intact, "True", "{out}");
+    let took: f64 = took.parse().unwrap();
+    assert!(took >= 1.5, "3 MiB through a 1 MiB/s cap took {took} s");
+    delete_session(&d, &key, &id);
+}

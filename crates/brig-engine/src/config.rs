@@ -71,6 +71,8 @@ pub struct Config {
     pub egress_allow_private: Vec<brig_policy::net::Cidr>,
     /// The network of sessions that do not ask for one.
     pub session_network: crate::egress::Network,
+    /// Each session's proxy's bytes per second each way; `None`: no cap.
+    pub egress_rate: Option<u64>,
 }
 
 /// The defaults of `brig serve` (the server's flags hold the same; a test there
@@ -115,6 +117,7 @@ impl Default for Config {
             egress_ca_file: None,
             egress_allow_private: Vec::new(),
             session_network: crate::egress::Network::default(),
+            egress_rate: None,
         }
     }
 }

@@ -157,6 +157,8 @@ pub struct Egress {
     pub allow_private: Vec<Cidr>,
     /// For sessions that do not ask (`--session-network`).
     pub default: Network,
+    /// Each session's bandwidth cap (`--egress-rate`).
+    rate: Option<u64>,
     events: mpsc::Sender<NewAuditEvent>,
     /// The CA of TLS interception for sessions' secrets, kept in the data dir
     /// (0600) and loaded at the first session with secrets.
@@ -197,6 +199,7 @@ impl Egress {
             resolver,
             allow_private: config.egress_allow_private.clone(),
             default,
+            rate: config.egress_rate,
             events,
             ca_path: config.data_dir.join(CA_FILE),
             ca: Mutex::new(None),
@@ -337,7 +340,10 @@ pub async fn attach(
     let egress = brig_net::LiveEgress {
         policy: live.clone(),
         resolver: state.egress.resolver.clone(),
-        limits: brig_net::Limits::default(),
+        limits: brig_net::Limits {
+            bytes_per_second: state.egress.rate,
+            ..brig_net::Limits::default()
+        },
         events: Some(sink(state, tenant, session_id)),
         secrets,
     };

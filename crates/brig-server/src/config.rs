@@ -193,6 +193,10 @@ pub struct ServeArgs {
     /// object, e.g. '{"mode":"allow","allow":["pypi.org:443"]}'.
     #[arg(long, value_name = "JSON", default_value = r#"{"mode":"none"}"#, value_parser = network)]
     pub session_network: brig_engine::egress::Network,
+    /// Cap each session's traffic through its proxy at RATE bytes per second each
+    /// way (10M, 512K), across all its connections, after a one-second burst.
+    #[arg(long, value_name = "RATE", value_parser = size)]
+    pub egress_rate: Option<u64>,
 }
 
 fn cidr(text: &str) -> Result<brig_policy::net::Cidr, String> {
@@ -297,6 +301,7 @@ impl From<ServeArgs> for Config {
             egress_ca_file,
             egress_allow_private,
             session_network,
+            egress_rate,
         } = args;
         Config {
             listen,
@@ -336,6 +341,7 @@ impl From<ServeArgs> for Config {
             egress_ca_file,
             egress_allow_private,
             session_network,
+            egress_rate,
         }
     }
 }
