@@ -926,3 +926,36 @@ fn root_pip_installs_from_an_allowed_index_and_not_from_another() {
         "{stderr}"
     );
 }
+
+/// With only an address rule, no name gets through, not even one that points into
+/// the allowed range: the proxy would have to look it up, and a lookup of a made-up
+/// name is a way out by itself.
+#[test]
+fn root_an_address_rule_lets_no_name_be_looked_up() {
+    require_root!();
+    let up = Upstream::start("127.0.0.1", 0).unwrap();
+    let port = up.port();
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = hosts_file(&dir, "127.0.0.1 named.test\n");
+    let rule = format!("127.0.0.1/32:{port}");
+    let args = allow_args(&hosts, &[&rule]);
+    let out = sandbox(
+        &strs(&args),
+        &format!(
+            "print(connect('127.0.0.1:{port}'))\n\
+             print(connect('named.test:{port}'))\n\
+             try:\n\
+             \x20   print(socket.gethostbyname('named.test'))\n\
+             except OSError as e:\n\
+             \x20   print('no address')\n"
+        ),
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(lines[0].ends_with("ECHOED"), "{out}");
+    assert!(
+        lines[1].contains("403") && lines[1].contains("not on the allow list"),
+        "{out}"
+    );
+    assert_eq!(lines[2], "no address", "{out}");
+}

@@ -600,11 +600,15 @@ impl EgressPolicy {
                 rule: rule.to_string(),
             });
         }
+        // Only a name rule lets a name through: an IP or CIDR rule allows addresses
+        // given as addresses. Otherwise any name would be looked up to see where it
+        // points, and a lookup of a made-up name carries data out to whoever
+        // serves that domain, whatever the allow list says.
         if self.mode == EgressMode::Allow
             && !self
                 .allow
                 .iter()
-                .any(|r| !r.pattern.is_name() || r.matches(Some(&name), None, port))
+                .any(|r| r.pattern.is_name() && r.matches(Some(&name), None, port))
         {
             return Err(self.not_allowed());
         }
@@ -857,14 +861,20 @@ mod tests {
     }
 
     #[test]
-    fn ip_and_cidr_rules_match_addresses_whatever_the_name() {
+    fn ip_and_cidr_rules_allow_addresses_and_never_let_a_name_be_looked_up() {
         let p = policy(EgressMode::Allow, &["93.184.0.0/16:443"], &[]);
         assert!(p.check(None, ip(PUBLIC), 443).is_ok());
-        assert!(p.check(Some("anything.net"), ip(PUBLIC), 443).is_ok());
         assert!(p.check(None, ip(PUBLIC), 80).is_err());
         assert!(p.check(None, ip("8.8.8.8"), 443).is_err());
-        // A name might resolve into the range: it is looked up, then decided.
-        assert!(p.check_name("anything.net", None).is_ok());
+        // A lookup of a made-up name would carry data out by itself.
+        assert!(matches!(
+            p.check_name("anything.net", Some(443)),
+            Err(Refusal::NotAllowed { .. })
+        ));
+        assert!(matches!(
+            p.check_name("anything.net", None),
+            Err(Refusal::NotAllowed { .. })
+        ));
     }
 
     #[test]
