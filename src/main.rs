@@ -375,7 +375,7 @@ impl RunArgs {
         let policy = self.egress()?;
         let resolver = match &self.egress_hosts {
             Some(path) => brig_net::Resolver::from_hosts_file(path)?,
-            None => brig_net::Resolver::System,
+            None => brig_net::Resolver::system()?,
         };
         // Capture needs iproute2 and nftables on the host; without them, programs
         // that ignore the proxy variables reach nothing (no route), which is safe.

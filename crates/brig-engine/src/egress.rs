@@ -181,7 +181,7 @@ impl Egress {
     pub fn new(config: &crate::Config) -> anyhow::Result<Egress> {
         let resolver = match &config.egress_hosts {
             Some(path) => brig_net::Resolver::from_hosts_file(path)?,
-            None => brig_net::Resolver::System,
+            None => brig_net::Resolver::system()?,
         };
         let default = config.session_network.normalized().map_err(|e| {
             anyhow::anyhow!(

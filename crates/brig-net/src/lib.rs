@@ -164,6 +164,8 @@ pub enum NetError {
     },
     #[error("egress TLS: {0}")]
     Tls(String),
+    #[error("the host's resolver: {0}")]
+    Resolver(String),
     #[error(transparent)]
     Secret(#[from] SecretError),
     #[error("hosts file {path}, line {line}: {reason}")]

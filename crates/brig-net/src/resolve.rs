@@ -1,5 +1,7 @@
-//! The proxy's own resolver: the system's (getaddrinfo, on a blocking thread), or a
-//! hosts file for air-gapped installs and tests (`--egress-hosts`), which then is
+//! The proxy's own resolver: the system's (the host's resolv.conf and hosts file,
+//! read by hickory: asynchronous, so a sandbox that floods its resolver with names
+//! costs sockets and memory, never the runtime's blocking threads, which the daemon
+//! needs for its own work), or a hosts file for air-gapped installs and tests (`--egress-hosts`), which then is
 //! the only source of names. The file is read again when it changes, as a DNS zone
 //! would be: an operator edits it without a restart, and every connection is
 //! checked against what the name resolves to at that moment (rebinding a name to a
@@ -17,8 +19,8 @@ use crate::NetError;
 
 #[derive(Debug, Clone)]
 pub enum Resolver {
-    /// The host's resolver.
-    System,
+    /// The host's resolver (see [`Resolver::system`]).
+    System(Arc<hickory_resolver::TokioResolver>),
     /// Only these names, each to these addresses.
     Hosts(HashMap<String, Vec<IpAddr>>),
     /// Only the names of a hosts file, as it reads now.
@@ -74,6 +76,18 @@ fn read_hosts(path: &Path) -> Result<HashMap<String, Vec<IpAddr>>, NetError> {
 }
 
 impl Resolver {
+    /// The host's: the name servers of its /etc/resolv.conf, then its /etc/hosts,
+    /// each question tried twice with a 5 s timeout.
+    pub fn system() -> Result<Resolver, NetError> {
+        let mut builder = hickory_resolver::Resolver::builder_tokio()
+            .map_err(|e| NetError::Resolver(e.to_string()))?;
+        let options = builder.options_mut();
+        options.timeout = std::time::Duration::from_secs(5);
+        options.attempts = 2;
+        options.ip_strategy = hickory_resolver::config::LookupIpStrategy::Ipv4AndIpv6;
+        Ok(Resolver::System(Arc::new(builder.build())))
+    }
+
     /// A hosts file: `ADDRESS NAME [NAME...]` per line, `#` comments. Refused if it
     /// cannot be read or has a bad line now; later changes are read as they come.
     pub fn from_hosts_file(path: &Path) -> Result<Resolver, NetError> {
@@ -123,14 +137,20 @@ impl Resolver {
         match self {
             Resolver::Hosts(names) => names.get(name).cloned().ok_or_else(missing),
             Resolver::HostsFile(file) => file.names().get(name).cloned().ok_or_else(missing),
-            Resolver::System => {
-                let found = tokio::net::lookup_host((name, 0))
-                    .await
-                    .map_err(|e| format!("cannot resolve {name}: {e}"))?;
+            Resolver::System(resolver) => {
+                // As a fully qualified name: the host's search domains are the
+                // host's, not the sandbox's.
+                let found = resolver.lookup_ip(format!("{name}.")).await.map_err(|e| {
+                    if e.is_no_records_found() {
+                        format!("{name} has no address")
+                    } else {
+                        format!("cannot resolve {name}: {e}")
+                    }
+                })?;
                 let mut addrs: Vec<IpAddr> = Vec::new();
-                for addr in found {
-                    if !addrs.contains(&addr.ip()) {
-                        addrs.push(addr.ip());
+                for addr in found.iter() {
+                    if !addrs.contains(&addr) {
+                        addrs.push(addr);
                     }
                 }
                 if addrs.is_empty() {
@@ -182,5 +202,86 @@ mod tests {
         assert_eq!(Resolver::parse_hosts("x a.test").unwrap_err().0, 1);
         assert_eq!(Resolver::parse_hosts("\n1.2.3.4").unwrap_err().0, 2);
         assert!(Resolver::parse_hosts("1.2.3.4 bücher.de").is_err());
+    }
+}
+
+#[cfg(test)]
+mod system_tests {
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::time::{Duration, Instant};
+
+    use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
+    use hickory_resolver::name_server::TokioConnectionProvider;
+
+    use super::*;
+
+    /// A name server on loopback that answers every A question with 10.9.8.7, and
+    /// every other with no answer, each after `delay`.
+    async fn slow_name_server(delay: Duration) -> SocketAddr {
+        let socket = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        let addr = socket.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+                let query = buf[..n].to_vec();
+                let socket = socket.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let question_end = 12 + query[12..].iter().position(|&b| b == 0).unwrap() + 5;
+                    let qtype =
+                        u16::from_be_bytes([query[question_end - 4], query[question_end - 3]]);
+                    let answers = u16::from(qtype == 1);
+                    let mut reply = query[..2].to_vec();
+                    reply.extend([0x81, 0x80, 0, 1]);
+                    reply.extend(answers.to_be_bytes());
+                    reply.extend([0, 0, 0, 0]);
+                    reply.extend(&query[12..question_end]);
+                    if answers == 1 {
+                        reply.extend([0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 10, 9, 8, 7]);
+                    }
+                    let _ = socket.send_to(&reply, from).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// Lookups are asynchronous: 200 at once against a name server that takes 200 ms
+    /// each finish together, on a runtime with a single blocking thread.
+    #[test]
+    fn a_flood_of_lookups_needs_no_blocking_threads() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let server = slow_name_server(Duration::from_millis(200)).await;
+            let servers =
+                NameServerConfigGroup::from_ips_clear(&[server.ip()], server.port(), true);
+            let config = ResolverConfig::from_parts(None, vec![], servers);
+            let mut builder = hickory_resolver::Resolver::builder_with_config(
+                config,
+                TokioConnectionProvider::default(),
+            );
+            builder.options_mut().cache_size = 0;
+            let resolver = Resolver::System(Arc::new(builder.build()));
+            let started = Instant::now();
+            let mut lookups = tokio::task::JoinSet::new();
+            for i in 0..200 {
+                let resolver = resolver.clone();
+                lookups.spawn(async move { resolver.lookup(&format!("n{i}.flood.test")).await });
+            }
+            let ten_nine = [IpAddr::V4(Ipv4Addr::new(10, 9, 8, 7))];
+            while let Some(result) = lookups.join_next().await {
+                assert_eq!(result.unwrap().as_deref(), Ok(&ten_nine[..]));
+            }
+            // One at a time they would take 40 s.
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{:?}",
+                started.elapsed()
+            );
+        });
     }
 }
