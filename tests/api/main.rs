@@ -20,6 +20,7 @@ mod files;
 mod filestore;
 mod hostile_tree;
 mod http_edges;
+mod interpreter;
 mod onyx;
 mod openapi;
 mod processes;

@@ -37,6 +37,7 @@ pub mod egress;
 pub mod execute;
 pub mod fault;
 pub mod filestore;
+pub mod interpreter;
 pub mod metrics;
 pub mod rootfs;
 pub mod secrets;

@@ -124,6 +124,7 @@ pub fn api_router(args: &Config) -> OpenApiRouter<AppState> {
         .merge(crate::rest::snapshots::routes())
         .merge(crate::rest::exec::routes())
         .merge(crate::rest::processes::routes())
+        .merge(crate::rest::interpreter::routes())
         .merge(crate::rest::volumes::routes())
         .merge(crate::onyx::execute::routes().layer(Extension(Frontend::Onyx)))
         .merge(crate::rest::sessions::routes())

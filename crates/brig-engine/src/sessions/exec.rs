@@ -455,7 +455,7 @@ pub async fn kill_job(sandbox: &dyn Sandbox, job: u64) {
 /// died, or the request was dropped); returns init's first reply. An init started
 /// by an older daemon refuses the `bound` field: the exec is then sent unbound, and
 /// runs on if the request is dropped (as every exec did before binding).
-async fn start_bound(
+pub(crate) async fn start_bound(
     agent: &mut dyn Link,
     argv: Vec<String>,
     env: Vec<String>,

@@ -404,6 +404,8 @@ pub struct Session {
     /// Its egress proxy, for a session started with a way out: dropped, it stops
     /// serving.
     pub(crate) egress: Mutex<Option<crate::egress::Proxy>>,
+    /// Its interpreter's contexts (in memory: they end with the daemon).
+    pub interpreter: crate::interpreter::Contexts,
 }
 
 /// What of a session can change after create (`PATCH /v1/sessions/{id}`).
@@ -816,6 +818,7 @@ impl Sessions {
                 deleted: AtomicBool::new(false),
                 lock_kills: AtomicU64::new(0),
                 next_lock_count: Mutex::new(None),
+                interpreter: Default::default(),
                 egress: Mutex::new(None),
             };
             // Its listeners went with the previous daemon; until they are bound
@@ -1508,6 +1511,7 @@ async fn start_session(
         deleted: AtomicBool::new(false),
         lock_kills: AtomicU64::new(0),
         next_lock_count: Mutex::new(None),
+        interpreter: Default::default(),
         egress: Mutex::new(proxy),
     });
     // Files are copied in after the row is written, and if that fails the session is

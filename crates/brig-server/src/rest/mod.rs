@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod exec;
 pub mod files;
+pub mod interpreter;
 pub mod metrics;
 pub mod processes;
 pub mod sessions;

@@ -1,0 +1,235 @@
+# brig's interpreter kernel: one per context, inside the session's sandbox.
+#
+# Requests come one JSON object a line on stdin ({"code", "n"}); events go one JSON
+# object a line on the stdout brig gave it. Before any user code runs, both are
+# moved to private descriptors and fds 0, 1 and 2 are replaced (0 by /dev/null, 1
+# and 2 by pipes this kernel reads), so nothing user code or its subprocesses print
+# can pass for an event: their output arrives as stream events, written by us.
+# Plain python3 only (no IPython): sessions on host dirs have Debian's.
+import ast
+import base64
+import builtins
+import codecs
+import io
+import json
+import linecache
+import os
+import select
+import signal
+import sys
+import threading
+import traceback
+import types
+import warnings
+
+
+def main():
+    requests = os.fdopen(os.dup(0), "rb", buffering=0)
+    events = os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    lock = threading.Lock()
+
+    def emit(event):
+        data = (json.dumps(event) + "\n").encode()
+        while data:
+            data = data[os.write(events, data):]
+
+    streams = {}
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        r, w = os.pipe()
+        os.dup2(w, fd)
+        os.close(w)
+        os.set_blocking(r, False)
+        streams[r] = (name, codecs.getincrementaldecoder("utf-8")("replace"))
+    sys.stdout = io.TextIOWrapper(open(1, "wb", 0, closefd=False), "utf-8",
+                                  "backslashreplace", write_through=True)
+    sys.stderr = io.TextIOWrapper(open(2, "wb", 0, closefd=False), "utf-8",
+                                  "backslashreplace", write_through=True)
+
+    def drain():
+        # Under `lock`: what the pipes hold now, as events.
+        for fd, (name, decoder) in streams.items():
+            while True:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                text = decoder.decode(data)
+                if text:
+                    emit({"type": name, "text": text})
+
+    def pump():
+        while True:
+            select.select(list(streams), [], [])
+            with lock:
+                drain()
+
+    threading.Thread(target=pump, daemon=True).start()
+
+    def emit_in_order(event):
+        # After everything printed before it.
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        with lock:
+            drain()
+            if event is not None:
+                emit(event)
+
+    running = [False]
+
+    def on_sigint(signum, frame):
+        # brig interrupts running code only; between runs the kernel's own code
+        # must not be broken off.
+        if running[0]:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    warnings.filterwarnings("ignore", message=".*non-interactive.*")
+
+    def capture_figures():
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        if getattr(plt.show, "__module__", None) != __name__:
+            plt.show = lambda *a, **k: capture_figures()
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", bbox_inches="tight")
+            data = {"text/plain": safe(repr, fig),
+                    "image/png": base64.b64encode(buf.getvalue()).decode()}
+            emit_in_order({"type": "result", "data": data, "main": False})
+        plt.close("all")
+
+    def display(*objs):
+        """Shows each object as a rich result (a MIME bundle)."""
+        for obj in objs:
+            emit_in_order({"type": "result", "data": bundle(obj), "main": False})
+
+    builtins.display = display
+    main_module = types.ModuleType("__main__")
+    main_module.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main_module
+    ns = main_module.__dict__
+
+    def run(code, n):
+        filename = "<cell-%d>" % n
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        running[0] = True
+        try:
+            tree = ast.parse(code, filename, "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, filename, "exec"), ns)
+            if last is not None:
+                value = eval(compile(last, filename, "eval"), ns)
+                if value is not None:
+                    ns["_"] = value
+                    emit_in_order({"type": "result", "data": bundle(value), "main": True})
+            capture_figures()
+        except BaseException as e:  # the user's SystemExit and Ctrl-C included
+            try:
+                capture_figures()
+            except BaseException:
+                pass
+            emit_in_order(error_event(e))
+        finally:
+            running[0] = False
+
+    emit({"type": "ready", "python": sys.version.split()[0]})
+    while True:
+        line = requests.readline()
+        if not line:
+            return
+        try:
+            request = json.loads(line)
+            run(request["code"], int(request.get("n", 0)))
+        except KeyboardInterrupt:
+            pass
+        except Exception as e:
+            emit_in_order(error_event(e))
+        try:
+            emit_in_order({"type": "end"})
+        except KeyboardInterrupt:
+            emit_in_order({"type": "end"})
+
+
+def safe(f, *args):
+    try:
+        return f(*args)
+    except BaseException as e:
+        return "<%s failed: %s>" % (getattr(f, "__name__", "repr"), type(e).__name__)
+
+
+REPRS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+    ("_repr_json_", "application/json"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_javascript_", "application/javascript"),
+)
+
+
+def bundle(obj):
+    """The object's MIME bundle, as IPython's display system would build it."""
+    data = {}
+    if not isinstance(obj, type):
+        method = safe(getattr, obj, "_repr_mimebundle_", None)
+        if callable(method):
+            try:
+                got = method()
+                if isinstance(got, tuple):
+                    got = got[0]
+                if isinstance(got, dict):
+                    data.update(got)
+            except Exception:
+                pass
+        for name, mime in REPRS:
+            if mime in data:
+                continue
+            method = safe(getattr, obj, name, None)
+            if not callable(method):
+                continue
+            try:
+                value = method()
+            except Exception:
+                continue
+            if isinstance(value, tuple):
+                value = value[0]
+            if value is not None:
+                data[mime] = value
+    data.setdefault("text/plain", safe(repr, obj))
+    out = {}
+    for mime, value in data.items():
+        if isinstance(value, (bytes, bytearray)):
+            value = base64.b64encode(value).decode()
+        try:
+            json.dumps(value)
+        except Exception:
+            continue
+        out[str(mime)] = value
+    return out
+
+
+def error_event(e):
+    tb = e.__traceback__
+    # Only the user's frames: the kernel's own are noise to them.
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell-"):
+        tb = tb.tb_next
+    lines = traceback.format_exception(type(e), e, tb)
+    return {"type": "error", "name": type(e).__name__, "value": safe(str, e),
+            "traceback": "".join(lines)}
+
+
+main()
