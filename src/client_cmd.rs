@@ -188,6 +188,25 @@ pub struct ExecArgs {
 }
 
 #[derive(Args)]
+pub struct CodeArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// The session to run in.
+    session: String,
+    /// A Python file to run [default: stdin].
+    file: Option<std::path::PathBuf>,
+    /// The context to run in [default: the session's `default`].
+    #[arg(long, value_name = "ID")]
+    context: Option<String>,
+    /// Interrupt the code after this long (e.g. 30s) [default: the daemon's].
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+    /// Print the whole outcome as one JSON object when the code ends.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
 pub struct CpArgs {
     #[command(flatten)]
     conn: ConnArgs,
@@ -281,6 +300,11 @@ pub fn session(args: SessionArgs) -> ExitCode {
 pub fn exec(args: ExecArgs) -> ExitCode {
     let json = args.json;
     finish(json, connect(&args.conn).and_then(|c| exec_cmd(&c, args)))
+}
+
+pub fn code(args: CodeArgs) -> ExitCode {
+    let json = args.json;
+    finish(json, connect(&args.conn).and_then(|c| code_cmd(&c, args)))
 }
 
 pub fn cp(args: CpArgs) -> ExitCode {
@@ -1092,6 +1116,100 @@ fn tenant_cmd(client: &Client, command: TenantCommand) -> Result<u8> {
         .collect();
     print!("{}", table(&["TENANT", "SESSIONS", "EXECS", "DISK"], &rows));
     Ok(0)
+}
+
+// ---------------------------------------------------------------------------------
+// brig code
+// ---------------------------------------------------------------------------------
+
+/// Runs Python in a session's interpreter: output as it comes, each result's
+/// text, an error's traceback on stderr. Exits 0, 1 when the code raised, 124 when
+/// it was interrupted at its timeout.
+fn code_cmd(client: &Client, args: CodeArgs) -> Result<u8> {
+    let code = match &args.file {
+        Some(file) => {
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
+        }
+        None => {
+            let mut code = String::new();
+            io::stdin()
+                .lock()
+                .read_to_string(&mut code)
+                .context("reading the code from stdin")?;
+            code
+        }
+    };
+    let mut body = json!({ "code": code });
+    if let Some(context) = &args.context {
+        body["context_id"] = context.clone().into();
+    }
+    if let Some(timeout) = &args.timeout {
+        let ms = brig_policy::parse_duration_ms(timeout).map_err(|e| anyhow!("--timeout: {e}"))?;
+        body["timeout_ms"] = ms.into();
+    }
+    let path = session_path(&args.session, "/code");
+    if args.json {
+        let summary = client.post_json(&path, &body)?;
+        outln!("{summary}");
+        return Ok(code_status(summary["error"].is_object(), &summary));
+    }
+    let response = client.json_request(
+        client.post(&path).header("Accept", "text/event-stream"),
+        &body,
+    )?;
+    let mut events = SseReader::new(BufReader::new(response.into_body().into_reader()));
+    let (mut stdout, mut stderr) = (io::stdout().lock(), io::stderr().lock());
+    let mut failed = false;
+    while let Some(event) = events.next_event().context("reading the output stream")? {
+        let data: Value = serde_json::from_str(&event.data)
+            .map_err(|e| anyhow!("bad '{}' event from the daemon: {e}", event.event))?;
+        let (to_stdout, text) = match event.event.as_str() {
+            "stdout" => (true, data["data"].as_str().unwrap_or_default().to_string()),
+            "stderr" => (false, data["data"].as_str().unwrap_or_default().to_string()),
+            "result" => {
+                let text = data["data"]["text/plain"].as_str().unwrap_or_default();
+                (true, format!("{text}\n"))
+            }
+            "error" => {
+                failed = true;
+                let traceback = data["traceback"].as_str().unwrap_or_default();
+                let text = match traceback.is_empty() {
+                    true => format!(
+                        "{}: {}\n",
+                        str_field(&data, "name"),
+                        str_field(&data, "value")
+                    ),
+                    false => traceback.to_string(),
+                };
+                (false, text)
+            }
+            "end" => return Ok(code_status(failed, &data)),
+            // Unknown events are for newer clients.
+            _ => continue,
+        };
+        let written = if to_stdout {
+            stdout
+                .write_all(text.as_bytes())
+                .and_then(|_| stdout.flush())
+        } else {
+            stderr
+                .write_all(text.as_bytes())
+                .and_then(|_| stderr.flush())
+        };
+        match written {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(EXIT_BROKEN_PIPE),
+            other => other.context("writing output")?,
+        }
+    }
+    bail!("the daemon closed the output stream before the code ended")
+}
+
+fn code_status(failed: bool, end: &Value) -> u8 {
+    if end["timed_out"] == true {
+        124
+    } else {
+        u8::from(failed)
+    }
 }
 
 // ---------------------------------------------------------------------------------

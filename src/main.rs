@@ -52,6 +52,9 @@ enum Command {
     Session(client_cmd::SessionArgs),
     /// Run a command in a session, streaming its output; exits with its status.
     Exec(client_cmd::ExecArgs),
+    /// Run Python in a session's stateful interpreter (from FILE or stdin): its
+    /// variables stay for the next call.
+    Code(client_cmd::CodeArgs),
     /// Copy files and directories between here and a session (SESSION:/path).
     Cp(client_cmd::CpArgs),
     /// Manage the daemon's API keys.
@@ -661,6 +664,7 @@ fn main() -> ExitCode {
         Command::Image(args) => image_cmd::main(args),
         Command::Session(args) => client_cmd::session(args),
         Command::Exec(args) => client_cmd::exec(args),
+        Command::Code(args) => client_cmd::code(args),
         Command::Cp(args) => client_cmd::cp(args),
         Command::Key(args) => client_cmd::key(args),
         Command::Tenant(args) => client_cmd::tenant(args),

@@ -944,3 +944,51 @@ fn session_and_key_commands() {
         json!({"tenant": "acme", "name": "ci"})
     );
 }
+
+#[test]
+fn code_sends_stdin_and_prints_output_results_and_the_traceback() {
+    let home = tempfile::tempdir().unwrap();
+    let (url, requests) = fake_server(|request, stream| {
+        assert_eq!(request.path, "/v1/sessions/s1/code");
+        assert_eq!(request.headers["accept"], "text/event-stream");
+        sse_head(stream);
+        sse(stream, "stdout", json!({"data": "hi\n"}));
+        sse(
+            stream,
+            "result",
+            json!({"data": {"text/plain": "42", "text/html": "<b>42</b>"}, "main": true}),
+        );
+        sse(
+            stream,
+            "error",
+            json!({"name": "ValueError", "value": "v", "traceback": "Traceback: ValueError: v\n"}),
+        );
+        sse(
+            stream,
+            "end",
+            json!({"context_id": "ctx_1", "execution_count": 3, "timed_out": false, "duration_ms": 5}),
+        );
+    });
+    let mut child = brig(
+        &url,
+        home.path(),
+        &["code", "s1", "--context", "ctx_1", "--timeout", "2s"],
+    )
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"x = 1\nx\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), "hi\n42\n");
+    assert_eq!(text(&out.stderr), "Traceback: ValueError: v\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        requests.recv().unwrap().json(),
+        json!({"code": "x = 1\nx\n", "context_id": "ctx_1", "timeout_ms": 2000})
+    );
+}

@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use crate::common::daemon::Daemon;
-use crate::support::{audit_of, create, daemon, sh, sid, sse_post, tenant_key};
+use crate::support::{
+    audit_of, create, daemon, restore, sh, sid, sse_post, take_snapshot, tenant_key,
+};
 use serde_json::{json, Value};
 
 /// A daemon with one session of the admin's: (daemon, key, session id).
@@ -403,4 +405,25 @@ fn root_the_kernel_is_contained_like_any_exec() {
     let uid = sh(&d, &key, &id, "id -u");
     let kernel = run(&d, &key, &id, json!({"code": "import os; os.getuid()"}));
     assert_eq!(value(&kernel), uid.trim());
+}
+
+#[test]
+fn root_a_restore_keeps_the_contexts_and_clears_their_state() {
+    require_root!();
+    let (d, key, id) = one_session();
+    let other = new_context(&d, &key, &id, json!({"cwd": "/tmp"}));
+    run(&d, &key, &id, json!({"code": "v = 1", "context_id": other}));
+    let (status, snap) = take_snapshot(&d, &key, &id);
+    assert_eq!(status, 201, "{snap}");
+    let (status, body) = restore(&d, &key, &id, &snap["snapshot_id"]);
+    assert_eq!(status, 200, "{body}");
+    let r = run(
+        &d,
+        &key,
+        &id,
+        json!({"code": "import os\n('v' in globals(), os.getcwd())", "context_id": other}),
+    );
+    assert_eq!(value(&r), "(False, '/tmp')", "{r}");
+    assert_eq!(r["execution_count"], 1, "{r}");
+    assert_eq!(r["stderr"], "", "a restore is no kernel death: {r}");
 }

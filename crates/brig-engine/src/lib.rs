@@ -22,6 +22,7 @@
 //! | `sessions` | live sandboxes: create, exec, processes, pause, snapshots, re-attach |
 //! | `volumes` | per-tenant persistent disks mounted at `/volume` |
 //! | `execute` | one-shot Python execution (onyx's code interpreter) |
+//! | `interpreter` | stateful Python: contexts, each a kernel inside its session's sandbox |
 //!
 //! The daemon is multi-threaded (tokio) and never forks: sandboxes are started by
 //! re-executing the brig binary in a hidden helper mode (see `backend::namespaces::launch`).
