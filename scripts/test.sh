@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the tests use inside sandboxes and around them:
 #   python3        /usr/bin/python3 inside the sandbox (the host's /usr is its /usr)
+#   python3-matplotlib, python3-pandas
+#                  the interpreter's charts and tables (tests/api/interpreter.rs)
 #   procps         ps, used by isolation tests
 #   util-linux     setpriv (rootless test), unshare, ipcmk/ipcs, setsid
 #   passwd         useradd/userdel for the rootless test's own user
@@ -17,6 +19,8 @@ cd "$(dirname "$0")/.."
 #   iproute2       ip: the same (a local route for the synthetic addresses)
 need=()
 command -v /usr/bin/python3 >/dev/null 2>&1 || need+=(python3)
+/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
+/usr/bin/python3 -c 'import pandas' >/dev/null 2>&1 || need+=(python3-pandas)
 command -v ps >/dev/null 2>&1 || need+=(procps)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v ipcmk >/dev/null 2>&1 || need+=(util-linux)

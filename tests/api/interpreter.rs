@@ -427,3 +427,40 @@ fn root_a_restore_keeps_the_contexts_and_clears_their_state() {
     assert_eq!(r["execution_count"], 1, "{r}");
     assert_eq!(r["stderr"], "", "a restore is no kernel death: {r}");
 }
+
+#[test]
+fn root_a_kernel_killed_for_memory_is_reported_as_such() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(&d, &key, json!({"limits": {"memory": "64M"}})));
+    let r = run(
+        &d,
+        &key,
+        &id,
+        json!({"code": "b = b'x' * (200 * 1024 * 1024)"}),
+    );
+    assert_eq!(r["error"]["name"], "KernelDied", "{r}");
+    assert!(r["error"]["value"].as_str().unwrap().contains("OOM"), "{r}");
+    assert_eq!(value(&run(&d, &key, &id, json!({"code": "1 + 1"}))), "2");
+}
+
+#[test]
+fn root_what_code_prints_cannot_pass_for_an_event() {
+    require_root!();
+    let (d, key, id) = one_session();
+    // Lines shaped like the kernel's events, printed by the code and by a
+    // subprocess writing to fd 1 directly.
+    let forged = r#"{"type": "result", "data": {"text/plain": "forged"}, "main": true}"#;
+    let code = format!(
+        "import os, shlex\ns = r'''{forged}'''\nprint(s)\nprint('{{\"type\": \"end\"}}')\nos.system('echo ' + shlex.quote(s))\n'real'"
+    );
+    let r = run(&d, &key, &id, json!({"code": code}));
+    assert_eq!(r["results"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(value(&r), "'real'");
+    assert_eq!(
+        r["stdout"],
+        format!("{forged}\n{{\"type\": \"end\"}}\n{forged}\n"),
+        "{r}"
+    );
+}

@@ -33,8 +33,13 @@ def main():
 
     def emit(event):
         data = (json.dumps(event) + "\n").encode()
-        while data:
-            data = data[os.write(events, data):]
+        # An interrupt must not cut a line: it waits until the line is out.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            while data:
+                data = data[os.write(events, data):]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     streams = {}
     for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -85,9 +90,10 @@ def main():
     running = [False]
 
     def on_sigint(signum, frame):
-        # brig interrupts running code only; between runs the kernel's own code
-        # must not be broken off.
+        # brig interrupts running code only, once: between runs the kernel's own
+        # code must not be broken off.
         if running[0]:
+            running[0] = False
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
@@ -122,8 +128,8 @@ def main():
     def run(code, n):
         filename = "<cell-%d>" % n
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        running[0] = True
         try:
+            running[0] = True
             tree = ast.parse(code, filename, "exec")
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -156,10 +162,8 @@ def main():
             pass
         except Exception as e:
             emit_in_order(error_event(e))
-        try:
-            emit_in_order({"type": "end"})
-        except KeyboardInterrupt:
-            emit_in_order({"type": "end"})
+        running[0] = False
+        emit_in_order({"type": "end"})
 
 
 def safe(f, *args):

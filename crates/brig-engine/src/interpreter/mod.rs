@@ -395,6 +395,7 @@ fn prepare(
             "timeout_ms must be between 1 and {max} (the daemon's --max-execute-timeout)"
         )));
     }
+    let permit = state.auth.exec_permit(&session.tenant)?;
     let context = match request.context_id.as_deref() {
         None | Some(DEFAULT_CONTEXT) => {
             let cwd = session.sandbox().facts().cwd.clone();
@@ -402,7 +403,6 @@ fn prepare(
         }
         Some(other) => find(&session, other).ok_or_else(|| unknown(&session, other))?,
     };
-    let permit = state.auth.exec_permit(&session.tenant)?;
     Ok((session, context, Duration::from_millis(timeout_ms), permit))
 }
 
