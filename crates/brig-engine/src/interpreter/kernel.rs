@@ -22,7 +22,7 @@ const KERNEL: &str = include_str!("kernel.py");
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// An event line longer than this is dropped (only code writing to the kernel's
 /// private descriptor makes one; the kernel's own are far smaller).
-const MAX_LINE: usize = 64 << 20;
+const MAX_LINE: usize = 16 << 20;
 /// After the kernel's exit, how long what it wrote before is still read (a process
 /// it forked may hold the pipe open for ever).
 const DEATH_GRACE: Duration = Duration::from_millis(300);
@@ -286,7 +286,7 @@ impl Kernel {
                 self.events.consume(at + 1);
                 let line = std::mem::take(&mut self.line);
                 if std::mem::take(&mut self.skipping) {
-                    return Ok(Some(b"(an event line over 64 MiB was dropped)".to_vec()));
+                    return Ok(Some(b"brig: an event over 16 MiB was dropped".to_vec()));
                 }
                 return Ok(Some(line));
             }

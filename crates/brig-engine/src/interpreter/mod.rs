@@ -38,6 +38,8 @@ pub const DEFAULT_CONTEXT: &str = "default";
 pub const MAX_CONTEXTS: usize = 16;
 /// How long interrupted code may take to stop before its kernel is killed.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
+/// The most results one summary keeps, in bytes of their data.
+pub const MAX_SUMMARY_RESULTS: usize = 32 << 20;
 /// Events a call builds ahead of its client.
 const EVENT_QUEUE: usize = 16;
 
@@ -151,6 +153,8 @@ pub struct CodeSummary {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub results: Vec<CodeResult>,
+    /// Results past [`MAX_SUMMARY_RESULTS`] were left out.
+    pub results_truncated: bool,
     pub error: Option<CodeError>,
     pub context_id: String,
     pub execution_count: u64,
@@ -597,7 +601,7 @@ pub async fn run_code_summary(
     Ok(summary.0)
 }
 
-struct Summary(CodeSummary, usize);
+struct Summary(CodeSummary, usize, usize);
 
 impl Summary {
     fn new(limit: usize, context_id: String) -> Summary {
@@ -608,6 +612,7 @@ impl Summary {
                 stdout_truncated: false,
                 stderr_truncated: false,
                 results: Vec::new(),
+                results_truncated: false,
                 error: None,
                 context_id,
                 execution_count: 0,
@@ -615,6 +620,7 @@ impl Summary {
                 duration_ms: 0,
             },
             limit,
+            0,
         )
     }
 
@@ -624,7 +630,18 @@ impl Summary {
         match event {
             CodeEvent::Stdout(text) => keep(&mut s.stdout, &mut s.stdout_truncated, &text, limit),
             CodeEvent::Stderr(text) => keep(&mut s.stderr, &mut s.stderr_truncated, &text, limit),
-            CodeEvent::Result(result) => s.results.push(result),
+            CodeEvent::Result(result) => {
+                let size: usize = result
+                    .data
+                    .values()
+                    .map(|v| v.as_str().map_or(64, str::len))
+                    .sum();
+                self.2 += size;
+                match self.2 <= MAX_SUMMARY_RESULTS {
+                    true => s.results.push(result),
+                    false => s.results_truncated = true,
+                }
+            }
             // The first is the code's; any after it (the kernel's end) say more.
             CodeEvent::Error(error) => match &mut s.error {
                 None => s.error = Some(error),

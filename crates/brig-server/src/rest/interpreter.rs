@@ -78,6 +78,8 @@ pub struct CodeSummary {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub results: Vec<CodeResult>,
+    /// Results past 32 MiB (of their data) were left out: stream to get them all.
+    pub results_truncated: bool,
     pub error: Option<CodeError>,
     pub context_id: String,
     pub execution_count: u64,
@@ -169,6 +171,7 @@ async fn run_code(
             stdout_truncated: s.stdout_truncated,
             stderr_truncated: s.stderr_truncated,
             results: s.results.into_iter().map(result).collect(),
+            results_truncated: s.results_truncated,
             error: s.error.map(error),
             context_id: s.context_id,
             execution_count: s.execution_count,
