@@ -464,3 +464,37 @@ fn root_what_code_prints_cannot_pass_for_an_event() {
         "{r}"
     );
 }
+
+#[test]
+fn root_deleting_a_context_ends_its_kernel() {
+    require_root!();
+    let (d, key, id) = one_session();
+    let other = new_context(&d, &key, &id, json!({}));
+    run(&d, &key, &id, json!({"code": "1"}));
+    // The session's kernels, seen from inside it.
+    let kernels = || {
+        sh(
+            &d,
+            &key,
+            &id,
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^python3 -u -c' || true",
+        )
+        .trim()
+        .to_string()
+    };
+    assert_eq!(kernels(), "2");
+    let (status, e) = d.request(
+        "DELETE",
+        &format!("/v1/sessions/{id}/contexts/{other}"),
+        Some(&key),
+        None,
+    );
+    assert_eq!(status, 204, "{e}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while kernels() != "1" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(kernels(), "1");
+    let (status, _) = code(&d, &key, &id, json!({"code": "1", "context_id": other}));
+    assert_eq!(status, 404);
+}
