@@ -498,3 +498,34 @@ fn root_deleting_a_context_ends_its_kernel() {
     let (status, _) = code(&d, &key, &id, json!({"code": "1", "context_id": other}));
     assert_eq!(status, 404);
 }
+
+#[test]
+fn root_a_session_without_python3_says_so() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    crate::support::import_tiny_image(&d, "tiny");
+    let id = sid(&create(&d, &key, json!({"image": "tiny"})));
+    let (status, e) = d.request(
+        "POST",
+        &format!("/v1/sessions/{id}/contexts"),
+        Some(&key),
+        Some(json!({})),
+    );
+    assert_eq!(status, 422, "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("python3"),
+        "{e}"
+    );
+    let r = run(&d, &key, &id, json!({"code": "1"}));
+    assert_eq!(r["error"]["name"], "KernelError", "{r}");
+    let (_, list) = d.request(
+        "GET",
+        &format!("/v1/sessions/{id}/contexts"),
+        Some(&key),
+        None,
+    );
+    // The refused create kept nothing; the call made the default context.
+    assert_eq!(list["contexts"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["contexts"][0]["id"], "default", "{list}");
+}
