@@ -158,7 +158,7 @@ fn root_rich_results_come_as_mime_bundles() {
         &d,
         &key,
         &id,
-        json!({"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()"}),
+        json!({"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], label='n')\nplt.title('t')\nplt.show()"}),
     );
     let pngs: Vec<&Value> = chart["results"]
         .as_array()
@@ -173,6 +173,14 @@ fn root_rich_results_come_as_mime_bundles() {
         .unwrap()
         .starts_with("iVBORw0KGgo"));
     assert_eq!(chart["stderr"], "", "{chart}");
+    // With a description of what it shows, for a model that cannot see it.
+    let described = &pngs[0]["data"]["application/vnd.brig.chart+json"]["axes"][0];
+    assert_eq!(described["title"], "t", "{chart}");
+    assert_eq!(
+        described["elements"][0],
+        json!({"type": "line", "label": "n", "points": [[0.0, 1.0], [1.0, 2.0], [2.0, 3.0]]}),
+        "{chart}"
+    );
     // The figure was closed: the next call has none.
     let next = run(&d, &key, &id, json!({"code": "plt.get_fignums()"}));
     assert_eq!(value(&next), "[]");

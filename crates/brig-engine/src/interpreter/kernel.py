@@ -111,6 +111,10 @@ def main():
             fig.savefig(buf, format="png", bbox_inches="tight")
             data = {"text/plain": safe(repr, fig),
                     "image/png": base64.b64encode(buf.getvalue()).decode()}
+            try:
+                data[CHART] = describe(fig)
+            except Exception:
+                pass
             emit_in_order({"type": "result", "data": data, "main": False})
         plt.close("all")
 
@@ -171,6 +175,49 @@ def safe(f, *args):
         return f(*args)
     except BaseException as e:
         return "<%s failed: %s>" % (getattr(f, "__name__", "repr"), type(e).__name__)
+
+
+CHART = "application/vnd.brig.chart+json"
+# Points or bars a chart description carries per element, at most.
+CHART_POINTS = 1000
+
+
+def describe(fig):
+    """What a figure shows, for a model that cannot see the image: each axes'
+    title and labels, and its lines, scatters and bars with their data."""
+
+    def num(v):
+        try:
+            return float(v)
+        except Exception:
+            return str(v)
+
+    def label(artist):
+        text = artist.get_label()
+        return None if not text or text.startswith("_") else str(text)
+
+    axes = []
+    for ax in fig.get_axes():
+        elements = []
+        for line in ax.get_lines():
+            xs, ys = line.get_xdata(), line.get_ydata()
+            points = [[num(x), num(y)] for x, y in zip(list(xs)[:CHART_POINTS], list(ys)[:CHART_POINTS])]
+            elements.append({"type": "line", "label": label(line), "points": points})
+        for coll in ax.collections:
+            offsets = getattr(coll, "get_offsets", lambda: [])()
+            if len(offsets):
+                points = [[num(x), num(y)] for x, y in list(offsets)[:CHART_POINTS]]
+                elements.append({"type": "scatter", "label": label(coll), "points": points})
+        for container in getattr(ax, "containers", []):
+            patches = list(getattr(container, "patches", []))[:CHART_POINTS]
+            if patches:
+                bars = [{"x": num(p.get_x() + p.get_width() / 2), "height": num(p.get_height())}
+                        for p in patches]
+                elements.append({"type": "bar", "label": label(container), "bars": bars})
+        ticks = [t.get_text() for t in ax.get_xticklabels()]
+        axes.append({"title": ax.get_title(), "x_label": ax.get_xlabel(),
+                     "y_label": ax.get_ylabel(), "x_tick_labels": ticks, "elements": elements})
+    return {"axes": axes}
 
 
 REPRS = (
