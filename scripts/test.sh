@@ -42,8 +42,10 @@ fi
 
 # PyPI, in a virtualenv of the build's own: openapi-spec-validator checks the
 # daemon's OpenAPI document, and its jsonschema checks live exchanges against it
-# (tests/openapi_conformance.py).
+# (tests/openapi_conformance.py); mcp, the official MCP client, drives brig's MCP
+# server (tests/mcp_client.py).
 validator=target/test-venv/bin/openapi-spec-validator
+pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0)
 if [ ! -x "$validator" ]; then
   rm -rf target/test-venv
   if ! python3 -m venv target/test-venv; then
@@ -53,8 +55,9 @@ if [ ! -x "$validator" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
     python3 -m venv target/test-venv
   fi
-  target/test-venv/bin/pip install -q --disable-pip-version-check openapi-spec-validator==0.9.0
 fi
+# Each run: a venv made before a package was added to the list gets it.
+target/test-venv/bin/pip install -q --disable-pip-version-check "${pypi[@]}"
 
 # What brig may leave behind if a cleanup path is broken: cgroup leaves, processes,
 # mounts. Recorded before and compared after the whole suite (each test also checks

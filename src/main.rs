@@ -24,6 +24,7 @@ macro_rules! outln {
 mod build_cmd;
 mod client_cmd;
 mod image_cmd;
+mod mcp_cmd;
 
 /// Exit status for brig's own errors (bad flag, setup failure), as in `docker run`.
 pub(crate) const EXIT_BRIG_ERROR: u8 = 125;
@@ -61,6 +62,9 @@ enum Command {
     Key(client_cmd::KeyArgs),
     /// See tenants' quotas and usage on the daemon; set quotas.
     Tenant(client_cmd::TenantArgs),
+    /// Serve MCP over stdio: a sandbox as tools for an agent
+    /// (`claude mcp add brig -- brig mcp`).
+    Mcp(mcp_cmd::McpArgs),
 }
 
 /// Run a command in a brand-new sandbox and report its result.
@@ -668,6 +672,7 @@ fn main() -> ExitCode {
         Command::Cp(args) => client_cmd::cp(args),
         Command::Key(args) => client_cmd::key(args),
         Command::Tenant(args) => client_cmd::tenant(args),
+        Command::Mcp(args) => mcp_cmd::main(args),
         Command::Serve(_) => unreachable!("handled before logging is set up"),
     }
 }

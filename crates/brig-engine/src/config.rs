@@ -73,6 +73,10 @@ pub struct Config {
     pub session_network: crate::egress::Network,
     /// Each session's proxy's bytes per second each way; `None`: no cap.
     pub egress_rate: Option<u64>,
+    /// The image of an MCP session's sandbox; `None`: as a session that names none.
+    pub mcp_image: Option<String>,
+    /// The network of an MCP session's sandbox; `None`: `session_network`.
+    pub mcp_network: Option<crate::egress::Network>,
 }
 
 /// The defaults of `brig serve` (the server's flags hold the same; a test there
@@ -118,6 +122,8 @@ impl Default for Config {
             egress_allow_private: Vec::new(),
             session_network: crate::egress::Network::default(),
             egress_rate: None,
+            mcp_image: None,
+            mcp_network: None,
         }
     }
 }

@@ -197,6 +197,14 @@ pub struct ServeArgs {
     /// way (10M, 512K), across all its connections, after a one-second burst.
     #[arg(long, value_name = "RATE", value_parser = size)]
     pub egress_rate: Option<u64>,
+    /// The image of the sandbox each MCP session (`/mcp`) gets [default: as
+    /// --default-session-image].
+    #[arg(long, value_name = "NAME")]
+    pub mcp_image: Option<String>,
+    /// The network policy of MCP sessions' sandboxes, as --session-network's
+    /// [default: --session-network].
+    #[arg(long, value_name = "JSON", value_parser = network)]
+    pub mcp_network: Option<brig_engine::egress::Network>,
 }
 
 fn cidr(text: &str) -> Result<brig_policy::net::Cidr, String> {
@@ -302,6 +310,8 @@ impl From<ServeArgs> for Config {
             egress_allow_private,
             session_network,
             egress_rate,
+            mcp_image,
+            mcp_network,
         } = args;
         Config {
             listen,
@@ -342,6 +352,8 @@ impl From<ServeArgs> for Config {
             egress_allow_private,
             session_network,
             egress_rate,
+            mcp_image,
+            mcp_network,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod http;
 pub mod hyper_refusals;
+pub mod mcp;
 pub mod onyx;
 pub mod rest;
 pub mod server;

@@ -199,6 +199,7 @@ pub fn router(state: AppState) -> Router {
     });
     let max_body = usize::try_from(state.args.max_body_bytes).unwrap_or(usize::MAX);
     let routes = routes
+        .merge(crate::mcp::http::routes(&state))
         .fallback(not_found_fallback)
         .method_not_allowed_fallback(method_not_allowed_fallback)
         .layer(Extension(OpenApiJson(Arc::new(doc))))
