@@ -519,13 +519,13 @@ fn is_api(e: &anyhow::Error, code: &str) -> bool {
     e.downcast_ref::<ApiError>().is_some_and(|a| a.code == code)
 }
 
-struct Client {
+pub(crate) struct Client {
     agent: ureq::Agent,
     url: String,
     api_key: Option<String>,
 }
 
-fn connect(conn: &ConnArgs) -> Result<Client> {
+pub(crate) fn connect(conn: &ConnArgs) -> Result<Client> {
     let settings = Settings::resolve(conn, &|name| std::env::var(name).ok())?;
     let config = ureq::Agent::config_builder()
         // No proxy from the environment for a daemon on this host: a proxy has no
@@ -563,7 +563,7 @@ impl Client {
         }
     }
 
-    fn get(&self, path: &str) -> Request<ureq::typestate::WithoutBody> {
+    pub(crate) fn get(&self, path: &str) -> Request<ureq::typestate::WithoutBody> {
         self.auth(self.agent.get(self.endpoint(path)))
     }
 
@@ -575,7 +575,7 @@ impl Client {
         self.auth(self.agent.post(self.endpoint(path)))
     }
 
-    fn put(&self, path: &str) -> Request<ureq::typestate::WithBody> {
+    pub(crate) fn put(&self, path: &str) -> Request<ureq::typestate::WithBody> {
         self.auth(self.agent.put(self.endpoint(path)))
     }
 
@@ -584,7 +584,10 @@ impl Client {
     }
 
     /// Turns transport failures and error statuses into one-line errors.
-    fn check(&self, result: Result<Response<Body>, ureq::Error>) -> Result<Response<Body>> {
+    pub(crate) fn check(
+        &self,
+        result: Result<Response<Body>, ureq::Error>,
+    ) -> Result<Response<Body>> {
         let response = result.map_err(|e| self.transport_error(e))?;
         let status = response.status().as_u16();
         if status < 400 {
@@ -669,11 +672,11 @@ impl Client {
         )
     }
 
-    fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
+    pub(crate) fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
         read_json(self.json_request(self.post(path), body)?)
     }
 
-    fn get_json(&self, path: &str) -> Result<Value> {
+    pub(crate) fn get_json(&self, path: &str) -> Result<Value> {
         read_json(self.check(self.get(path).call())?)
     }
 
@@ -685,7 +688,7 @@ impl Client {
         read_json(self.json_request(self.patch(path), body)?)
     }
 
-    fn delete_ok(&self, path: &str) -> Result<()> {
+    pub(crate) fn delete_ok(&self, path: &str) -> Result<()> {
         self.check(self.delete(path).call())?;
         Ok(())
     }
@@ -702,7 +705,7 @@ fn read_json(response: Response<Body>) -> Result<Value> {
 }
 
 /// Percent-encodes one path segment (ids come from users and must not add segments).
-fn seg(text: &str) -> String {
+pub(crate) fn seg(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
         if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
@@ -714,7 +717,7 @@ fn seg(text: &str) -> String {
     out
 }
 
-fn session_path(id: &str, rest: &str) -> String {
+pub(crate) fn session_path(id: &str, rest: &str) -> String {
     format!("/v1/sessions/{}{rest}", seg(id))
 }
 

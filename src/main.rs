@@ -25,6 +25,7 @@ mod build_cmd;
 mod client_cmd;
 mod image_cmd;
 mod mcp_cmd;
+mod mcp_daemon;
 
 /// Exit status for brig's own errors (bad flag, setup failure), as in `docker run`.
 pub(crate) const EXIT_BRIG_ERROR: u8 = 125;

@@ -100,6 +100,21 @@ fn root_stdio_tools_work_and_the_sandbox_ends_with_the_session() {
     );
 }
 
+/// `brig mcp` with `BRIG_URL`/`BRIG_API_KEY` is a client of that daemon: every
+/// tool works on a session there, deleted when the client closes stdin.
+#[test]
+fn root_stdio_through_a_daemon_works_and_the_sandbox_ends_with_the_session() {
+    require_root!();
+    let Some(python) = python() else { return };
+    let d = Daemon::start(&[]);
+    let brig = common::brig_path();
+    client(
+        &python,
+        "stdio-daemon",
+        &[brig.to_str().unwrap(), &d.url(""), d.admin_key()],
+    );
+}
+
 /// `/mcp` on the daemon: every tool works; the sandbox is made on the first tool
 /// call and deleted when the client ends its MCP session; all of it is audited as
 /// front end `mcp`.

@@ -3,6 +3,8 @@
 Run by tests/mcp.rs with the Python that scripts/test.sh installs `mcp` into:
 
     mcp_client.py stdio BRIG DATA_DIR STORE     tools end to end over `brig mcp`
+    mcp_client.py stdio-daemon BRIG URL KEY     the same, `brig mcp` a client of the
+                                                daemon at URL; the sandbox ends with stdin
     mcp_client.py http URL KEY                  tools end to end over /mcp; the
                                                 sandbox ends with the MCP session
     mcp_client.py nokey URL                     /mcp refuses a request without a key
@@ -99,6 +101,17 @@ async def stdio(brig, data_dir, store):
         await exercise(client)
 
 
+async def stdio_daemon(brig, url, key):
+    params = StdioServerParameters(command=brig, args=["mcp"], env={"BRIG_URL": url, "BRIG_API_KEY": key})
+    async with Client(params, read_timeout_seconds=120) as client:
+        await client.list_tools()
+        assert sessions(url, key) == []
+        await exercise(client)
+        assert len(sessions(url, key)) == 1
+    # `brig mcp` deletes the sandbox before it exits, and the client waited for it.
+    assert sessions(url, key) == []
+
+
 def sessions(url, key):
     response = httpx2.get(
         url + "/v1/sessions",
@@ -191,7 +204,7 @@ async def isolation(url, key):
 
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
-    runs = {"stdio": stdio, "http": http, "nokey": nokey, "containment": containment, "isolation": isolation}
+    runs = {"stdio": stdio, "stdio-daemon": stdio_daemon, "http": http, "nokey": nokey, "containment": containment, "isolation": isolation}
     asyncio.run(runs[mode](*args))
     print("ok")
 

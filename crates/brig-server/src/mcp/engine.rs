@@ -11,7 +11,7 @@ use brig_engine::sessions::{self, files, CreateSession};
 use brig_engine::state::AppState;
 use tokio::io::AsyncReadExt;
 
-use super::{CommandOutput, Entry, Workspace};
+use super::{CommandOutput, Entry, Failure, Workspace};
 
 /// The sandbox of one MCP session: made on the first tool call, by and for the
 /// tenant of the key that made it; deleted by [`Workspace::close`], or when this is
@@ -68,7 +68,7 @@ impl Workspace for EngineWorkspace {
         caller: Option<Caller>,
         command: String,
         timeout_ms: Option<u64>,
-    ) -> Result<CommandOutput, Error> {
+    ) -> Result<CommandOutput, Failure> {
         let (id, caller) = self.session(caller).await?;
         let request = ExecRequest {
             cmd: Some(command),
@@ -92,7 +92,7 @@ impl Workspace for EngineWorkspace {
         caller: Option<Caller>,
         path: String,
         content: String,
-    ) -> Result<u64, Error> {
+    ) -> Result<u64, Failure> {
         let (id, caller) = self.session(caller).await?;
         let body = std::io::Cursor::new(content.into_bytes());
         let written = files::write(&self.state, &caller, &id, &path, body).await?;
@@ -104,7 +104,7 @@ impl Workspace for EngineWorkspace {
         caller: Option<Caller>,
         path: String,
         limit: u64,
-    ) -> Result<Result<Vec<u8>, u64>, Error> {
+    ) -> Result<Result<Vec<u8>, u64>, Failure> {
         let (id, caller) = self.session(caller).await?;
         let read = files::read(&self.state, &caller, &id, &path).await?;
         if read.size_bytes > limit {
@@ -123,7 +123,11 @@ impl Workspace for EngineWorkspace {
         Ok(Ok(bytes))
     }
 
-    async fn list_files(&self, caller: Option<Caller>, path: String) -> Result<Vec<Entry>, Error> {
+    async fn list_files(
+        &self,
+        caller: Option<Caller>,
+        path: String,
+    ) -> Result<Vec<Entry>, Failure> {
         let (id, caller) = self.session(caller).await?;
         // The listing comes back whole; the body the engine would stream is empty.
         let (tx, rx) = tokio::sync::oneshot::channel();

@@ -13,7 +13,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use brig_engine::auth::Caller;
-use brig_engine::fault::Error;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
     PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
@@ -40,6 +39,23 @@ pub struct CommandOutput {
     pub stderr_truncated: bool,
 }
 
+/// Why a tool's work failed: the daemon's stable code (docs/API.md) and its
+/// one-line message, from the engine here or from a daemon's REST API.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub code: String,
+    pub message: String,
+}
+
+impl From<brig_engine::fault::Error> for Failure {
+    fn from(e: brig_engine::fault::Error) -> Failure {
+        Failure {
+            code: e.code.as_str().to_string(),
+            message: e.message,
+        }
+    }
+}
+
 /// One entry of `list_files`.
 #[derive(Debug, Clone)]
 pub struct Entry {
@@ -59,7 +75,7 @@ pub trait Workspace: Send + Sync + 'static {
         caller: Option<Caller>,
         command: String,
         timeout_ms: Option<u64>,
-    ) -> impl Future<Output = Result<CommandOutput, Error>> + Send;
+    ) -> impl Future<Output = Result<CommandOutput, Failure>> + Send;
 
     /// Writes `content` to `path` (parents made); the bytes written.
     fn write_file(
@@ -67,7 +83,7 @@ pub trait Workspace: Send + Sync + 'static {
         caller: Option<Caller>,
         path: String,
         content: String,
-    ) -> impl Future<Output = Result<u64, Error>> + Send;
+    ) -> impl Future<Output = Result<u64, Failure>> + Send;
 
     /// The file at `path`: `Ok(Err(size))` when it is larger than `limit` bytes.
     fn read_file(
@@ -75,13 +91,13 @@ pub trait Workspace: Send + Sync + 'static {
         caller: Option<Caller>,
         path: String,
         limit: u64,
-    ) -> impl Future<Output = Result<Result<Vec<u8>, u64>, Error>> + Send;
+    ) -> impl Future<Output = Result<Result<Vec<u8>, u64>, Failure>> + Send;
 
     fn list_files(
         &self,
         caller: Option<Caller>,
         path: String,
-    ) -> impl Future<Output = Result<Vec<Entry>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<Entry>, Failure>> + Send;
 
     /// Deletes the sandbox, if one was made: the MCP session is over.
     fn close(&self) -> impl Future<Output = ()> + Send;

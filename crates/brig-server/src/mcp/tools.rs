@@ -6,12 +6,11 @@
 //! A tool is one entry in [`list`] and one arm in [`call`].
 
 use brig_engine::auth::Caller;
-use brig_engine::fault::Error;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Tool, ToolAnnotations};
 use rmcp::ErrorData;
 use serde_json::{json, Value};
 
-use super::{CommandOutput, Entry, Workspace};
+use super::{CommandOutput, Entry, Failure, Workspace};
 
 /// The most `read_file` returns: a model reads it all, and more is rarely useful.
 pub const READ_LIMIT: u64 = 1 << 20;
@@ -124,8 +123,8 @@ fn failed(message: String) -> CallToolResult {
 }
 
 /// A failure from the sandbox, as the model reads it: the daemon's code and message.
-fn refused(e: Error) -> String {
-    format!("{} ({})", e.message, e.code.as_str())
+fn refused(e: Failure) -> String {
+    format!("{} ({})", e.message, e.code)
 }
 
 /// Arguments checked against the tool's parameters: each problem names the
