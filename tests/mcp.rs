@@ -126,6 +126,16 @@ fn root_http_tools_work_and_the_sandbox_ends_with_the_session() {
     client(&python, "http", &[&d.url(""), d.admin_key()]);
 }
 
+/// An MCP session whose client went away without ending it expires after
+/// `--mcp-idle-timeout`, and its sandbox is deleted with it.
+#[test]
+fn root_http_sandbox_ends_when_an_abandoned_session_expires() {
+    require_root!();
+    let Some(python) = python() else { return };
+    let d = Daemon::start(&["--mcp-idle-timeout", "1s"]);
+    client(&python, "expiry", &[&d.url(""), d.admin_key()]);
+}
+
 /// `/mcp` refuses a request without a key, or with an unknown one (401), as the
 /// REST API does.
 #[test]

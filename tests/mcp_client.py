@@ -7,6 +7,8 @@ Run by tests/mcp.rs with the Python that scripts/test.sh installs `mcp` into:
                                                 daemon at URL; the sandbox ends with stdin
     mcp_client.py http URL KEY                  tools end to end over /mcp; the
                                                 sandbox ends with the MCP session
+    mcp_client.py expiry URL KEY                a client gone without ending its session:
+                                                the sandbox ends when the session expires
     mcp_client.py nokey URL                     /mcp refuses a request without a key
     mcp_client.py containment URL KEY HOSTFILE  read_file cannot reach HOSTFILE
     mcp_client.py isolation URL KEY             one MCP session cannot see another's files
@@ -43,10 +45,11 @@ async def error(client, name, arguments):
     return text(result)
 
 
-def http_client(url, key):
+def http_client(url, key, terminate_on_close=True):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120.0))
-    return Client(streamable_http_client(url + "/mcp", http_client=http), read_timeout_seconds=120)
+    transport = streamable_http_client(url + "/mcp", http_client=http, terminate_on_close=terminate_on_close)
+    return Client(transport, read_timeout_seconds=120)
 
 
 async def exercise(client):
@@ -150,6 +153,18 @@ async def http(url, key):
     assert {e["frontend"] for e in events} == {"mcp"}, events
 
 
+async def expiry(url, key):
+    async with http_client(url, key, terminate_on_close=False) as client:
+        await ok(client, "write_file", {"path": "a.txt", "content": "a"})
+        assert len(sessions(url, key)) == 1
+    # No DELETE was sent: the session is deleted once it has idled past the daemon's
+    # --mcp-idle-timeout (the test gives it 1 s).
+    deadline = time.monotonic() + 60
+    while sessions(url, key):
+        assert time.monotonic() < deadline, f"still live: {sessions(url, key)}"
+        await asyncio.sleep(0.2)
+
+
 async def nokey(url):
     for headers in [{}, {"Authorization": "Bearer brig_not_a_key"}]:
         response = httpx2.post(
@@ -204,7 +219,7 @@ async def isolation(url, key):
 
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
-    runs = {"stdio": stdio, "stdio-daemon": stdio_daemon, "http": http, "nokey": nokey, "containment": containment, "isolation": isolation}
+    runs = {"stdio": stdio, "stdio-daemon": stdio_daemon, "http": http, "nokey": nokey, "expiry": expiry, "containment": containment, "isolation": isolation}
     asyncio.run(runs[mode](*args))
     print("ok")
 

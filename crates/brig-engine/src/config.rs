@@ -77,6 +77,8 @@ pub struct Config {
     pub mcp_image: Option<String>,
     /// The network of an MCP session's sandbox; `None`: `session_network`.
     pub mcp_network: Option<crate::egress::Network>,
+    /// An MCP session unused this long ends, and its sandbox with it.
+    pub mcp_idle_timeout_ms: u64,
 }
 
 /// The defaults of `brig serve` (the server's flags hold the same; a test there
@@ -124,6 +126,7 @@ impl Default for Config {
             egress_rate: None,
             mcp_image: None,
             mcp_network: None,
+            mcp_idle_timeout_ms: 15 * 60_000,
         }
     }
 }

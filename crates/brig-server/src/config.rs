@@ -205,6 +205,9 @@ pub struct ServeArgs {
     /// [default: --session-network].
     #[arg(long, value_name = "JSON", value_parser = network)]
     pub mcp_network: Option<brig_engine::egress::Network>,
+    /// An MCP session (`/mcp`) unused this long ends, and its sandbox is deleted.
+    #[arg(long = "mcp-idle-timeout", value_name = "DURATION", default_value = "15m", value_parser = duration_ms)]
+    pub mcp_idle_timeout_ms: u64,
 }
 
 fn cidr(text: &str) -> Result<brig_policy::net::Cidr, String> {
@@ -312,6 +315,7 @@ impl From<ServeArgs> for Config {
             egress_rate,
             mcp_image,
             mcp_network,
+            mcp_idle_timeout_ms,
         } = args;
         Config {
             listen,
@@ -354,6 +358,7 @@ impl From<ServeArgs> for Config {
             egress_rate,
             mcp_image,
             mcp_network,
+            mcp_idle_timeout_ms,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `/mcp`: MCP over streamable HTTP (rmcp's server transport), behind the REST
 //! API's keys. Each MCP session (its `Mcp-Session-Id`) has a server of its own
 //! and so a sandbox of its own; the sandbox is deleted when the session ends: the
-//! client's `DELETE`, or the session's idle expiry ([`IDLE`]).
+//! client's `DELETE`, or the session's idle expiry (`--mcp-idle-timeout`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,9 +19,6 @@ use tokio_util::sync::CancellationToken;
 use super::{Brig, EngineWorkspace};
 use crate::http::Authed;
 
-/// An MCP session nobody has used for this long ends, and its sandbox with it.
-pub const IDLE: Duration = Duration::from_secs(15 * 60);
-
 /// The `/mcp` routes: every request needs a key (401 otherwise), as the REST API's.
 pub fn routes(state: &AppState) -> Router<AppState> {
     let shutdown = CancellationToken::new();
@@ -33,7 +30,8 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         });
     }
     let mut sessions = LocalSessionManager::default();
-    sessions.session_config.keep_alive = Some(IDLE);
+    sessions.session_config.keep_alive =
+        Some(Duration::from_millis(state.args.mcp_idle_timeout_ms));
     let config = StreamableHttpServerConfig::default()
         // Keys guard this route; under --no-auth the daemon's own check holds
         // requests to loopback names (see `server::loopback_only`).
