@@ -320,3 +320,7 @@ fn listing(path: &str, entries: &[Entry]) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+#[cfg(test)]
+#[path = "tools_tests.rs"]
+mod tests;
