@@ -47,6 +47,29 @@ impl DaemonWorkspace {
             .map_err(failure)
     }
 
+    /// [`Self::blocking`] on session `id`: when the daemon says it is gone (its TTL
+    /// or idle timeout ended it), the next call makes a new one.
+    async fn on_session<T: Send + 'static>(
+        &self,
+        id: &str,
+        work: impl FnOnce(&Client) -> anyhow::Result<T> + Send + 'static,
+    ) -> Result<T, Failure> {
+        let result = self.blocking(work).await;
+        if let Err(e) = &result {
+            let mut slot = self.session.lock().await;
+            if e.code == "not_found" && slot.as_deref() == Some(id) {
+                *slot = None;
+                return Err(Failure {
+                    code: e.code.clone(),
+                    message: "this session's sandbox is gone (it expired, or was deleted): \
+                        the next call starts a new, empty one"
+                        .to_string(),
+                });
+            }
+        }
+        result
+    }
+
     async fn session(&self) -> Result<String, Failure> {
         let mut slot = self.session.lock().await;
         if let Some(id) = &*slot {
@@ -95,8 +118,9 @@ impl Workspace for DaemonWorkspace {
         if let Some(timeout_ms) = timeout_ms {
             body["timeout_ms"] = json!(timeout_ms);
         }
+        let path = session_path(&id, "/exec");
         let r = self
-            .blocking(move |client| client.post_json(&session_path(&id, "/exec"), &body))
+            .on_session(&id, move |client| client.post_json(&path, &body))
             .await?;
         let text = |key: &str| r[key].as_str().unwrap_or_default().to_string();
         let flag = |key: &str| r[key].as_bool().unwrap_or(false);
@@ -120,8 +144,8 @@ impl Workspace for DaemonWorkspace {
     ) -> Result<u64, Failure> {
         let id = self.session().await?;
         let len = content.len() as u64;
-        self.blocking(move |client| {
-            let url = with_path(&id, "/files", &path);
+        let url = with_path(&id, "/files", &path);
+        self.on_session(&id, move |client| {
             client.check(client.put(&url).send(content.into_bytes()))?;
             Ok(len)
         })
@@ -135,8 +159,9 @@ impl Workspace for DaemonWorkspace {
         limit: u64,
     ) -> Result<Result<Vec<u8>, u64>, Failure> {
         let id = self.session().await?;
-        self.blocking(move |client| {
-            let response = client.check(client.get(&with_path(&id, "/files", &path)).call())?;
+        let url = with_path(&id, "/files", &path);
+        self.on_session(&id, move |client| {
+            let response = client.check(client.get(&url).call())?;
             let mut bytes = Vec::new();
             response
                 .into_body()
@@ -158,8 +183,9 @@ impl Workspace for DaemonWorkspace {
         path: String,
     ) -> Result<Vec<Entry>, Failure> {
         let id = self.session().await?;
+        let url = with_path(&id, "/dir", &path);
         let listing = self
-            .blocking(move |client| client.get_json(&with_path(&id, "/dir", &path)))
+            .on_session(&id, move |client| client.get_json(&url))
             .await?;
         let entries = listing["entries"].as_array().cloned().unwrap_or_default();
         Ok(entries

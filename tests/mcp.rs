@@ -136,6 +136,16 @@ fn root_http_sandbox_ends_when_an_abandoned_session_expires() {
     client(&python, "expiry", &[&d.url(""), d.admin_key()]);
 }
 
+/// A sandbox that ends under a live MCP session (its TTL, its idle timeout, a
+/// `DELETE` through the REST API) is reported once, then replaced by a new one.
+#[test]
+fn root_http_a_sandbox_gone_under_the_session_is_replaced() {
+    require_root!();
+    let Some(python) = python() else { return };
+    let d = Daemon::start(&[]);
+    client(&python, "recreate", &[&d.url(""), d.admin_key()]);
+}
+
 /// `/mcp` refuses a request without a key, or with an unknown one (401), as the
 /// REST API does.
 #[test]

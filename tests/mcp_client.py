@@ -9,6 +9,8 @@ Run by tests/mcp.rs with the Python that scripts/test.sh installs `mcp` into:
                                                 sandbox ends with the MCP session
     mcp_client.py expiry URL KEY                a client gone without ending its session:
                                                 the sandbox ends when the session expires
+    mcp_client.py recreate URL KEY              a sandbox deleted under a live MCP session
+                                                is replaced on the next call
     mcp_client.py nokey URL                     /mcp refuses a request without a key
     mcp_client.py containment URL KEY HOSTFILE  read_file cannot reach HOSTFILE
     mcp_client.py isolation URL KEY             one MCP session cannot see another's files
@@ -165,6 +167,21 @@ async def expiry(url, key):
         await asyncio.sleep(0.2)
 
 
+async def recreate(url, key):
+    async with http_client(url, key) as client:
+        await ok(client, "write_file", {"path": "a.txt", "content": "a"})
+        [live] = sessions(url, key)
+        # Gone under the MCP session's feet, as its TTL or idle timeout would do.
+        gone = httpx2.delete(
+            url + "/v1/sessions/" + live["session_id"], headers={"Authorization": f"Bearer {key}"}, timeout=60
+        )
+        assert gone.status_code == 204, gone.text
+        assert "gone" in await error(client, "list_files", {})
+        assert "a.txt" not in await ok(client, "list_files", {})
+        [new] = sessions(url, key)
+        assert new["session_id"] != live["session_id"]
+
+
 async def nokey(url):
     for headers in [{}, {"Authorization": "Bearer brig_not_a_key"}]:
         response = httpx2.post(
@@ -219,7 +236,7 @@ async def isolation(url, key):
 
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
-    runs = {"stdio": stdio, "stdio-daemon": stdio_daemon, "http": http, "nokey": nokey, "expiry": expiry, "containment": containment, "isolation": isolation}
+    runs = {"stdio": stdio, "stdio-daemon": stdio_daemon, "http": http, "nokey": nokey, "expiry": expiry, "recreate": recreate, "containment": containment, "isolation": isolation}
     asyncio.run(runs[mode](*args))
     print("ok")
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use brig_engine::auth::{Caller, Frontend};
-use brig_engine::fault::Error;
+use brig_engine::fault::{Error, ErrorCode};
 use brig_engine::sessions::exec::{self, ExecRequest};
 use brig_engine::sessions::{self, files, CreateSession};
 use brig_engine::state::AppState;
@@ -62,6 +62,40 @@ impl EngineWorkspace {
     }
 }
 
+impl EngineWorkspace {
+    /// A verb's outcome. When it says the session is gone (its TTL or idle timeout
+    /// ended it, or the REST API deleted it), the next call makes a new sandbox
+    /// rather than failing for the rest of the MCP session.
+    async fn check<T>(
+        &self,
+        id: &str,
+        caller: &Caller,
+        result: Result<T, Error>,
+    ) -> Result<T, Failure> {
+        let e = match result {
+            Ok(value) => return Ok(value),
+            Err(e) => e,
+        };
+        if e.code == ErrorCode::NotFound {
+            let mut slot = self.session.lock().await;
+            // Not for another tenant's key, which is told not_found for a live one.
+            if slot
+                .as_ref()
+                .is_some_and(|(held, owner)| held == id && owner.tenant == caller.tenant)
+            {
+                *slot = None;
+                return Err(Failure {
+                    code: e.code.as_str().to_string(),
+                    message: "this session's sandbox is gone (it expired, or was deleted): \
+                        the next call starts a new, empty one"
+                        .to_string(),
+                });
+            }
+        }
+        Err(e.into())
+    }
+}
+
 impl Workspace for EngineWorkspace {
     async fn run_command(
         &self,
@@ -75,7 +109,8 @@ impl Workspace for EngineWorkspace {
             timeout_ms,
             ..ExecRequest::default()
         };
-        let (result, _slot) = exec::exec(&self.state, &caller, &id, &request).await?;
+        let ran = exec::exec(&self.state, &caller, &id, &request).await;
+        let (result, _slot) = self.check(&id, &caller, ran).await?;
         Ok(CommandOutput {
             exit_code: result.exit_code,
             signal: result.signal,
@@ -95,7 +130,8 @@ impl Workspace for EngineWorkspace {
     ) -> Result<u64, Failure> {
         let (id, caller) = self.session(caller).await?;
         let body = std::io::Cursor::new(content.into_bytes());
-        let written = files::write(&self.state, &caller, &id, &path, body).await?;
+        let written = files::write(&self.state, &caller, &id, &path, body).await;
+        let written = self.check(&id, &caller, written).await?;
         Ok(written.size_bytes)
     }
 
@@ -106,7 +142,8 @@ impl Workspace for EngineWorkspace {
         limit: u64,
     ) -> Result<Result<Vec<u8>, u64>, Failure> {
         let (id, caller) = self.session(caller).await?;
-        let read = files::read(&self.state, &caller, &id, &path).await?;
+        let read = files::read(&self.state, &caller, &id, &path).await;
+        let read = self.check(&id, &caller, read).await?;
         if read.size_bytes > limit {
             return Ok(Err(read.size_bytes));
         }
@@ -131,11 +168,12 @@ impl Workspace for EngineWorkspace {
         let (id, caller) = self.session(caller).await?;
         // The listing comes back whole; the body the engine would stream is empty.
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let mut body = files::list(&self.state, &caller, &id, &path, move |listing, _| {
+        let body = files::list(&self.state, &caller, &id, &path, move |listing, _| {
             let _ = tx.send(listing);
             Ok(())
         })
-        .await?;
+        .await;
+        let mut body = self.check(&id, &caller, body).await?;
         let mut rest = Vec::new();
         body.read_to_end(&mut rest).await.map_err(Error::internal)?;
         let listing = rx
