@@ -60,9 +60,7 @@ impl EngineWorkspace {
         *slot = Some((info.session_id.clone(), caller.clone()));
         Ok((info.session_id, caller))
     }
-}
 
-impl EngineWorkspace {
     /// A verb's outcome. When it says the session is gone (its TTL or idle timeout
     /// ended it, or the REST API deleted it), the next call makes a new sandbox
     /// rather than failing for the rest of the MCP session.
