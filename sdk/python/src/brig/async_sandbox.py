@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import tempfile
-from typing import Any, AsyncIterator, Dict, List, Literal, Mapping, Optional, Union
+from typing import Any, AsyncIterator, Dict, List, Literal, Mapping, Optional, Union, overload
 
 import httpx
 
@@ -286,6 +286,34 @@ class AsyncCommands:
     def __init__(self, sandbox: AsyncSandbox):
         self._sbx = sandbox
 
+    @overload
+    async def run(
+        self,
+        cmd: Union[str, List[str]],
+        *,
+        background: Literal[False] = False,
+        on_stdout: c.Callback = None,
+        on_stderr: c.Callback = None,
+        timeout: Optional[float] = None,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: Optional[Union[str, bytes]] = None,
+    ) -> CommandResult: ...
+
+    @overload
+    async def run(
+        self,
+        cmd: Union[str, List[str]],
+        *,
+        background: Literal[True],
+        on_stdout: c.Callback = None,
+        on_stderr: c.Callback = None,
+        timeout: Optional[float] = None,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: Optional[Union[str, bytes]] = None,
+    ) -> AsyncCommandHandle: ...
+
     async def run(
         self,
         cmd: Union[str, List[str]],
@@ -297,7 +325,7 @@ class AsyncCommands:
         cwd: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
         stdin: Optional[Union[str, bytes]] = None,
-    ) -> Any:
+    ) -> Union[CommandResult, AsyncCommandHandle]:
         """As :meth:`brig.Commands.run`: a CommandResult, or with ``background=True``
         an :class:`AsyncCommandHandle`."""
         body = c.command_body(cmd, cwd, env)

@@ -6,6 +6,7 @@ Every error carries the daemon's own ``code`` (e.g. ``no_such_file``), the HTTP
 
 from __future__ import annotations
 
+import builtins
 import json
 from typing import Dict, Optional, Type
 
@@ -50,8 +51,9 @@ class CapacityError(BrigError):
     """A limit reached: ``quota_exceeded``, ``unavailable``, ``no_space``, ``memory_full``."""
 
 
-class TimeoutError(BrigError):
-    """``request_timeout``: a request's body stalled (or the client gave up waiting)."""
+class TimeoutError(BrigError, builtins.TimeoutError):
+    """``request_timeout`` (a request's body stalled), or a wait that ran out; also a
+    builtin ``TimeoutError``, so ``except TimeoutError`` catches it either way."""
 
 
 class InternalError(BrigError):
