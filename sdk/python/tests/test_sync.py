@@ -160,6 +160,11 @@ def test_run_code_errors_and_timeout(sbx):
         sbx.run_code("#" * (1024 * 1024 + 1))
     assert (err.value.code, err.value.status) == ("payload_too_large", 413)
 
+    # A kernel that dies is reported as such; the next call gets a fresh one.
+    ex = sbx.run_code("import os; os._exit(1)")
+    assert ex.error is not None and ex.error.name == "KernelDied"
+    assert sbx.run_code("'kept' in globals()").text == "False"
+
 
 def test_run_code_rich_results(sbx):
     results = []
