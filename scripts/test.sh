@@ -43,9 +43,10 @@ fi
 # PyPI, in a virtualenv of the build's own: openapi-spec-validator checks the
 # daemon's OpenAPI document, and its jsonschema checks live exchanges against it
 # (tests/openapi_conformance.py); mcp, the official MCP client, drives brig's MCP
-# server (tests/mcp_client.py).
+# server (tests/mcp_client.py); the Python SDK (editable, with its httpx) and
+# pytest run its suite against a live daemon (tests/sdk_python.rs).
 validator=target/test-venv/bin/openapi-spec-validator
-pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0)
+pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0 httpx==0.28.1 pytest==8.3.4 pytest-asyncio==0.25.3)
 if [ ! -x "$validator" ]; then
   rm -rf target/test-venv
   if ! python3 -m venv target/test-venv; then
@@ -57,7 +58,7 @@ if [ ! -x "$validator" ]; then
   fi
 fi
 # Each run: a venv made before a package was added to the list gets it.
-target/test-venv/bin/pip install -q --disable-pip-version-check "${pypi[@]}"
+target/test-venv/bin/pip install -q --disable-pip-version-check "${pypi[@]}" -e sdk/python
 
 # What brig may leave behind if a cleanup path is broken: cgroup leaves, processes,
 # mounts. Recorded before and compared after the whole suite (each test also checks
