@@ -107,6 +107,27 @@ fn with_path(id: &str, rest: &str, path: &str) -> String {
 }
 
 impl Workspace for DaemonWorkspace {
+    async fn run_code(
+        &self,
+        _caller: Option<Caller>,
+        code: String,
+        timeout_ms: Option<u64>,
+    ) -> Result<brig_server::mcp::CodeSummary, Failure> {
+        let id = self.session().await?;
+        let mut body = json!({"code": code});
+        if let Some(timeout_ms) = timeout_ms {
+            body["timeout_ms"] = json!(timeout_ms);
+        }
+        let path = session_path(&id, "/code");
+        let r = self
+            .on_session(&id, move |client| client.post_json(&path, &body))
+            .await?;
+        serde_json::from_value(r).map_err(|e| Failure {
+            code: "internal".into(),
+            message: format!("the daemon's answer to run_code: {e}"),
+        })
+    }
+
     async fn run_command(
         &self,
         _caller: Option<Caller>,

@@ -57,7 +57,7 @@ def http_client(url, key, terminate_on_close=True):
 async def exercise(client):
     """Every tool does its work, and says clearly when it fails."""
     tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    for name in ["run_command", "write_file", "read_file", "list_files"]:
+    for name in ["run_command", "write_file", "read_file", "list_files", "run_code"]:
         assert name in tools, f"no tool {name}: {sorted(tools)}"
         assert len(tools[name].description) > 40, f"{name} has no real description"
 
@@ -84,8 +84,24 @@ async def exercise(client):
     out = await error(client, "read_file", {"path": "nothing-here.txt"})
     assert "no such file" in out, out
 
+    # run_code keeps its state; an exception is a tool error with its traceback,
+    # and the state survives it; a chart comes back as an image.
+    await ok(client, "run_code", {"code": "x = 21\nprint('set')"})
+    assert "42" in await ok(client, "run_code", {"code": "x * 2"})
+    out = await error(client, "run_code", {"code": "def f():\n    return 1 / 0\nf()"})
+    assert "ZeroDivisionError" in out and ("Traceback" in out or "line" in out), out
+    assert "42" in await ok(client, "run_code", {"code": "x * 2"})
+    has_matplotlib = "exit code 0" in (await call(client, "run_command", {"command": "python3 -c 'import matplotlib'"})).content[0].text
+    if has_matplotlib:
+        result = await call(client, "run_code", {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])"})
+        assert not result.is_error, text(result)
+        images = [block for block in result.content if block.type == "image"]
+        assert images and images[0].mime_type == "image/png", result.content
+
     # Invalid arguments: a tool error naming the argument.
     for name, arguments, named in [
+        ("run_code", {}, "code"),
+        ("run_code", {"code": "1", "timeout_ms": 0}, "timeout_ms"),
         ("run_command", {}, "command"),
         ("run_command", {"command": 5}, "command"),
         ("run_command", {"command": "true", "timeout_ms": "soon"}, "timeout_ms"),

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::audit;
@@ -120,7 +120,7 @@ pub enum CodeEvent {
     End(CodeEnd),
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CodeResult {
     /// MIME type to data: text, base64 for images, JSON for `application/json`.
     pub data: serde_json::Map<String, serde_json::Value>,
@@ -128,7 +128,7 @@ pub struct CodeResult {
     pub main: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CodeError {
     /// The exception's class (`KernelDied` when the kernel itself ended).
     pub name: String,
@@ -145,8 +145,8 @@ pub struct CodeEnd {
     pub duration_ms: u64,
 }
 
-/// A whole call, collected ([`run_code_summary`]).
-#[derive(Debug, Clone, Serialize)]
+/// A whole call, collected ([`run_code_summary`]); the REST API's JSON answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CodeSummary {
     pub stdout: String,
     pub stderr: String,

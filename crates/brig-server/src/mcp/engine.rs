@@ -95,6 +95,23 @@ impl EngineWorkspace {
 }
 
 impl Workspace for EngineWorkspace {
+    async fn run_code(
+        &self,
+        caller: Option<Caller>,
+        code: String,
+        timeout_ms: Option<u64>,
+    ) -> Result<brig_engine::interpreter::CodeSummary, Failure> {
+        let (id, caller) = self.session(caller).await?;
+        let request = brig_engine::interpreter::RunCode {
+            code,
+            context_id: None,
+            timeout_ms,
+        };
+        let ran =
+            brig_engine::interpreter::run_code_summary(&self.state, &caller, &id, request).await;
+        self.check(&id, &caller, ran).await
+    }
+
     async fn run_command(
         &self,
         caller: Option<Caller>,

@@ -24,6 +24,7 @@ mod engine;
 pub mod http;
 mod tools;
 
+pub use brig_engine::interpreter::CodeSummary;
 pub use engine::EngineWorkspace;
 
 /// What a command run by `run_command` did.
@@ -98,6 +99,15 @@ pub trait Workspace: Send + Sync + 'static {
         caller: Option<Caller>,
         path: String,
     ) -> impl Future<Output = Result<Vec<Entry>, Failure>> + Send;
+
+    /// Runs Python `code` in the sandbox's stateful interpreter (its default
+    /// context: variables, imports and the working directory stay between calls).
+    fn run_code(
+        &self,
+        caller: Option<Caller>,
+        code: String,
+        timeout_ms: Option<u64>,
+    ) -> impl Future<Output = Result<CodeSummary, Failure>> + Send;
 
     /// Deletes the sandbox, if one was made: the MCP session is over.
     fn close(&self) -> impl Future<Output = ()> + Send;

@@ -93,6 +93,25 @@ pub fn list() -> Vec<Tool> {
             }),
         )
         .with_annotations(ToolAnnotations::new().read_only(true)),
+        tool(
+            "run_code",
+            "Run Python code in your sandbox's stateful interpreter: variables, imports \
+             and functions stay defined between calls, like cells of a notebook. \
+             Returns what it printed and the value of its last expression; \
+             matplotlib figures come back as images (no savefig needed), pandas \
+             tables as text. An exception is reported as an error with its traceback; \
+             the state stays. The working directory is /workspace.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "code": {"type": "string", "description": "Python source, e.g. `import pandas as pd\\ndf = pd.read_csv('data.csv')\\ndf.describe()`."},
+                    "timeout_ms": {"type": "integer", "minimum": 1, "description": "Interrupt the code (KeyboardInterrupt, state kept) after this many milliseconds (default and maximum: the server's limit, usually 60000)."}
+                },
+                "required": ["code"],
+                "additionalProperties": false
+            }),
+        )
+        .with_annotations(ToolAnnotations::new().destructive(true).open_world(true)),
     ]
 }
 
@@ -108,6 +127,7 @@ pub async fn call<W: Workspace>(
         "write_file" => write_file(workspace, caller, arguments).await,
         "read_file" => read_file(workspace, caller, arguments).await,
         "list_files" => list_files(workspace, caller, arguments).await,
+        "run_code" => run_code(workspace, caller, arguments).await,
         _ => {
             return Err(ErrorData::invalid_params(
                 format!("unknown tool {name:?}"),
@@ -319,6 +339,85 @@ fn listing(path: &str, entries: &[Entry]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+async fn run_code<W: Workspace>(
+    workspace: &W,
+    caller: Option<Caller>,
+    arguments: &JsonObject,
+) -> Result<CallToolResult, String> {
+    let args = Args::new(arguments, &["code", "timeout_ms"])?;
+    let code = args.string("code")?;
+    let timeout_ms = args.optional_u64("timeout_ms")?;
+    let ran = workspace
+        .run_code(caller, code, timeout_ms)
+        .await
+        .map_err(refused)?;
+    Ok(code_result(&ran))
+}
+
+/// Printed output first, then each result (text, or an image), then the error or
+/// the timeout, which make it a tool error.
+fn code_result(ran: &brig_engine::interpreter::CodeSummary) -> CallToolResult {
+    let mut text = String::new();
+    for (name, body, truncated) in [
+        ("stdout", &ran.stdout, ran.stdout_truncated),
+        ("stderr", &ran.stderr, ran.stderr_truncated),
+    ] {
+        if !body.is_empty() {
+            text.push_str(&format!("--- {name} ---\n{body}"));
+            if !body.ends_with('\n') {
+                text.push('\n');
+            }
+            if truncated {
+                text.push_str("(truncated: the output limit was reached)\n");
+            }
+        }
+    }
+    let mut images = Vec::new();
+    for result in &ran.results {
+        let data = &result.data;
+        for mime in ["image/png", "image/jpeg", "image/svg+xml"] {
+            if let Some(serde_json::Value::String(image)) = data.get(mime) {
+                if mime == "image/svg+xml" {
+                    text.push_str(&format!("--- result (svg) ---\n{image}\n"));
+                } else {
+                    images.push(ContentBlock::image(image.clone(), mime));
+                }
+            }
+        }
+        if let Some(plain) = data.get("text/plain").and_then(|v| v.as_str()) {
+            let label = if result.main { "result" } else { "display" };
+            text.push_str(&format!("--- {label} ---\n{plain}\n"));
+        }
+    }
+    if ran.results_truncated {
+        text.push_str("(more results were left out: the size limit was reached)\n");
+    }
+    let failed = if let Some(error) = &ran.error {
+        text.push_str(&format!(
+            "--- error ---\n{}: {}\n{}\n",
+            error.name, error.value, error.traceback
+        ));
+        true
+    } else if ran.timed_out {
+        text.push_str(
+            "--- timed out: the code was interrupted; the interpreter's state is kept ---\n",
+        );
+        true
+    } else {
+        false
+    };
+    if text.is_empty() {
+        text = format!("ran (cell {}), no output", ran.execution_count);
+    }
+    let mut content = vec![ContentBlock::text(text)];
+    content.extend(images);
+    if failed {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    }
 }
 
 #[cfg(test)]

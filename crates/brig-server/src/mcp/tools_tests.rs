@@ -1,7 +1,7 @@
 //! The tools over a scripted workspace: arguments, answers, failures.
 
 use super::*;
-use crate::mcp::Failure;
+use crate::mcp::{CodeSummary, Failure};
 
 /// A workspace that records what it was asked and answers from a script.
 #[derive(Default)]
@@ -9,6 +9,7 @@ struct Fake {
     asked: std::sync::Mutex<Vec<String>>,
     output: CommandOutput,
     file: Vec<u8>,
+    ran: Option<CodeSummary>,
 }
 
 impl Workspace for Fake {
@@ -52,7 +53,132 @@ impl Workspace for Fake {
             message: format!("{path}: no such file or directory"),
         })
     }
+    async fn run_code(
+        &self,
+        _: Option<Caller>,
+        code: String,
+        timeout_ms: Option<u64>,
+    ) -> Result<CodeSummary, Failure> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push(format!("code {code} {timeout_ms:?}"));
+        self.ran.clone().ok_or_else(|| Failure {
+            code: "not_found".into(),
+            message: "no script".into(),
+        })
+    }
     async fn close(&self) {}
+}
+
+fn summary(results: Vec<brig_engine::interpreter::CodeResult>) -> CodeSummary {
+    CodeSummary {
+        stdout: "hello\n".into(),
+        stderr: String::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        results,
+        results_truncated: false,
+        error: None,
+        context_id: "default".into(),
+        execution_count: 3,
+        timed_out: false,
+        duration_ms: 5,
+    }
+}
+
+fn result(pairs: &[(&str, &str)], main: bool) -> brig_engine::interpreter::CodeResult {
+    brig_engine::interpreter::CodeResult {
+        data: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+            .collect(),
+        main,
+    }
+}
+
+#[tokio::test]
+async fn run_code_returns_output_values_and_charts_as_images() {
+    let fake = Fake {
+        ran: Some(summary(vec![
+            result(
+                &[("text/plain", "<Figure>"), ("image/png", "iVBORw0KGgo=")],
+                false,
+            ),
+            result(&[("text/plain", "2"), ("text/html", "<b>2</b>")], true),
+        ])),
+        ..Fake::default()
+    };
+    let Value::Object(arguments) = json!({"code": "1+1", "timeout_ms": 500}) else {
+        unreachable!()
+    };
+    let answer = call(&fake, None, "run_code", &arguments).await.unwrap();
+    assert_ne!(answer.is_error, Some(true));
+    let text: String = answer
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect();
+    assert!(
+        text.contains("hello") && text.contains("--- result ---\n2"),
+        "{text}"
+    );
+    assert_eq!(
+        answer
+            .content
+            .iter()
+            .filter(|c| c.as_image().is_some())
+            .count(),
+        1
+    );
+    assert_eq!(*fake.asked.lock().unwrap(), ["code 1+1 Some(500)"]);
+}
+
+#[tokio::test]
+async fn run_code_errors_and_timeouts_are_tool_errors_with_the_traceback() {
+    let mut failed = summary(Vec::new());
+    failed.error = Some(brig_engine::interpreter::CodeError {
+        name: "ZeroDivisionError".into(),
+        value: "division by zero".into(),
+        traceback: "line 1, in <cell>".into(),
+    });
+    let (error, text) = run(
+        &Fake {
+            ran: Some(failed),
+            ..Fake::default()
+        },
+        "run_code",
+        json!({"code": "1/0"}),
+    )
+    .await;
+    assert!(error, "{text}");
+    assert!(
+        text.contains("ZeroDivisionError: division by zero") && text.contains("line 1"),
+        "{text}"
+    );
+    let mut slow = summary(Vec::new());
+    slow.timed_out = true;
+    let (error, text) = run(
+        &Fake {
+            ran: Some(slow),
+            ..Fake::default()
+        },
+        "run_code",
+        json!({"code": "while True: pass"}),
+    )
+    .await;
+    assert!(error && text.contains("state is kept"), "{text}");
+    for (arguments, named) in [
+        (json!({}), "code"),
+        (json!({"code": 5}), "code"),
+        (json!({"code": "1", "timeout_ms": -1}), "timeout_ms"),
+        (json!({"code": "1", "cell": 2}), "cell"),
+    ] {
+        let fake = Fake::default();
+        let (error, text) = run(&fake, "run_code", arguments).await;
+        assert!(error && text.contains(named), "{text}");
+        assert!(fake.asked.lock().unwrap().is_empty());
+    }
 }
 
 async fn run(fake: &Fake, name: &str, arguments: Value) -> (bool, String) {
