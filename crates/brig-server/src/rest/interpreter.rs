@@ -145,7 +145,8 @@ fn wants_events(headers: &HeaderMap, stream: Option<bool>) -> bool {
 #[utoipa::path(post, path = "/v1/sessions/{id}/code", tag = "interpreter",
     params(("id" = String, Path)), request_body = RunCode,
     responses(
-        (status = 200, body = CodeSummary, description = "Without `stream` (or `Accept: text/event-stream`): the whole outcome. With it, Server-Sent Events: `stdout` and `stderr` {data}, `result` (CodeResult), `error` (CodeError), then `end` (CodeEnd)."),
+        (status = 200, description = "Without `stream` (or `Accept: text/event-stream`): the whole outcome (JSON). With it, Server-Sent Events: `stdout` and `stderr` {data}, `result` (CodeResult), `error` (CodeError), then `end` (CodeEnd).",
+            content((CodeSummary = "application/json"), (String = "text/event-stream"))),
         (status = 404, body = crate::error::ErrorBody, description = "No such session or context"),
         (status = 413, body = crate::error::ErrorBody, description = "Code over 1 MiB"),
         (status = 429, body = crate::error::ErrorBody)),
