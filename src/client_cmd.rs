@@ -523,6 +523,9 @@ pub(crate) struct Client {
     agent: ureq::Agent,
     url: String,
     api_key: Option<String>,
+    /// Says the requests are made for another front end (`X-Brig-Frontend`), so
+    /// the daemon audits them as that one's (`brig mcp`: `mcp`).
+    frontend: Option<&'static str>,
 }
 
 pub(crate) fn connect(conn: &ConnArgs) -> Result<Client> {
@@ -546,6 +549,7 @@ pub(crate) fn connect(conn: &ConnArgs) -> Result<Client> {
         agent: config.into(),
         url: settings.url,
         api_key: settings.api_key,
+        frontend: None,
     })
 }
 
@@ -556,7 +560,17 @@ impl Client {
         format!("{}{path}", self.url)
     }
 
+    /// This client's requests are made for front end `frontend` (see the field).
+    pub(crate) fn on_behalf_of(mut self, frontend: &'static str) -> Client {
+        self.frontend = Some(frontend);
+        self
+    }
+
     fn auth<B>(&self, request: Request<B>) -> Request<B> {
+        let request = match self.frontend {
+            Some(frontend) => request.header("X-Brig-Frontend", frontend),
+            None => request,
+        };
         match &self.api_key {
             Some(key) => request.header("Authorization", format!("Bearer {key}")),
             None => request,

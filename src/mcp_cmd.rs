@@ -134,7 +134,7 @@ fn through_daemon(args: McpArgs) -> ExitCode {
         }
     };
     let client = match crate::client_cmd::connect(&args.conn) {
-        Ok(client) => client,
+        Ok(client) => client.on_behalf_of("mcp"),
         Err(e) => return finish(Err(e)),
     };
     let Some(runtime) = runtime() else {

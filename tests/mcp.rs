@@ -101,7 +101,8 @@ fn root_stdio_tools_work_and_the_sandbox_ends_with_the_session() {
 }
 
 /// `brig mcp` with `BRIG_URL`/`BRIG_API_KEY` is a client of that daemon: every
-/// tool works on a session there, deleted when the client closes stdin.
+/// tool works on a session there, deleted when the client closes stdin, and the
+/// daemon audits the work as front end `mcp`.
 #[test]
 fn root_stdio_through_a_daemon_works_and_the_sandbox_ends_with_the_session() {
     require_root!();
@@ -112,6 +113,21 @@ fn root_stdio_through_a_daemon_works_and_the_sandbox_ends_with_the_session() {
         &python,
         "stdio-daemon",
         &[brig.to_str().unwrap(), &d.url(""), d.admin_key()],
+    );
+    let events = audit(d.data_dir());
+    let sessions: Vec<_> = events
+        .iter()
+        .filter(|(action, _, _)| action.starts_with("session.") || action == "exec")
+        .collect();
+    assert!(
+        sessions
+            .iter()
+            .any(|(action, _, _)| action == "session.create"),
+        "{events:?}"
+    );
+    assert!(
+        sessions.iter().all(|(_, frontend, _)| frontend == "mcp"),
+        "{events:?}"
     );
 }
 

@@ -40,9 +40,18 @@ impl FromRequestParts<AppState> for Authed {
         }
         let key = presented_key(&parts.headers)?;
         let mut caller = state.auth.authenticate(key).await?;
-        // The router tags each front end's routes (see `server::api_router`).
+        // The router tags each front end's routes (see `server::api_router`). On
+        // brig's REST routes a client working for an MCP session (`brig mcp`
+        // against a daemon) says so, and is audited as `mcp`: a label the key's
+        // holder chooses among its own front ends, not a permission.
         if let Some(frontend) = parts.extensions.get::<Frontend>() {
             caller.frontend = *frontend;
+        } else if parts
+            .headers
+            .get("x-brig-frontend")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"mcp"))
+        {
+            caller.frontend = Frontend::Mcp;
         }
         // So that the refusal audit records a refused request under its tenant.
         if let Some(slot) = parts.extensions.get::<CallerSlot>() {
