@@ -18,6 +18,9 @@ pub struct DaemonWorkspace {
     /// The session's `image` and `network`, as the API takes them.
     create: Value,
     session: tokio::sync::Mutex<Option<String>>,
+    /// The snapshots `snapshot` took: checkpoints of this MCP session, deleted
+    /// with it.
+    snapshots: std::sync::Mutex<Vec<String>>,
 }
 
 impl DaemonWorkspace {
@@ -33,6 +36,7 @@ impl DaemonWorkspace {
             client: Arc::new(client),
             create,
             session: tokio::sync::Mutex::new(None),
+            snapshots: std::sync::Mutex::default(),
         }
     }
 
@@ -56,8 +60,16 @@ impl DaemonWorkspace {
     ) -> Result<T, Failure> {
         let result = self.blocking(work).await;
         if let Err(e) = &result {
+            // A not_found may name something else (a snapshot): only a session
+            // the daemon no longer has is replaced.
+            let path = session_path(id, "");
+            let gone = e.code == "not_found"
+                && self
+                    .blocking(move |client| client.get_json(&path))
+                    .await
+                    .is_err_and(|lookup| lookup.code == "not_found");
             let mut slot = self.session.lock().await;
-            if e.code == "not_found" && slot.as_deref() == Some(id) {
+            if gone && slot.as_deref() == Some(id) {
                 *slot = None;
                 return Err(Failure {
                     code: e.code.clone(),
@@ -107,6 +119,40 @@ fn with_path(id: &str, rest: &str, path: &str) -> String {
 }
 
 impl Workspace for DaemonWorkspace {
+    async fn snapshot(
+        &self,
+        _caller: Option<Caller>,
+        name: Option<String>,
+    ) -> Result<String, Failure> {
+        let id = self.session().await?;
+        let path = session_path(&id, "/snapshots");
+        let body = json!({"name": name});
+        let r = self
+            .on_session(&id, move |client| client.post_json(&path, &body))
+            .await?;
+        let snapshot_id = r["snapshot_id"]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| Failure {
+                code: "internal".into(),
+                message: "the daemon's answer to a snapshot has no snapshot_id".into(),
+            })?;
+        self.snapshots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(snapshot_id.clone());
+        Ok(snapshot_id)
+    }
+
+    async fn restore(&self, _caller: Option<Caller>, snapshot_id: String) -> Result<(), Failure> {
+        let id = self.session().await?;
+        let path = session_path(&id, "/restore");
+        let body = json!({"snapshot_id": snapshot_id});
+        self.on_session(&id, move |client| client.post_json(&path, &body))
+            .await
+            .map(|_| ())
+    }
+
     async fn run_code(
         &self,
         _caller: Option<Caller>,
@@ -220,14 +266,25 @@ impl Workspace for DaemonWorkspace {
     }
 
     async fn close(&self) {
-        let Some(id) = self.session.lock().await.take() else {
-            return;
-        };
-        let deleted = self
-            .blocking(move |client| client.delete_ok(&session_path(&id, "")))
-            .await;
-        if let Err(e) = deleted {
-            tracing::warn!(code = %e.code, "cannot delete the MCP session's sandbox: {}", e.message);
+        if let Some(id) = self.session.lock().await.take() {
+            let deleted = self
+                .blocking(move |client| client.delete_ok(&session_path(&id, "")))
+                .await;
+            if let Err(e) = deleted {
+                tracing::warn!(code = %e.code, "cannot delete the MCP session's sandbox: {}", e.message);
+            }
+        }
+        let snapshots =
+            std::mem::take(&mut *self.snapshots.lock().unwrap_or_else(|p| p.into_inner()));
+        for snapshot_id in snapshots {
+            let path = format!("/v1/snapshots/{}", seg(&snapshot_id));
+            match self.blocking(move |client| client.delete_ok(&path)).await {
+                Ok(()) => {}
+                Err(e) if e.code == "not_found" => {}
+                Err(e) => {
+                    tracing::warn!(code = %e.code, "cannot delete the MCP session's snapshot: {}", e.message)
+                }
+            }
         }
     }
 }

@@ -83,15 +83,29 @@ fn root_stdio_tools_work_and_the_sandbox_ends_with_the_session() {
     // The client waited for `brig mcp` to exit: the sandbox is gone by now.
     let left: Vec<_> = std::fs::read_dir(data.join("sessions")).unwrap().collect();
     assert!(left.is_empty(), "sessions left behind: {left:?}");
+    // Nor a snapshot's layer, mounted while the restored sandbox ran from it.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let store_path = store.to_string_lossy().into_owned();
+    assert!(
+        !mounts.lines().any(|l| l.contains(&store_path)),
+        "mounts left in {store_path}"
+    );
     let events = audit(&data);
     let sessions: Vec<_> = events
         .iter()
         .filter(|(action, _, _)| action.starts_with("session."))
         .map(|(action, _, outcome)| (action.as_str(), outcome.as_str()))
         .collect();
+    // The restores are the snapshot tool's checkpoint and its refusal of an
+    // unknown snapshot, which leaves the session in place.
     assert_eq!(
         sessions,
-        [("session.create", "ok"), ("session.delete", "ok")],
+        [
+            ("session.create", "ok"),
+            ("session.restore", "ok"),
+            ("session.restore", "not_found"),
+            ("session.delete", "ok")
+        ],
         "{events:?}"
     );
     assert!(
@@ -129,6 +143,7 @@ fn root_stdio_through_a_daemon_works_and_the_sandbox_ends_with_the_session() {
         sessions.iter().all(|(_, frontend, _)| frontend == "mcp"),
         "{events:?}"
     );
+    assert_no_snapshots(&d);
 }
 
 /// `/mcp` on the daemon: every tool works; the sandbox is made on the first tool
@@ -140,6 +155,14 @@ fn root_http_tools_work_and_the_sandbox_ends_with_the_session() {
     let Some(python) = python() else { return };
     let d = Daemon::start(&[]);
     client(&python, "http", &[&d.url(""), d.admin_key()]);
+    assert_no_snapshots(&d);
+}
+
+/// The `snapshot` tool's checkpoints end with their MCP session.
+fn assert_no_snapshots(d: &Daemon) {
+    let (status, list) = d.request("GET", "/v1/snapshots", Some(d.admin_key()), None);
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["snapshots"], serde_json::json!([]), "{list}");
 }
 
 /// An MCP session whose client went away without ending it expires after

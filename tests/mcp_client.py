@@ -57,7 +57,7 @@ def http_client(url, key, terminate_on_close=True):
 async def exercise(client):
     """Every tool does its work, and says clearly when it fails."""
     tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    for name in ["run_command", "write_file", "read_file", "list_files", "run_code"]:
+    for name in ["run_command", "write_file", "read_file", "list_files", "run_code", "snapshot", "restore"]:
         assert name in tools, f"no tool {name}: {sorted(tools)}"
         assert len(tools[name].description) > 40, f"{name} has no real description"
 
@@ -98,8 +98,22 @@ async def exercise(client):
         images = [block for block in result.content if block.type == "image"]
         assert images and images[0].mime_type == "image/png", result.content
 
+    # A snapshot is a checkpoint of the files; restore goes back to it.
+    await ok(client, "write_file", {"path": "keep.txt", "content": "before"})
+    out = await ok(client, "snapshot", {"name": "checkpoint"})
+    snap = out.split()[2].rstrip(":")
+    assert snap.startswith("snap"), out
+    await ok(client, "write_file", {"path": "keep.txt", "content": "after"})
+    await ok(client, "write_file", {"path": "new.txt", "content": "x"})
+    await ok(client, "restore", {"snapshot_id": snap})
+    assert await ok(client, "read_file", {"path": "keep.txt"}) == "before"
+    assert "new.txt" not in await ok(client, "list_files", {})
+    assert "not_found" in await error(client, "restore", {"snapshot_id": "snap_nope"})
+
     # Invalid arguments: a tool error naming the argument.
     for name, arguments, named in [
+        ("restore", {}, "snapshot_id"),
+        ("snapshot", {"name": 3}, "name"),
         ("run_code", {}, "code"),
         ("run_code", {"code": "1", "timeout_ms": 0}, "timeout_ms"),
         ("run_command", {}, "command"),

@@ -22,6 +22,9 @@ pub struct EngineWorkspace {
     owner: Option<Caller>,
     /// The session's id and the caller that made it.
     session: tokio::sync::Mutex<Option<(String, Caller)>>,
+    /// The snapshots `snapshot` took, and by whom: checkpoints of this MCP
+    /// session, deleted with it.
+    snapshots: std::sync::Mutex<Vec<(String, Caller)>>,
     runtime: tokio::runtime::Handle,
 }
 
@@ -33,6 +36,7 @@ impl EngineWorkspace {
             state,
             owner,
             session: tokio::sync::Mutex::new(None),
+            snapshots: std::sync::Mutex::default(),
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -74,7 +78,12 @@ impl EngineWorkspace {
             Ok(value) => return Ok(value),
             Err(e) => e,
         };
-        if e.code == ErrorCode::NotFound {
+        // A verb's not_found may name something else (a snapshot, a context): only
+        // a session that is really gone is replaced.
+        let gone = e.code == ErrorCode::NotFound
+            && sessions::lookup(&self.state, caller, id)
+                .is_err_and(|lookup| lookup.code == ErrorCode::NotFound);
+        if gone {
             let mut slot = self.session.lock().await;
             // Not for another tenant's key, which is told not_found for a live one.
             if slot
@@ -95,6 +104,29 @@ impl EngineWorkspace {
 }
 
 impl Workspace for EngineWorkspace {
+    async fn snapshot(
+        &self,
+        caller: Option<Caller>,
+        name: Option<String>,
+    ) -> Result<String, Failure> {
+        let (id, caller) = self.session(caller).await?;
+        let taken = brig_engine::sessions::snapshots::create(&self.state, &caller, &id, name).await;
+        let snapshot_id = self.check(&id, &caller, taken).await?.snapshot_id;
+        self.snapshots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((snapshot_id.clone(), caller));
+        Ok(snapshot_id)
+    }
+
+    async fn restore(&self, caller: Option<Caller>, snapshot_id: String) -> Result<(), Failure> {
+        let (id, caller) = self.session(caller).await?;
+        let restored =
+            brig_engine::sessions::snapshots::restore(&self.state, &caller, &id, &snapshot_id)
+                .await;
+        self.check(&id, &caller, restored).await.map(|_| ())
+    }
+
     async fn run_code(
         &self,
         caller: Option<Caller>,
@@ -210,15 +242,40 @@ impl Workspace for EngineWorkspace {
         if let Some((id, caller)) = taken {
             delete(&self.state, &caller, &id).await;
         }
+        let snapshots =
+            std::mem::take(&mut *self.snapshots.lock().unwrap_or_else(|p| p.into_inner()));
+        delete_snapshots(&self.state, snapshots).await;
     }
 }
 
 impl Drop for EngineWorkspace {
     fn drop(&mut self) {
-        if let Some((id, caller)) = self.session.get_mut().take() {
+        let session = self.session.get_mut().take();
+        let snapshots = std::mem::take(self.snapshots.get_mut().unwrap_or_else(|p| p.into_inner()));
+        if session.is_some() || !snapshots.is_empty() {
             let state = self.state.clone();
-            self.runtime
-                .spawn(async move { delete(&state, &caller, &id).await });
+            self.runtime.spawn(async move {
+                if let Some((id, caller)) = session {
+                    delete(&state, &caller, &id).await;
+                }
+                delete_snapshots(&state, snapshots).await;
+            });
+        }
+    }
+}
+
+/// The session's checkpoints, once its sandbox is gone (a restored sandbox runs
+/// from its snapshot until then).
+async fn delete_snapshots(state: &AppState, snapshots: Vec<(String, Caller)>) {
+    for (snapshot_id, caller) in snapshots {
+        match brig_engine::sessions::snapshots::delete(state, &caller, &snapshot_id).await {
+            Ok(()) => {}
+            Err(e) if e.code == ErrorCode::NotFound => {}
+            Err(e) => tracing::warn!(
+                snapshot = snapshot_id,
+                error = %e.message,
+                "cannot delete an MCP session's snapshot"
+            ),
         }
     }
 }

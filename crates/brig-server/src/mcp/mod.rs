@@ -109,6 +109,22 @@ pub trait Workspace: Send + Sync + 'static {
         timeout_ms: Option<u64>,
     ) -> impl Future<Output = Result<CodeSummary, Failure>> + Send;
 
+    /// Saves what the sandbox's files are now as a snapshot, deleted with the
+    /// MCP session; its id.
+    fn snapshot(
+        &self,
+        caller: Option<Caller>,
+        name: Option<String>,
+    ) -> impl Future<Output = Result<String, Failure>> + Send;
+
+    /// Puts the sandbox's files back as snapshot `snapshot_id` holds them (its
+    /// processes and the interpreter's state start afresh).
+    fn restore(
+        &self,
+        caller: Option<Caller>,
+        snapshot_id: String,
+    ) -> impl Future<Output = Result<(), Failure>> + Send;
+
     /// Deletes the sandbox, if one was made: the MCP session is over.
     fn close(&self) -> impl Future<Output = ()> + Send;
 }

@@ -112,6 +112,36 @@ pub fn list() -> Vec<Tool> {
             }),
         )
         .with_annotations(ToolAnnotations::new().destructive(true).open_world(true)),
+        tool(
+            "snapshot",
+            "Save a checkpoint of your sandbox's files (/workspace, /tmp and anything \
+             else written), to go back to with `restore` before trying something risky. \
+             Returns the snapshot's id. Running processes and the Python interpreter's \
+             variables are not saved. Checkpoints last as long as this session.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "description": "A name to remember it by, e.g. `before-upgrade`."}
+                },
+                "additionalProperties": false
+            }),
+        )
+        .with_annotations(ToolAnnotations::new().destructive(false)),
+        tool(
+            "restore",
+            "Put your sandbox's files back exactly as a snapshot saved them: what was \
+             written since is gone. Running processes end and the Python interpreter \
+             starts afresh.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "snapshot_id": {"type": "string", "description": "The id `snapshot` returned."}
+                },
+                "required": ["snapshot_id"],
+                "additionalProperties": false
+            }),
+        )
+        .with_annotations(ToolAnnotations::new().destructive(true).idempotent(true)),
     ]
 }
 
@@ -128,6 +158,8 @@ pub async fn call<W: Workspace>(
         "read_file" => read_file(workspace, caller, arguments).await,
         "list_files" => list_files(workspace, caller, arguments).await,
         "run_code" => run_code(workspace, caller, arguments).await,
+        "snapshot" => snapshot(workspace, caller, arguments).await,
+        "restore" => restore(workspace, caller, arguments).await,
         _ => {
             return Err(ErrorData::invalid_params(
                 format!("unknown tool {name:?}"),
@@ -354,6 +386,35 @@ async fn run_code<W: Workspace>(
         .await
         .map_err(refused)?;
     Ok(code_result(&ran))
+}
+
+async fn snapshot<W: Workspace>(
+    workspace: &W,
+    caller: Option<Caller>,
+    arguments: &JsonObject,
+) -> Result<CallToolResult, String> {
+    let args = Args::new(arguments, &["name"])?;
+    let name = args.optional_string("name")?;
+    let id = workspace.snapshot(caller, name).await.map_err(refused)?;
+    Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+        "saved snapshot {id}: restore it with restore {{\"snapshot_id\": \"{id}\"}}"
+    ))]))
+}
+
+async fn restore<W: Workspace>(
+    workspace: &W,
+    caller: Option<Caller>,
+    arguments: &JsonObject,
+) -> Result<CallToolResult, String> {
+    let args = Args::new(arguments, &["snapshot_id"])?;
+    let snapshot_id = args.string("snapshot_id")?;
+    workspace
+        .restore(caller, snapshot_id.clone())
+        .await
+        .map_err(refused)?;
+    Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+        "restored the sandbox's files from snapshot {snapshot_id}"
+    ))]))
 }
 
 /// Printed output first, then each result (text, or an image), then the error or

@@ -68,6 +68,20 @@ impl Workspace for Fake {
             message: "no script".into(),
         })
     }
+    async fn snapshot(&self, _: Option<Caller>, name: Option<String>) -> Result<String, Failure> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push(format!("snapshot {name:?}"));
+        Ok("snap_1".into())
+    }
+    async fn restore(&self, _: Option<Caller>, snapshot_id: String) -> Result<(), Failure> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push(format!("restore {snapshot_id}"));
+        Ok(())
+    }
     async fn close(&self) {}
 }
 
