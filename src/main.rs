@@ -626,15 +626,11 @@ fn main() -> ExitCode {
     brig_jail::watchdog::main_if_requested();
     // The daemon's launch zygote and helper: decided before anything else runs, so
     // the process stays single-threaded (it forks, and clones the sandbox).
-    match std::env::args_os().nth(1) {
-        Some(a) if a == "__session-zygote" => {
-            return brig_jail::zygote::serve(brig_server::backend::namespaces::launch::helper_main)
-        }
-        // One helper exec'd on its own, for a packager's or a debugger's use.
-        Some(a) if a == "__session-start" => {
-            return brig_server::backend::namespaces::launch::helper_main()
-        }
-        _ => {}
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "__session-zygote")
+    {
+        return brig_jail::zygote::serve(brig_server::backend::namespaces::launch::helper_main);
     }
     if let Some(Ok(args)) = serve_args() {
         return serve(args);

@@ -187,6 +187,35 @@ fn allow(rules: &[String]) -> Value {
     json!({"network": {"mode": "allow", "allow": rules}})
 }
 
+/// The setup most tests share: an upstream, a daemon whose proxy reaches it, and a
+/// session allowed to reach `good.test` on its port.
+struct Allowed {
+    up: Upstream,
+    /// Holds the daemon's hosts file.
+    dir: tempfile::TempDir,
+    d: Daemon,
+    key: String,
+    port: u16,
+    id: String,
+}
+
+fn allowed_session(extra: &[&str]) -> Allowed {
+    let up = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = egress_daemon(&hosts(&dir), extra);
+    let key = d.admin_key().to_string();
+    let port = up.port();
+    let id = sid(&create(&d, &key, allow(&[format!("good.test:{port}")])));
+    Allowed {
+        up,
+        dir,
+        d,
+        key,
+        port,
+        id,
+    }
+}
+
 fn capture_available() -> bool {
     ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
         .iter()
@@ -252,12 +281,14 @@ fn root_a_raw_socket_ignoring_proxy_variables_reaches_only_allowed_names() {
         eprintln!("skipped: transparent capture needs nftables (scripts/test.sh installs it)");
         return;
     }
-    let up = Upstream::start();
-    let dir = tempfile::tempdir().unwrap();
-    let d = egress_daemon(&hosts(&dir), &[]);
-    let key = d.admin_key().to_string();
-    let port = up.port();
-    let id = sid(&create(&d, &key, allow(&[format!("good.test:{port}")])));
+    let Allowed {
+        up,
+        dir: _dir,
+        d,
+        key,
+        port,
+        id,
+    } = allowed_session(&[]);
     // A made-up protocol on a non-HTTP port, no proxy variable in sight.
     let out = python(
         &d,
@@ -287,12 +318,14 @@ fn root_a_raw_socket_ignoring_proxy_variables_reaches_only_allowed_names() {
 #[test]
 fn root_a_policy_changed_on_a_live_session_applies_to_new_connections_only() {
     require_root!();
-    let up = Upstream::start();
-    let dir = tempfile::tempdir().unwrap();
-    let d = egress_daemon(&hosts(&dir), &[]);
-    let key = d.admin_key().to_string();
-    let port = up.port();
-    let id = sid(&create(&d, &key, allow(&[format!("good.test:{port}")])));
+    let Allowed {
+        up: _up,
+        dir: _dir,
+        d,
+        key,
+        port,
+        id,
+    } = allowed_session(&[]);
     // A tunnel opened under the old policy, used again after the change.
     let script = format!(
         "s, why = tunnel('good.test:{port}')\n\
@@ -438,12 +471,14 @@ fn root_a_tenant_bound_narrows_what_its_sessions_ask_for_and_reach() {
 #[test]
 fn root_every_connection_is_audited_and_counted() {
     require_root!();
-    let up = Upstream::start();
-    let dir = tempfile::tempdir().unwrap();
-    let d = egress_daemon(&hosts(&dir), &[]);
-    let key = d.admin_key().to_string();
-    let port = up.port();
-    let id = sid(&create(&d, &key, allow(&[format!("good.test:{port}")])));
+    let Allowed {
+        up: _up,
+        dir: _dir,
+        d,
+        key,
+        port,
+        id,
+    } = allowed_session(&[]);
     let out = python(
         &d,
         &key,
@@ -641,12 +676,14 @@ fn root_a_killed_daemon_leaves_no_way_out_and_a_restarted_one_serves_the_policy_
 #[test]
 fn root_a_fork_and_a_restore_keep_the_sessions_policy() {
     require_root!();
-    let up = Upstream::start();
-    let dir = tempfile::tempdir().unwrap();
-    let d = egress_daemon(&hosts(&dir), &[]);
-    let key = d.admin_key().to_string();
-    let port = up.port();
-    let id = sid(&create(&d, &key, allow(&[format!("good.test:{port}")])));
+    let Allowed {
+        up: _up,
+        dir: _dir,
+        d,
+        key,
+        port,
+        id,
+    } = allowed_session(&[]);
     let (status, snap) = take_snapshot(&d, &key, &id);
     assert_eq!(status, 201, "{snap}");
     let script = format!("print(connect('good.test:{port}'))\nprint(connect('bad.test:{port}'))\n");
