@@ -9,6 +9,7 @@ pub use brig_engine::{
 pub use config::ServeArgs;
 
 pub mod config;
+pub mod e2b;
 pub mod error;
 pub mod http;
 pub mod hyper_refusals;

@@ -198,14 +198,25 @@ pub fn router(state: AppState) -> Router {
         "{}".to_string()
     });
     let max_body = usize::try_from(state.args.max_body_bytes).unwrap_or(usize::MAX);
+    let e2b_key = crate::e2b::TokenKey::load_or_create(&state.data_dir).unwrap_or_else(|e| {
+        tracing::error!(error = %format!("{e:#}"), "E2B access tokens will not outlive this run");
+        crate::e2b::TokenKey::ephemeral()
+    });
     let routes = routes
         .merge(crate::mcp::http::routes(&state))
+        .merge(crate::e2b::control::routes().layer(Extension(Frontend::E2b)))
         .fallback(not_found_fallback)
         .method_not_allowed_fallback(method_not_allowed_fallback)
         .layer(Extension(OpenApiJson(Arc::new(doc))))
+        .layer(Extension(e2b_key.clone()))
         // Axum's buffering extractors (JSON) stop at this; routes that stream bodies
         // set their own limits (uploads: --max-file-size).
-        .layer(DefaultBodyLimit::max(max_body));
+        .layer(DefaultBodyLimit::max(max_body))
+        // Before any route: E2B's sandbox plane is chosen by header, not by path.
+        .layer(from_fn_with_state(
+            crate::e2b::Planes::new(&state, e2b_key),
+            crate::e2b::sandbox_plane,
+        ));
     // Inside the refusal audit, so that what it refuses is recorded; it runs before
     // any handler and the fallbacks alike, so no route (not even /health) is left out.
     let routes = if state.args.no_auth {

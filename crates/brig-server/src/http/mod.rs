@@ -63,7 +63,7 @@ impl FromRequestParts<AppState> for Authed {
 }
 
 /// The key from `Authorization: Bearer <key>` or `X-API-Key: <key>`.
-fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, Error> {
+pub(crate) fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, Error> {
     if let Some(value) = headers.get(header::AUTHORIZATION) {
         let text = value
             .to_str()
