@@ -32,6 +32,9 @@ pub use tokens::TokenKey;
 pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port (e2b-code-interpreter's `JUPYTER_PORT`).
 pub const CODE_PORT: u16 = 49999;
+/// The home of the sandbox's user (`user`), where E2B's SDKs expect commands and
+/// code to start.
+pub const HOME: &str = "/home/user";
 
 /// What a sandbox-plane handler is called for: the sandbox (a brig session id)
 /// and the caller it acts for (the sandbox's tenant, front end `e2b`).
