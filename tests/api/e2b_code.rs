@@ -141,6 +141,10 @@ fn execute_streams_e2b_lines_keeps_state_per_context_and_ends_each_run() {
     );
     assert_eq!(lines[0]["text"], "False", "{lines:?}");
 
+    // The default context starts in E2B's home: on the host's dirs, the workspace.
+    let lines = execute(&d, &id, json!({"code": "import os; os.getcwd()"}));
+    assert_eq!(lines[0]["text"], "/workspace", "{lines:?}");
+
     // Listed, restarted (state gone), removed.
     let (status, text) = call(&d, &id, "GET", "/contexts", None);
     assert_eq!(status, 200);

@@ -22,7 +22,7 @@ use brig_engine::state::AppState;
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
-use super::{SandboxCall, HOME};
+use super::SandboxCall;
 
 /// How often an idle `/execute` answer writes a keepalive line: a client that went
 /// away is noticed at a write, and its code is then interrupted.
@@ -182,7 +182,7 @@ async fn execute(
     let run = engine::RunCode {
         code,
         context_id,
-        cwd: Some(HOME.to_string()),
+        cwd: Some(call.home.clone()),
         env,
         interrupt_if_abandoned: true,
         ..Default::default()
@@ -297,7 +297,7 @@ async fn create_context(
     python_only(string_field(&request, "language")?.as_deref())?;
     let cwd = string_field(&request, "cwd")?
         .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| HOME.to_string());
+        .unwrap_or_else(|| call.home.clone());
     let context = engine::create_context(&state, &call.caller, &call.session_id, Some(cwd))
         .await
         .map_err(refused)?;
@@ -314,7 +314,7 @@ async fn list_contexts(
         engine::list_contexts(&state, &call.caller, &call.session_id).map_err(refused)?;
     let mut listed = Vec::with_capacity(contexts.len() + 1);
     if !contexts.iter().any(|c| c.id == DEFAULT_CONTEXT) {
-        listed.push(context_json(DEFAULT_CONTEXT, HOME));
+        listed.push(context_json(DEFAULT_CONTEXT, &call.home));
     }
     let (default, others): (Vec<_>, Vec<_>) =
         contexts.iter().partition(|c| c.id == DEFAULT_CONTEXT);
