@@ -101,19 +101,38 @@ pub enum ExecuteEvent {
     },
 }
 
-/// Checks a request before anything is started.
+/// Checks a request's values before anything is started (its files' paths are
+/// checked after its files are found, in onyx's order).
 fn validate(state: &AppState, request: &ExecuteRequest) -> Result<u64, ApiError> {
     let max = state.args.max_execute_timeout_ms;
     let timeout_ms = request.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
-    if timeout_ms == 0 || timeout_ms > max {
+    if timeout_ms == 0 {
+        return Err(ApiError::invalid("timeout_ms must be at least 1"));
+    }
+    if timeout_ms > max {
         return Err(ApiError::invalid(format!(
-            "timeout_ms must be between 1 and {max} (the daemon's --max-execute-timeout)"
+            "timeout_ms exceeds maximum of {max} ms (the daemon's --max-execute-timeout)"
         )));
     }
-    for file in request.files.iter().flatten() {
-        sessions::workspace_path(&file.path, "/workspace")?;
-    }
     Ok(timeout_ms)
+}
+
+/// Why a file's path cannot be placed in the working directory, in onyx's words
+/// (its clients show them).
+fn path_problem(path: &str) -> Option<&'static str> {
+    if path.starts_with('/') {
+        return Some("File paths must be relative.");
+    }
+    if path.split('/').any(|part| part == "..") {
+        return Some("File paths must not contain '..'.");
+    }
+    if path.split('/').all(|part| part.is_empty() || part == ".") {
+        return Some("File path must not be empty.");
+    }
+    if path.contains('\0') {
+        return Some("File paths must not contain NUL characters.");
+    }
+    None
 }
 
 /// Why the daemon's `--default-image` cannot run code, if it cannot: an image that
@@ -164,7 +183,21 @@ async fn precheck(
         return Err(ApiError::unavailable(problem));
     }
     for file in request.files.iter().flatten() {
-        crate::filestore::open(state, &caller.tenant, &file.file_id).await?;
+        crate::filestore::open(state, &caller.tenant, &file.file_id)
+            .await
+            .map_err(|e| match e.code {
+                ErrorCode::NotFound => ApiError::not_found(format!(
+                    "File with ID '{}' not found for path '{}'.",
+                    file.file_id, file.path
+                )),
+                _ => e,
+            })?;
+    }
+    for file in request.files.iter().flatten() {
+        if let Some(problem) = path_problem(&file.path) {
+            return Err(ApiError::invalid(problem));
+        }
+        sessions::workspace_path(&file.path, "/workspace")?;
     }
     Ok(timeout_ms)
 }

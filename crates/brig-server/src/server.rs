@@ -127,6 +127,7 @@ pub fn api_router(args: &Config) -> OpenApiRouter<AppState> {
         .merge(crate::rest::interpreter::routes())
         .merge(crate::rest::volumes::routes())
         .merge(crate::onyx::execute::routes().layer(Extension(Frontend::Onyx)))
+        .merge(crate::onyx::bash::routes().layer(Extension(Frontend::Onyx)))
         .merge(crate::rest::sessions::routes())
         .merge(crate::rest::tenants::routes())
         .merge(crate::rest::audit::routes())
