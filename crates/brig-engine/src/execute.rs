@@ -175,6 +175,9 @@ async fn precheck(
     request: &ExecuteRequest,
 ) -> Result<u64, ApiError> {
     let timeout_ms = validate(state, request)?;
+    if let Some(problem) = state.default_image_build.problem(&state.args.default_image) {
+        return Err(ApiError::unavailable(problem));
+    }
     let (store, name) = (state.args.store.clone(), state.args.default_image.clone());
     let problem = tokio::task::spawn_blocking(move || default_image_problem(&store, &name))
         .await

@@ -34,6 +34,7 @@ pub mod boot;
 pub mod catalog;
 pub mod config;
 pub mod db;
+pub mod default_image;
 pub mod egress;
 pub mod execute;
 pub mod fault;

@@ -75,19 +75,78 @@ pub struct Health {
     /// Always `ok` while the daemon answers.
     pub status: String,
     pub version: String,
+    /// The default image (`--default-image`, what `/v1/execute` runs in), by name.
+    pub images: std::collections::BTreeMap<String, ImageHealth>,
 }
 
-/// Liveness and version (no auth).
+/// Where an image stands: `ready`; `missing` (with why and what to do);
+/// `building` (the step under way, e.g. `step 3/7: pip install ...`, and for how
+/// long); `failed` (why; not retried until the daemon restarts).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ImageHealth {
+    /// `ready`, `missing`, `building` or `failed`.
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elapsed_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Liveness, version and the default image's state (no auth).
 #[utoipa::path(
     get,
     path = "/health",
     tag = "operations",
     responses((status = 200, body = Health))
 )]
-async fn health() -> ApiJson<Health> {
+async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> ApiJson<Health> {
+    use brig_engine::default_image::ImageState;
+    let name = state.args.default_image.clone();
+    let image = tokio::task::spawn_blocking(move || brig_engine::default_image::state(&state))
+        .await
+        .unwrap_or_else(|e| ImageState::Failed {
+            error: e.to_string(),
+        });
+    let none = ImageHealth {
+        state: String::new(),
+        step: None,
+        elapsed_seconds: None,
+        message: None,
+        error: None,
+    };
+    let image = match image {
+        ImageState::Ready => ImageHealth {
+            state: "ready".into(),
+            ..none
+        },
+        ImageState::Missing { message } => ImageHealth {
+            state: "missing".into(),
+            message: Some(message),
+            ..none
+        },
+        ImageState::Building {
+            step,
+            elapsed_seconds,
+        } => ImageHealth {
+            state: "building".into(),
+            step: Some(step),
+            elapsed_seconds: Some(elapsed_seconds),
+            ..none
+        },
+        ImageState::Failed { error } => ImageHealth {
+            state: "failed".into(),
+            error: Some(error),
+            ..none
+        },
+    };
     ApiJson(Health {
         status: "ok".to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
+        images: [(name, image)].into(),
     })
 }
 
@@ -500,6 +559,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let state = start(args).await?;
     crate::state::record_listen_address(&state.data_dir, listener.local_addr()?)?;
     spawn_background(&state, crate::filestore::EXPIRY_INTERVAL);
+    brig_engine::boot::spawn_default_image_build(&state).await;
     tracing::info!(
         addr = %listener.local_addr().unwrap_or(listen),
         data_dir = %state.data_dir.display(),

@@ -219,10 +219,13 @@ async fn health_and_openapi_need_no_key() {
     let h = harness(&[]).await;
     let r = h.call(Method::GET, "/health", None, None).await;
     assert_eq!(r.status, StatusCode::OK);
+    let health = r.json();
     assert_eq!(
-        r.json(),
-        json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")})
+        (&health["status"], &health["version"]),
+        (&json!("ok"), &json!(env!("CARGO_PKG_VERSION")))
     );
+    // The default image, missing from the harness's empty store and not being built.
+    assert_eq!(health["images"]["python"]["state"], "missing", "{health}");
 
     let r = h.call(Method::GET, "/v1/openapi.json", None, None).await;
     assert_eq!(r.status, StatusCode::OK);
