@@ -764,6 +764,26 @@ fn root_onyx_routes_answer_errors_as_fastapi_does() {
         (422, vec![("string_type".into(), json!(["body", "cmd"]))])
     );
 
+    // A wrong method: FastAPI's 405 on onyx's routes, brig's on brig's.
+    for (method, path) in [
+        ("PUT", "/v1/execute"),
+        ("PATCH", "/v1/files/x"),
+        ("GET", "/v1/sessions/s/bash"),
+    ] {
+        let (status, body) = d.request(method, path, Some(&key), None);
+        assert_eq!(
+            (status, detail(&body)),
+            (405, json!("Method Not Allowed")),
+            "{method} {path}"
+        );
+    }
+    let (status, body) = d.request("PATCH", "/v1/keys", Some(&key), None);
+    assert_eq!(
+        (status, error_code(&body)),
+        (405, "method_not_allowed"),
+        "{body}"
+    );
+
     // Without a key: 401 in onyx's shape on its routes, brig's on brig's.
     let (status, body) = d.request("POST", "/v1/execute", None, Some(json!({"code": "1"})));
     assert_eq!(status, 401, "{body}");

@@ -27,9 +27,7 @@ use utoipa_axum::routes;
 
 use crate::auth::Frontend;
 use crate::config::{Config, LogFormat, ServeArgs};
-use crate::error::{
-    method_not_allowed_fallback, not_found_fallback, ApiJson, Error, ErrorBody, HttpError,
-};
+use crate::error::{not_found_fallback, ApiJson, Error, ErrorBody, HttpError};
 use crate::state::AppState;
 
 /// How long in-flight requests may run on after SIGTERM/SIGINT.
@@ -266,7 +264,7 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::mcp::http::routes(&state))
         .merge(crate::e2b::control::routes().layer(Extension(Frontend::E2b)))
         .fallback(not_found_fallback)
-        .method_not_allowed_fallback(method_not_allowed_fallback)
+        .method_not_allowed_fallback(crate::onyx::error::method_not_allowed)
         .layer(Extension(OpenApiJson(Arc::new(doc))))
         .layer(Extension(e2b_key.clone()))
         // Axum's buffering extractors (JSON) stop at this; routes that stream bodies

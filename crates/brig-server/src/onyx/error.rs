@@ -111,6 +111,31 @@ impl IntoResponse for OnyxError {
     }
 }
 
+/// Whether `path` is one of onyx's routes, which answer errors in onyx's shape.
+pub fn is_onyx_path(path: &str) -> bool {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    matches!(
+        segments.as_slice(),
+        ["v1", "execute"]
+            | ["v1", "execute", "stream"]
+            | ["v1", "files"]
+            | ["v1", "files", _]
+            | ["v1", "sessions", _, "bash"]
+    )
+}
+
+/// 405 for a known route called with the wrong method: FastAPI's on onyx's
+/// routes, brig's elsewhere.
+pub async fn method_not_allowed(uri: axum::http::Uri) -> Response {
+    if is_onyx_path(uri.path()) {
+        let error = Error::new(ErrorCode::MethodNotAllowed, "Method Not Allowed");
+        return OnyxError::from(error).into_response();
+    }
+    crate::error::method_not_allowed_fallback()
+        .await
+        .into_response()
+}
+
 /// [`Authed`] with its refusal (401) in onyx's shape.
 pub struct OnyxAuthed(pub Caller);
 
@@ -408,6 +433,28 @@ impl<'a> Fields<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn onyx_paths() {
+        for path in [
+            "/v1/execute",
+            "/v1/execute/stream",
+            "/v1/files",
+            "/v1/files/abc",
+            "/v1/sessions/ses_1/bash",
+        ] {
+            assert!(is_onyx_path(path), "{path}");
+        }
+        for path in [
+            "/v1/sessions",
+            "/v1/sessions/ses_1",
+            "/v1/files/a/b",
+            "/health",
+            "/v1/keys",
+        ] {
+            assert!(!is_onyx_path(path), "{path}");
+        }
+    }
 
     #[test]
     fn bodies_that_are_not_json_objects() {
