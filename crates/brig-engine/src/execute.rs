@@ -175,6 +175,18 @@ async fn precheck(
     request: &ExecuteRequest,
 ) -> Result<u64, ApiError> {
     let timeout_ms = validate(state, request)?;
+    ready(state, caller, request.files.as_deref().unwrap_or_default()).await?;
+    Ok(timeout_ms)
+}
+
+/// The default image is there to run in and `files` can be placed in the working
+/// directory: what a run of code, or a session made for code
+/// ([`crate::execute_session`]), is refused for before anything is made.
+pub(crate) async fn ready(
+    state: &AppState,
+    caller: &Caller,
+    files: &[FileRef],
+) -> Result<(), ApiError> {
     if let Some(problem) = state.default_image_build.problem(&state.args.default_image) {
         return Err(ApiError::unavailable(problem));
     }
@@ -185,7 +197,7 @@ async fn precheck(
     if let Some(problem) = problem {
         return Err(ApiError::unavailable(problem));
     }
-    for file in request.files.iter().flatten() {
+    for file in files {
         crate::filestore::open(state, &caller.tenant, &file.file_id)
             .await
             .map_err(|e| match e.code {
@@ -196,13 +208,19 @@ async fn precheck(
                 _ => e,
             })?;
     }
-    for file in request.files.iter().flatten() {
+    for file in files {
         if let Some(problem) = path_problem(&file.path) {
             return Err(ApiError::invalid(problem));
         }
         sessions::workspace_path(&file.path, "/workspace")?;
     }
-    Ok(timeout_ms)
+    Ok(())
+}
+
+/// The image argument of a session in the daemon's default image ("host": none,
+/// the host's read-only system dirs and its python3).
+pub(crate) fn default_image(state: &AppState) -> Option<String> {
+    (state.args.default_image != "host").then(|| state.args.default_image.clone())
 }
 
 /// What the working directory held: path -> (is dir, size, mtime).
@@ -272,8 +290,7 @@ async fn run(
         state,
         caller,
         CreateSession {
-            // "host": the host's read-only system dirs (and its python3).
-            image: (state.args.default_image != "host").then(|| state.args.default_image.clone()),
+            image: default_image(state),
             files: request.files.clone(),
             // A backstop: the session is deleted right after the run.
             ttl_seconds: Some(timeout_ms / 1000 + 300),

@@ -37,6 +37,7 @@ pub mod db;
 pub mod default_image;
 pub mod egress;
 pub mod execute;
+pub mod execute_session;
 pub mod fault;
 pub mod filestore;
 pub mod interpreter;

@@ -102,6 +102,15 @@ pub struct ImageHealth {
     responses((status = 200, body = Health))
 )]
 async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> ApiJson<Health> {
+    ApiJson(Health {
+        status: "ok".to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        images: [default_image_health(state).await].into(),
+    })
+}
+
+/// The default image's name and state, as `/health` reports it.
+pub(crate) async fn default_image_health(state: AppState) -> (String, ImageHealth) {
     use brig_engine::default_image::ImageState;
     let name = state.args.default_image.clone();
     let image = tokio::task::spawn_blocking(move || brig_engine::default_image::state(&state))
@@ -141,11 +150,7 @@ async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> 
             ..none
         },
     };
-    ApiJson(Health {
-        status: "ok".to_string(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        images: [(name, image)].into(),
-    })
+    (name, image)
 }
 
 /// The OpenAPI document, rendered once when the router is built.
@@ -263,6 +268,7 @@ pub fn router(state: AppState) -> Router {
     let routes = routes
         .merge(crate::mcp::http::routes(&state))
         .merge(crate::e2b::control::routes().layer(Extension(Frontend::E2b)))
+        .nest("/onyx", crate::onyx::mount::router(&state.args))
         .fallback(not_found_fallback)
         .method_not_allowed_fallback(crate::onyx::error::method_not_allowed)
         .layer(Extension(OpenApiJson(Arc::new(doc))))

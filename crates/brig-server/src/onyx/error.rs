@@ -111,22 +111,30 @@ impl IntoResponse for OnyxError {
     }
 }
 
-/// Whether `path` is one of onyx's routes, which answer errors in onyx's shape.
+/// Whether `path` is one of onyx's routes, which answer errors in onyx's shape:
+/// those brig serves beside its own, and everything under the `/onyx` mount
+/// (`crate::onyx::mount`).
 pub fn is_onyx_path(path: &str) -> bool {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    matches!(
-        segments.as_slice(),
-        ["v1", "execute"]
-            | ["v1", "execute", "stream"]
-            | ["v1", "files"]
-            | ["v1", "files", _]
-            | ["v1", "sessions", _, "bash"]
-    )
+    match segments.as_slice() {
+        ["onyx", ..] => true,
+        segments => matches!(
+            segments,
+            ["v1", "execute"]
+                | ["v1", "execute", "stream"]
+                | ["v1", "files"]
+                | ["v1", "files", _]
+                | ["v1", "sessions", _, "bash"]
+        ),
+    }
 }
 
 /// 405 for a known route called with the wrong method: FastAPI's on onyx's
-/// routes, brig's elsewhere.
-pub async fn method_not_allowed(uri: axum::http::Uri) -> Response {
+/// routes, brig's elsewhere. The original URI: inside the `/onyx` mount the path
+/// has lost its prefix.
+pub async fn method_not_allowed(
+    axum::extract::OriginalUri(uri): axum::extract::OriginalUri,
+) -> Response {
     if is_onyx_path(uri.path()) {
         let error = Error::new(ErrorCode::MethodNotAllowed, "Method Not Allowed");
         return OnyxError::from(error).into_response();
@@ -352,6 +360,24 @@ impl<'a> Fields<'a> {
         None
     }
 
+    /// `StrictInt` with `ge=min, le=max`; a missing field is `None`.
+    pub fn int_between(&mut self, name: &str, min: u64, max: u64) -> Option<u64> {
+        let n = self.int_at_least(name, min)?;
+        if n <= max {
+            return Some(n);
+        }
+        let value = self.object.get(name).unwrap_or(&Value::Null);
+        let msg = format!("Input should be less than or equal to {max}");
+        self.error(
+            name,
+            "less_than_equal",
+            &msg,
+            value,
+            Some(json!({"le": max})),
+        );
+        None
+    }
+
     /// `bool`, as pydantic's lax mode reads it.
     pub fn boolean(&mut self, name: &str) -> Option<bool> {
         let value = self.get(name, false)?;
@@ -442,6 +468,10 @@ mod tests {
             "/v1/files",
             "/v1/files/abc",
             "/v1/sessions/ses_1/bash",
+            "/onyx/health",
+            "/onyx/v1/sessions",
+            "/onyx/v1/sessions/ses_1",
+            "/onyx/anything",
         ] {
             assert!(is_onyx_path(path), "{path}");
         }
@@ -451,6 +481,7 @@ mod tests {
             "/v1/files/a/b",
             "/health",
             "/v1/keys",
+            "/onyxes/health",
         ] {
             assert!(!is_onyx_path(path), "{path}");
         }
@@ -510,5 +541,17 @@ mod tests {
             .map(|e| e["type"].as_str().unwrap())
             .collect();
         assert_eq!(kinds, ["bool_parsing", "int_type", "int_type"]);
+        let ttl = json!({"over": 86401, "top": 86400});
+        let mut f = Fields::of(&ttl, vec![json!("body")], "M").unwrap();
+        assert_eq!(f.int_between("top", 1, 86400), Some(86400));
+        assert_eq!(f.int_between("over", 1, 86400), None);
+        assert_eq!(f.errors.len(), 1);
+        assert_eq!(f.errors[0]["type"], "less_than_equal");
+        assert_eq!(
+            f.errors[0]["msg"],
+            "Input should be less than or equal to 86400"
+        );
+        assert_eq!(f.errors[0]["input"], 86401);
+        assert_eq!(f.errors[0]["ctx"], json!({"le": 86400}));
     }
 }
