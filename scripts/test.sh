@@ -48,9 +48,10 @@ fi
 # (tests/openapi_conformance.py); mcp, the official MCP client, drives brig's MCP
 # server (tests/mcp_client.py); the Python SDK (editable, with its httpx) and
 # pytest run its suite against a live daemon (tests/sdk_python.rs), and onyx's
-# code-interpreter tests (httpx, pytest) against one (tests/onyx.rs).
+# code-interpreter tests and its client (httpx, pytest, requests, pydantic) against
+# one (tests/onyx.rs).
 validator=target/test-venv/bin/openapi-spec-validator
-pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0 httpx==0.28.1 pytest==8.3.4 pytest-asyncio==0.25.3)
+pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0 httpx==0.28.1 pytest==8.3.4 pytest-asyncio==0.25.3 requests==2.33.0 pydantic==2.14.4)
 if [ ! -x "$validator" ]; then
   rm -rf target/test-venv
   if ! python3 -m venv target/test-venv; then

@@ -6,7 +6,12 @@
 //! started here: `--no-auth` on loopback, as onyx runs its code interpreter beside
 //! it (its client sends no key).
 //!
-//! What runs (35 tests):
+//! What runs (39 tests):
+//! - `test_onyx_client.py` (brig's): onyx's own `CodeInterpreterClient` (vendored
+//!   unchanged from onyx-dot-app/onyx in `tests/onyx/client/`), as onyx's tools use
+//!   it: at `/onyx` its session and bash tools turn on and work (a coding agent's
+//!   session around a staged tarball); at the root they stay off (brig's `/health`
+//!   version, brig's `/v1/sessions`) and code still runs.
 //! - `e2e/test_basic_flow.py`, `e2e/test_concurrent_execute.py`: onyx's end-to-end
 //!   tests (HTTP to the service; `BASE_URL` pointed at the daemon).
 //! - From `integration_tests/`, every file that needs no mock of onyx's internals:
@@ -52,12 +57,12 @@ fn root_onyx_code_interpreter_tests_pass_against_brig() {
     let python = root.join("target/test-venv/bin/python");
     let ready = python.exists()
         && Command::new(&python)
-            .args(["-c", "import httpx, pytest"])
+            .args(["-c", "import httpx, pydantic, pytest, requests"])
             .output()
             .is_ok_and(|out| out.status.success());
     if !ready {
         eprintln!(
-            "skipped: no httpx and pytest in {} (./scripts/test.sh installs them)",
+            "skipped: no httpx, pydantic, pytest or requests in {} (./scripts/test.sh installs them)",
             python.display()
         );
         return;
@@ -102,7 +107,7 @@ fn root_onyx_code_interpreter_tests_pass_against_brig() {
         Some(s) => panic!("onyx's tests failed ({s}):\n{output}"),
         None => panic!("onyx's tests still ran after {SUITE_LIMIT:?}:\n{output}"),
     }
-    assert!(output.contains("35 passed"), "{output}");
+    assert!(output.contains("39 passed"), "{output}");
     assert!(
         !output.contains(" skipped"),
         "tests were skipped:\n{output}"
