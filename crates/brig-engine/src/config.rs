@@ -84,6 +84,9 @@ pub struct Config {
     pub mcp_network: Option<crate::egress::Network>,
     /// An MCP session unused this long ends, and its sandbox with it.
     pub mcp_idle_timeout_ms: u64,
+    /// E2B templates and the images their sandboxes run (`host`: the host's system
+    /// dirs); `base` and `code-interpreter-v1` are `default_image` unless named here.
+    pub e2b_templates: Vec<(String, String)>,
 }
 
 /// The defaults of `brig serve` (the server's flags hold the same; a test there
@@ -134,6 +137,7 @@ impl Default for Config {
             mcp_image: None,
             mcp_network: None,
             mcp_idle_timeout_ms: 15 * 60_000,
+            e2b_templates: Vec::new(),
         }
     }
 }

@@ -464,6 +464,27 @@ pub fn plan(spec: &SandboxSpec, host_root: &Path) -> Result<FsPlan, JailError> {
             path: "/var/tmp".into(),
             target: "/tmp".into(),
         });
+        let links = match spec.filesystem.root {
+            RootSource::HostSystem => spec.filesystem.workspace_links.as_slice(),
+            _ => &[],
+        };
+        for link in links {
+            // The policy checked it: absolute, normalized, none of the root's own.
+            let mut parent = String::new();
+            let parts: Vec<&str> = link.trim_start_matches('/').split('/').collect();
+            for part in &parts[..parts.len() - 1] {
+                parent.push('/');
+                parent.push_str(part);
+                ops.push(FsOp::Dir {
+                    path: parent.clone(),
+                    mode: 0o755,
+                });
+            }
+            ops.push(FsOp::Symlink {
+                path: link.clone(),
+                target: defaults::WORKSPACE.into(),
+            });
+        }
     }
 
     // Parents before children, so a bind below another bind lands on top of it.
@@ -977,6 +998,21 @@ mod tests {
 
     fn paths(plan: &FsPlan) -> Vec<String> {
         plan.ops.iter().map(|op| op.path().to_string()).collect()
+    }
+
+    #[test]
+    fn workspace_links_are_symlinks_in_the_host_root_with_their_parents() {
+        let host = fake_host();
+        let mut s = spec();
+        s.filesystem.workspace_links = vec!["/home/user".into()];
+        let plan = plan(&s, host.path()).unwrap();
+        let home = paths(&plan).iter().position(|p| p == "/home").unwrap();
+        let link = paths(&plan).iter().position(|p| p == "/home/user").unwrap();
+        assert!(home < link);
+        assert!(plan.ops.contains(&FsOp::Symlink {
+            path: "/home/user".into(),
+            target: "/workspace".into(),
+        }));
     }
 
     #[test]

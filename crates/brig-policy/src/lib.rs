@@ -85,6 +85,8 @@ pub enum PolicyError {
     UnsupportedNetwork(String),
     #[error("extra CA: expected PEM certificates, at most 64 KiB")]
     BadExtraCa,
+    #[error("workspace link '{0}': an absolute path outside the directories brig and the host provide (e.g. /home/user)")]
+    BadWorkspaceLink(String),
 }
 
 /// A complete description of one sandbox run.
@@ -334,10 +336,43 @@ pub struct Filesystem {
     /// appended is placed at [`net::CA_BUNDLE`] and over the root's standard bundle.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub extra_ca: Option<String>,
+    /// Other paths /workspace is reached at, as symlinks to it (E2B's /home/user),
+    /// made on the host's system dirs, whose root is read-only: an image's root is
+    /// the sandbox's own to make them in.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub workspace_links: Vec<String>,
 }
+
+/// Top-level names a workspace link may not be under: what brig makes in a root
+/// on the host's system dirs, and what it binds there from the host.
+const NOT_LINKABLE: &[&str] = &[
+    "bin",
+    "dev",
+    "etc",
+    "lib",
+    "lib32",
+    "lib64",
+    "libx32",
+    "proc",
+    "sbin",
+    "sys",
+    "tmp",
+    "usr",
+    "var",
+    "volume",
+    "workspace",
+];
 
 impl Filesystem {
     fn validate(&self) -> Result<(), PolicyError> {
+        for link in &self.workspace_links {
+            let bad = || PolicyError::BadWorkspaceLink(link.clone());
+            let path = normalize_sandbox_path(link).map_err(|_| bad())?;
+            let top = path.trim_start_matches('/').split('/').next().unwrap_or("");
+            if top.is_empty() || NOT_LINKABLE.contains(&top) || path != *link {
+                return Err(bad());
+            }
+        }
         if let Some(pem) = &self.extra_ca {
             if pem.len() > 64 << 10 || !pem.contains("-----BEGIN CERTIFICATE-----") {
                 return Err(PolicyError::BadExtraCa);
@@ -616,6 +651,31 @@ mod tests {
         assert_eq!(limits.file_lock_budget(), Some(MIN_FILE_LOCKS));
         limits.memory_bytes = None;
         assert_eq!(limits.file_lock_budget(), None);
+    }
+
+    #[test]
+    fn workspace_links_stay_out_of_the_roots_own_directories() {
+        let mut s = spec();
+        for good in ["/home/user", "/home", "/opt/work"] {
+            s.filesystem.workspace_links = vec![good.into()];
+            s.validate().unwrap();
+        }
+        for bad in [
+            "/",
+            "home/user",
+            "/usr/x",
+            "/tmp/a",
+            "/workspace",
+            "/home/../etc",
+            "/home//user",
+        ] {
+            s.filesystem.workspace_links = vec![bad.into()];
+            assert_eq!(
+                s.validate(),
+                Err(PolicyError::BadWorkspaceLink(bad.into())),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -176,6 +176,11 @@ pub struct ServeArgs {
     /// Keep N ready sandboxes of IMAGE ("host" for the host's system dirs). Repeatable.
     #[arg(long, value_name = "IMAGE=N", value_parser = pool_spec)]
     pub pool: Vec<(String, usize)>,
+    /// An E2B template and the image its sandboxes run (repeatable; `host`: the
+    /// host's system dirs). `base` and `code-interpreter-v1` run --default-image
+    /// unless named here.
+    #[arg(long = "e2b-template", value_name = "NAME=IMAGE", value_parser = e2b_template)]
+    pub e2b_templates: Vec<(String, String)>,
     /// Log format.
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -261,6 +266,16 @@ fn pool_spec(text: &str) -> Result<(String, usize), String> {
     Ok((image.to_string(), size))
 }
 
+fn e2b_template(text: &str) -> Result<(String, String), String> {
+    let bad = || format!("invalid E2B template '{text}': use NAME=IMAGE, e.g. base=python");
+    let (name, image) = text.split_once('=').ok_or_else(bad)?;
+    let (name, image) = (name.trim(), image.trim());
+    if name.is_empty() || image.is_empty() {
+        return Err(bad());
+    }
+    Ok((name.to_string(), image.to_string()))
+}
+
 impl ServeArgs {
     /// Parses `brig serve` flags from an argument list (the first item is the program
     /// name); used by tests and by anything that embeds the daemon.
@@ -316,6 +331,7 @@ impl From<ServeArgs> for Config {
             session_idle_timeout_ms,
             audit_retention_ms,
             pool,
+            e2b_templates,
             log_format: _,
             id_range,
             backend,
@@ -372,6 +388,7 @@ impl From<ServeArgs> for Config {
             mcp_image,
             mcp_network,
             mcp_idle_timeout_ms,
+            e2b_templates,
         }
     }
 }
@@ -495,8 +512,19 @@ mod tests {
             "json",
             "--id-range",
             "10-20",
+            "--e2b-template",
+            "base=host",
+            "--e2b-template",
+            " data = python ",
         ])
         .unwrap();
+        assert_eq!(
+            Config::from(args.clone()).e2b_templates,
+            vec![
+                ("base".to_string(), "host".to_string()),
+                ("data".to_string(), "python".to_string())
+            ]
+        );
         assert_eq!(args.output_limit_bytes, 64 << 10);
         assert_eq!(args.file_ttl_ms, 2_000);
         assert_eq!(
@@ -521,6 +549,9 @@ mod tests {
             &["--listen", "localhost"],
             &["--log-format", "xml"],
             &["--id-range", "5"],
+            &["--e2b-template", "base"],
+            &["--e2b-template", "=python"],
+            &["--e2b-template", "base="],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} should be refused");
         }

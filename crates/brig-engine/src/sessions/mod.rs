@@ -92,6 +92,11 @@ pub struct CreateSession {
     /// Never serialized: the stored request holds no value.
     #[serde(default, skip_serializing)]
     pub secrets: Option<Vec<crate::secrets::SecretRequest>>,
+    /// Another path the workspace is reached at, for clients that expect a home
+    /// (E2B's `/home/user`): a symlink to /workspace on the host's system dirs,
+    /// whose root is read-only; a directory of the sandbox user's in an image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
 }
 
 /// Bounds of a session's `metadata`: labels to find sessions by, not storage.
@@ -1098,6 +1103,9 @@ pub fn spec_for(
             no_symlinks: false,
         });
     }
+    if let Some(home) = &request.home {
+        spec.filesystem.workspace_links.push(home.clone());
+    }
     // A session runs no command of its own; validation still wants one.
     let mut check = spec.clone();
     check.command = vec!["/bin/true".into()];
@@ -1399,6 +1407,17 @@ async fn create_with(
         .await;
     }
 
+    if let Some(home) = request.home.clone() {
+        // A no-op through the link on the host's system dirs; made in an image.
+        let made = files::with_root(&session, move |root| {
+            root.mkdir_all(&home).map_err(files::rootfs_error)
+        })
+        .await;
+        if let Err(e) = made {
+            let _ = delete(state, &session).await;
+            return Err(e);
+        }
+    }
     if let Some(files) = &request.files {
         if let Err(e) = files::copy_uploads(state, &session, files).await {
             let _ = delete(state, &session).await;
@@ -1516,7 +1535,8 @@ async fn start_session(
     });
     // Files are copied in after the row is written, and if that fails the session is
     // deleted: then the event is the handler's to record, with that outcome.
-    let event = event.filter(|_| request.files.as_ref().is_none_or(Vec::is_empty));
+    let event = event
+        .filter(|_| request.files.as_ref().is_none_or(Vec::is_empty) && request.home.is_none());
     let recorded = event.is_some();
     if let Err(e) = record_new(state, &session, pool_row.clone(), event).await {
         destroy_sandbox(state, &session).await;

@@ -294,3 +294,40 @@ async fn the_reaper_does_not_end_a_session_while_an_exec_runs() {
     assert_eq!(out.stdout, "still\n");
     assert!(e.audited("session.expire").await.is_empty());
 }
+
+#[tokio::test]
+async fn a_home_is_made_for_its_session_and_never_taken_from_the_pool() {
+    let e = engine(|c| c.pool = vec![("host".into(), 1)]).await;
+    let pool = &e.state.sessions().pool;
+    assert!(
+        eventually(Duration::from_secs(5), || pool.sizes()
+            == vec![("host".into(), 1)])
+        .await,
+        "the pool never filled"
+    );
+    let request = CreateSession {
+        home: Some("/home/user".into()),
+        ..Default::default()
+    };
+    let info = e.create_with("alice", request).await.unwrap();
+    assert!(!info.pooled, "a pooled sandbox has no home link");
+    let session = e.state.sessions().get(&info.session_id).unwrap();
+    let entries = sessions::files::with_root(&session, |root| {
+        root.list_dir("/home")
+            .map_err(sessions::files::rootfs_error)
+    })
+    .await
+    .unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].name, "user");
+    assert_eq!(entries[0].kind.as_str(), "directory");
+
+    // A home where the root's own directories are is refused, and nothing starts.
+    let before = e.state.sessions().count();
+    let bad = CreateSession {
+        home: Some("/usr/user".into()),
+        ..Default::default()
+    };
+    assert_eq!(code(e.create_with("alice", bad).await), "invalid_request");
+    assert_eq!(e.state.sessions().count(), before);
+}

@@ -28,6 +28,10 @@ pub mod tokens;
 
 pub use tokens::TokenKey;
 
+/// The envd version sandboxes report (`envdVersion`): the SDK enables features by
+/// it, so it names the newest version whose features brig's envd really serves.
+pub const ENVD_VERSION: &str = "0.2.4";
+
 /// envd's port in every E2B sandbox.
 pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port (e2b-code-interpreter's `JUPYTER_PORT`).

@@ -297,6 +297,7 @@ impl From<CreateSession> for sessions::CreateSession {
             metadata,
             network: network.map(Into::into),
             secrets: secrets.map(|list| list.into_iter().map(Into::into).collect()),
+            home: None,
         }
     }
 }
