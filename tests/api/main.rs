@@ -13,6 +13,7 @@ mod audit;
 mod bad_input;
 mod connections;
 mod e2b_code;
+mod e2b_control;
 mod e2b_plane;
 mod egress;
 mod egress_secrets;
