@@ -51,7 +51,7 @@ fi
 # code-interpreter tests and its client (httpx, pytest, requests, pydantic) against
 # one (tests/onyx.rs).
 validator=target/test-venv/bin/openapi-spec-validator
-pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0 httpx==0.28.1 pytest==8.3.4 pytest-asyncio==0.25.3 requests==2.33.0 pydantic==2.14.4)
+pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0 httpx==0.28.1 pytest==8.3.4 pytest-asyncio==0.25.3 requests==2.33.0 pydantic==2.14.4 pytest-xdist==3.6.1 e2b==2.63.0 e2b-code-interpreter==2.11.5)
 if [ ! -x "$validator" ]; then
   rm -rf target/test-venv
   if ! python3 -m venv target/test-venv; then

@@ -98,11 +98,17 @@ pub fn network_of(
     Ok(Some(network))
 }
 
-/// E2B's `metadata` filter: `key=value&...`, each key and value URL-encoded (the
-/// SDK encodes them once more for the query string, which the query parser undid).
+/// E2B's `metadata` filter, as the query parser left it: `key=value&...`, the whole
+/// URL-encoded once more and each key and value once more again (the SDK quotes
+/// them, then url-encodes the pairs, then its HTTP client encodes the parameter).
 pub fn metadata_filter(query: Option<&str>) -> Vec<(String, String)> {
+    let decode = |text: &str| {
+        percent_encoding::percent_decode_str(text)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
     form_urlencoded::parse(query.unwrap_or_default().as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .map(|(k, v)| (decode(&k), decode(&v)))
         .collect()
 }
 
@@ -346,7 +352,7 @@ mod tests {
     #[test]
     fn metadata_and_state_filters_parse() {
         assert_eq!(
-            metadata_filter(Some("a%20b=c%26d&e=f")),
+            metadata_filter(Some("a%2520b=c%2526d&e=f")),
             vec![("a b".into(), "c&d".into()), ("e".into(), "f".into())]
         );
         assert_eq!(
