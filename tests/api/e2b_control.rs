@@ -183,12 +183,23 @@ fn e2b_sandboxes_live_and_end_as_e2b_says_and_bad_input_is_refused_in_its_shape(
     assert_eq!(e2b(&d, "POST", &pause, &alice, "{}").0, 204);
     let (_, info) = e2b(&d, "GET", &format!("/sandboxes/{id}"), &alice, "");
     assert_eq!(info["state"], "paused");
+    // Paused, its timeout stops: it is kept until resumed or killed (30 days).
+    assert!(
+        seconds(&info["endAt"]) - seconds(&info["startedAt"]) > 29 * 86_400,
+        "{info}"
+    );
     let (status, error) = e2b(&d, "POST", &pause, &alice, "{}");
     assert_e2b_error(status, &error, 409);
     let connect = format!("/v2/sandboxes/{id}/connect");
     let (status, connected) = e2b(&d, "POST", &connect, &alice, "{\"timeout\":60}");
     assert_eq!(status, 201, "{connected}");
     assert_eq!(connected["envdAccessToken"], sandbox["envdAccessToken"]);
+    // Resumed, it runs its timeout again from now.
+    let (_, info) = e2b(&d, "GET", &format!("/sandboxes/{id}"), &alice, "");
+    assert!(
+        seconds(&info["endAt"]) - seconds(&info["startedAt"]) < 600,
+        "{info}"
+    );
     assert_eq!(e2b(&d, "POST", &connect, &alice, "{}").0, 200);
     let (status, error) = e2b(&d, "POST", &format!("/sandboxes/{id}/resume"), &alice, "{}");
     assert_e2b_error(status, &error, 409);
@@ -328,6 +339,12 @@ fn e2b_lists_page_and_filter_and_a_create_over_quota_is_429() {
         vec![made[4].clone()]
     );
     assert_eq!(one[0]["metadata"], json!({"n": "4", "group": "even"}));
+
+    // v1 lists the running ones only.
+    let (_, running) = e2b(&d, "GET", "/sandboxes", &alice, "");
+    let running: Vec<String> = running.as_array().unwrap().iter().map(id_of).collect();
+    assert_eq!(running.len(), 4);
+    assert!(!running.contains(&paused));
 
     // State.
     let (_, list) = e2b(&d, "GET", "/v2/sandboxes?state=paused", &alice, "");

@@ -78,11 +78,17 @@ def test_set_timeout(sandbox):
 
 def test_pause_and_resume_by_connecting(sandbox):
     assert sandbox.pause() is True
-    assert sandbox.get_info().state == SandboxState.PAUSED
+    info = sandbox.get_info()
+    assert info.state == SandboxState.PAUSED
+    # Its timeout stops while it is paused.
+    assert (info.end_at - info.started_at).days >= 29
     # Paused already: the SDK reads E2B's 409 as False.
     assert sandbox.pause() is False
-    resumed = Sandbox.connect(sandbox.sandbox_id)
-    assert resumed.get_info().state == SandboxState.RUNNING
+    resumed = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+    info = resumed.get_info()
+    assert info.state == SandboxState.RUNNING
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert 60 < (info.end_at - now).total_seconds() <= 121
 
 
 def test_kill_then_gone(sandboxes):

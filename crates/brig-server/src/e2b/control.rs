@@ -38,6 +38,10 @@ pub const USER: &str = "user";
 const DEFAULT_TIMEOUT: i64 = 300;
 /// Of a sandbox resumed (`ResumedSandbox`) or forked.
 const RESUME_TIMEOUT: i64 = 15;
+/// How long a paused sandbox is kept: E2B keeps paused sandboxes until they are
+/// resumed or killed (its timeout runs only while it runs), within its retention
+/// of paused sandboxes, 30 days.
+const PAUSED_KEEP: u64 = 30 * 24 * 3600;
 /// The most forks one request may ask for.
 const MAX_FORKS: i64 = 16;
 
@@ -262,16 +266,20 @@ fn list_query(raw: Option<&str>) -> Result<ListQuery, Error> {
     Ok(query)
 }
 
-/// `GET /sandboxes` (v1): every sandbox of the caller's the metadata filter keeps.
+/// `GET /sandboxes` (v1): the caller's running sandboxes the metadata filter keeps.
 async fn list_v1(
     State(state): State<AppState>,
     E2bCaller(caller): E2bCaller,
     RawQuery(raw): RawQuery,
 ) -> E2bResult<Json<Vec<serde_json::Value>>> {
     let query = list_query(raw.as_deref())?;
+    let running = rules::ListFilter {
+        states: vec!["running".into()],
+        ..rules::ListFilter::default()
+    };
     let found = rules::filtered(
         matching(&state, &caller, query.metadata.as_deref())?,
-        &rules::ListFilter::default(),
+        &running,
     );
     Ok(Json(found.iter().map(wire::listed).collect()))
 }
@@ -395,19 +403,26 @@ async fn connect(
     )?;
     let seconds = seconds(body.timeout.unwrap_or(DEFAULT_TIMEOUT), "timeout")?;
     let info = sessions::get_session(&state, &caller, &id).map_err(about(&id))?;
-    let status = if info.state == "paused" {
+    let (status, info) = if info.state == "paused" {
         sessions::set_paused(&state, &caller, &id, false)
             .await
             .map_err(about(&id))?;
-        StatusCode::CREATED
+        // Its clock runs again from now.
+        (
+            StatusCode::CREATED,
+            end_in(&state, &caller, &id, seconds).await?,
+        )
     } else {
-        StatusCode::OK
+        (
+            StatusCode::OK,
+            end_no_sooner(&state, &caller, &id, seconds).await?,
+        )
     };
-    let info = end_no_sooner(&state, &caller, &id, seconds).await?;
     Ok((status, Json(sandbox_json(&key, &info))).into_response())
 }
 
-/// `POST /sandboxes/{id}/pause`: 204; 409 if it is paused already.
+/// `POST /sandboxes/{id}/pause`: 204; 409 if it is paused already. Its timeout
+/// stops: it is kept [`PAUSED_KEEP`] until connected to, resumed or killed.
 async fn pause(
     State(state): State<AppState>,
     E2bCaller(caller): E2bCaller,
@@ -425,6 +440,7 @@ async fn pause(
     sessions::set_paused(&state, &caller, &id, true)
         .await
         .map_err(about(&id))?;
+    end_in(&state, &caller, &id, PAUSED_KEEP).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -477,13 +493,20 @@ async fn list_snapshots(
     E2bCaller(caller): E2bCaller,
     RawQuery(raw): RawQuery,
 ) -> E2bResult<Json<Vec<serde_json::Value>>> {
-    let sandbox = form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
-        .find(|(name, _)| name == "sandboxID")
-        .map(|(_, value)| value.into_owned());
+    let param = |wanted: &str| {
+        form_urlencoded::parse(raw.as_deref().unwrap_or_default().as_bytes())
+            .find(|(name, _)| name == wanted)
+            .map(|(_, value)| value.into_owned())
+    };
+    let (sandbox, name) = (param("sandboxID"), param("name"));
     let all = snapshots::list(&state, &caller).await?;
     Ok(Json(
         all.into_iter()
             .filter(|s| sandbox.as_ref().is_none_or(|id| *id == s.session_id))
+            .filter(|s| {
+                name.as_ref()
+                    .is_none_or(|n| *n == s.snapshot_id || s.name.as_ref() == Some(n))
+            })
             .map(|s| {
                 let names: Vec<String> = s.name.iter().cloned().collect();
                 serde_json::json!({"snapshotID": s.snapshot_id, "names": names})
