@@ -207,3 +207,26 @@ def test_metrics_are_refused_not_made_up(sandbox):
 def test_not_found_is_e2bs(sandbox):
     with pytest.raises(NotFoundException):
         Sandbox.get_info("ses_000000000000000000000000")
+
+
+def test_network_fields_become_the_sandboxs_egress_policy(sandboxes):
+    allowed = sandboxes(network={"allow_out": ["example.com"], "deny_out": ["0.0.0.0/0"]})
+    info = allowed.get_info()
+    assert info.network == {"allow_out": ["example.com"], "deny_out": ["0.0.0.0/0"]}
+    closed = sandboxes(allow_internet_access=False)
+    assert closed.get_info().allow_internet_access is False
+    opened = sandboxes(allow_internet_access=True)
+    assert opened.get_info().allow_internet_access is True
+    # Changed later: from now on, this address is denied.
+    opened.update_network({"deny_out": ["192.0.2.1"]})
+    assert opened.get_info().network == {"allow_out": [], "deny_out": ["192.0.2.1"]}
+
+
+def test_network_fields_brig_cannot_honour_are_refused(label):
+    with pytest.raises(SandboxException, match="maskRequestHost"):
+        Sandbox.create(metadata={"suite": label}, network={"mask_request_host": "x.example"})
+    with pytest.raises(SandboxException, match="allowOut"):
+        Sandbox.create(
+            metadata={"suite": label},
+            network={"allow_out": ["192.0.2.1"], "deny_out": ["192.0.2.0/24"]},
+        )
