@@ -124,10 +124,17 @@ fn root_the_e2b_sdk_suites_pass_against_a_live_daemon() {
         "the suite skipped tests:\n{}",
         other_skips.join("\n")
     );
-    let envd_skips = output
+    // pytest's summary groups them: `SKIPPED [5] conftest.py:54: <reason>`.
+    let envd_skips: usize = output
         .lines()
         .filter(|l| l.starts_with("SKIPPED") && l.contains(ENVD_SKIP))
-        .count();
+        .map(|l| {
+            l.split_once('[')
+                .and_then(|(_, rest)| rest.split_once(']'))
+                .and_then(|(n, _)| n.parse().ok())
+                .unwrap_or(1)
+        })
+        .sum();
     if envd_skips > 0 {
         eprintln!("{envd_skips} tests wait for envd: {ENVD_SKIP}");
     }
