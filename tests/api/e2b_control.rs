@@ -2,7 +2,7 @@
 //! listed, timed out, paused, resumed and killed with a brig key, every error in
 //! E2B's `{code, message}`, another tenant's sandboxes out of sight.
 
-use crate::support::{audit_of, daemon, exchange, set_quotas, tenant_key};
+use crate::support::{audit_of, daemon, exchange, set_quotas, sh, tenant_key};
 use serde_json::{json, Value};
 
 /// A request with E2B's SDK's header (`X-API-KEY`) and a JSON body: (status, body).
@@ -132,6 +132,16 @@ fn e2b_sandboxes_live_and_end_as_e2b_says_and_bad_input_is_refused_in_its_shape(
         "{\"templateID\":\"base\"}",
     );
     assert_eq!(status, 201, "{old}");
+
+    // Its user is E2B's `user`, at home in /home/user (the workspace, on the host's
+    // read-only system dirs), with the environment it was given.
+    let seen = sh(
+        &d,
+        &alice,
+        &id,
+        "id -un; echo $HOME $USER $A; echo hi > /home/user/f; cat /workspace/f",
+    );
+    assert_eq!(seen, "user\n/home/user user 1\nhi\n");
 
     // Read back: the caller's labels only, running, ending at its timeout.
     let (status, info) = e2b(&d, "GET", &format!("/sandboxes/{id}"), &alice, "");

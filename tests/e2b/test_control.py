@@ -156,8 +156,8 @@ def test_fork(sandbox, label):
 def test_a_sandbox_runs_as_user_in_its_home(sandboxes):
     sandbox = sandboxes(envs={"GREETING": "hi"})
     assert sandbox.is_running()
-    result = sandbox.commands.run('echo "$GREETING $HOME $USER"; pwd')
-    assert result.stdout.split("\n")[:2] == ["hi /home/user user", "/home/user"]
+    result = sandbox.commands.run('echo "$GREETING $HOME $USER"; pwd; whoami')
+    assert result.stdout.split("\n")[:3] == ["hi /home/user user", "/home/user", "user"]
 
 
 @pytest.mark.envd

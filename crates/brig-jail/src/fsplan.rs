@@ -714,8 +714,14 @@ fn plan_etc(spec: &SandboxSpec, host_root: &Path, ops: &mut Vec<FsOp>) -> Result
     let _ = etc_dir;
     let id = &spec.identity;
     let files = [
-        ("passwd", passwd(id.uid, id.gid, base_passwd.as_deref())),
-        ("group", group(id.gid, base_group.as_deref())),
+        (
+            "passwd",
+            passwd(id.uid, id.gid, id.user_name(), base_passwd.as_deref()),
+        ),
+        (
+            "group",
+            group(id.gid, id.user_name(), base_group.as_deref()),
+        ),
         ("hosts", hosts(&id.hostname)),
         ("hostname", format!("{}\n", id.hostname)),
         ("resolv.conf", resolv_conf(spec, host_root)),
@@ -847,13 +853,19 @@ fn plan_image_etc(
             .as_deref()
             .is_some_and(|db| has_id(db, id.uid, 2))
         {
-            files.push(("passwd", passwd(id.uid, id.gid, base_passwd.as_deref())));
+            files.push((
+                "passwd",
+                passwd(id.uid, id.gid, id.user_name(), base_passwd.as_deref()),
+            ));
         }
         if !base_group
             .as_deref()
             .is_some_and(|db| has_id(db, id.gid, 2))
         {
-            files.push(("group", group(id.gid, base_group.as_deref())));
+            files.push((
+                "group",
+                group(id.gid, id.user_name(), base_group.as_deref()),
+            ));
         }
     }
     ops.push(FsOp::Dir {
@@ -885,16 +897,17 @@ fn has_name(db: &str, name: &str) -> bool {
     db.lines().any(|line| line.split(':').next() == Some(name))
 }
 
-fn unique_name(db: &str, id: u32) -> String {
-    if has_name(db, "sandbox") {
-        format!("sandbox{id}")
+fn unique_name(db: &str, id: u32, name: &str) -> String {
+    if has_name(db, name) {
+        format!("{name}{id}")
     } else {
-        "sandbox".to_string()
+        name.to_string()
     }
 }
 
-/// /etc/passwd: the base (a rootfs's own, or a minimal root+nobody) plus the sandbox user.
-pub fn passwd(uid: u32, gid: u32, base: Option<&str>) -> String {
+/// /etc/passwd: the base (a rootfs's own, or a minimal root+nobody) plus the sandbox
+/// user, named `name` unless the base has that name already.
+pub fn passwd(uid: u32, gid: u32, name: &str, base: Option<&str>) -> String {
     let mut db = base
         .unwrap_or(
             "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
@@ -904,7 +917,7 @@ pub fn passwd(uid: u32, gid: u32, base: Option<&str>) -> String {
         db.push('\n');
     }
     if !has_id(&db, uid, 2) {
-        let name = unique_name(&db, uid);
+        let name = unique_name(&db, uid, name);
         db.push_str(&format!(
             "{name}:x:{uid}:{gid}:{name}:{}:/bin/sh\n",
             defaults::WORKSPACE
@@ -914,13 +927,13 @@ pub fn passwd(uid: u32, gid: u32, base: Option<&str>) -> String {
 }
 
 /// /etc/group: the base plus the sandbox user's group.
-pub fn group(gid: u32, base: Option<&str>) -> String {
+pub fn group(gid: u32, name: &str, base: Option<&str>) -> String {
     let mut db = base.unwrap_or("root:x:0:\nnogroup:x:65534:\n").to_string();
     if !db.is_empty() && !db.ends_with('\n') {
         db.push('\n');
     }
     if !has_id(&db, gid, 2) {
-        let name = unique_name(&db, gid);
+        let name = unique_name(&db, gid, name);
         db.push_str(&format!("{name}:x:{gid}:\n"));
     }
     db
@@ -1281,17 +1294,23 @@ mod tests {
     #[test]
     fn etc_databases() {
         assert_eq!(
-            passwd(1000, 1000, None),
+            passwd(1000, 1000, "sandbox", None),
             "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\nsandbox:x:1000:1000:sandbox:/workspace:/bin/sh\n"
         );
+        // Another name (E2B's `user`), as long as the base does not have it.
+        assert!(passwd(1000, 1000, "user", None)
+            .ends_with("\nuser:x:1000:1000:user:/workspace:/bin/sh\n"));
+        assert!(group(1000, "user", None).ends_with("\nuser:x:1000:\n"));
+        assert!(passwd(7, 7, "user", Some("user:x:1:1::/:/bin/sh"))
+            .ends_with("\nuser7:x:7:7:user7:/workspace:/bin/sh\n"));
         // root inside needs no extra entry.
-        assert!(!passwd(0, 0, None).contains("sandbox"));
+        assert!(!passwd(0, 0, "sandbox", None).contains("sandbox"));
         assert_eq!(
-            passwd(7, 7, Some("sandbox:x:1:1::/:/bin/sh")),
+            passwd(7, 7, "sandbox", Some("sandbox:x:1:1::/:/bin/sh")),
             "sandbox:x:1:1::/:/bin/sh\nsandbox7:x:7:7:sandbox7:/workspace:/bin/sh\n"
         );
         assert_eq!(
-            group(1000, None),
+            group(1000, "sandbox", None),
             "root:x:0:\nnogroup:x:65534:\nsandbox:x:1000:\n"
         );
         assert!(hosts("box").contains("127.0.1.1\tbox\n"));

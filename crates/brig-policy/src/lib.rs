@@ -29,6 +29,7 @@ pub mod defaults {
     pub const UID: u32 = 1_000;
     pub const GID: u32 = 1_000;
     pub const HOSTNAME: &str = "sandbox";
+    pub const USER_NAME: &str = "sandbox";
     pub const WORKSPACE: &str = "/workspace";
     pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
     pub const LANG: &str = "C.UTF-8";
@@ -87,6 +88,8 @@ pub enum PolicyError {
     BadExtraCa,
     #[error("workspace link '{0}': an absolute path outside the directories brig and the host provide (e.g. /home/user)")]
     BadWorkspaceLink(String),
+    #[error("invalid user name '{0}': 1-32 of a-z 0-9 _ -, starting with a letter or _")]
+    BadUserName(String),
 }
 
 /// A complete description of one sandbox run.
@@ -180,6 +183,10 @@ pub struct Identity {
     pub gid: u32,
     pub hostname: String,
     pub mapping: IdMapping,
+    /// The sandbox user's name (and its group's) in the /etc/passwd and /etc/group
+    /// brig writes; `None`: `sandbox`. E2B's SDKs expect `user`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Default for Identity {
@@ -189,6 +196,7 @@ impl Default for Identity {
             gid: defaults::GID,
             hostname: defaults::HOSTNAME.to_string(),
             mapping: IdMapping::default(),
+            name: None,
         }
     }
 }
@@ -222,7 +230,23 @@ impl Identity {
         Ok((uid, gid))
     }
 
+    /// The sandbox user's name.
+    pub fn user_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(defaults::USER_NAME)
+    }
+
     fn validate(&self) -> Result<(), PolicyError> {
+        if let Some(name) = &self.name {
+            // What useradd takes: no separators, nothing a passwd line could split on.
+            let valid = (1..=32).contains(&name.len())
+                && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-".contains(&b));
+            if !valid {
+                return Err(PolicyError::BadUserName(name.clone()));
+            }
+        }
         // (uid_t)-1 means "unchanged" to set*id(2) and cannot be mapped.
         for id in [self.uid, self.gid] {
             if id == u32::MAX {
@@ -651,6 +675,23 @@ mod tests {
         assert_eq!(limits.file_lock_budget(), Some(MIN_FILE_LOCKS));
         limits.memory_bytes = None;
         assert_eq!(limits.file_lock_budget(), None);
+    }
+
+    #[test]
+    fn user_names_are_ones_a_passwd_line_holds() {
+        let mut s = spec();
+        assert_eq!(s.identity.user_name(), "sandbox");
+        s.identity.name = Some("user".into());
+        s.validate().unwrap();
+        assert_eq!(s.identity.user_name(), "user");
+        for bad in ["", "User", "a:b", "9lives", "x y", &"a".repeat(33)] {
+            s.identity.name = Some(bad.to_string());
+            assert_eq!(
+                s.validate(),
+                Err(PolicyError::BadUserName(bad.into())),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -97,6 +97,10 @@ pub struct CreateSession {
     /// whose root is read-only; a directory of the sandbox user's in an image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home: Option<String>,
+    /// The sandbox user's name in its /etc/passwd (E2B's `user`); `sandbox` when
+    /// absent. Its uid is the same either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// Bounds of a session's `metadata`: labels to find sessions by, not storage.
@@ -1106,6 +1110,7 @@ pub fn spec_for(
     if let Some(home) = &request.home {
         spec.filesystem.workspace_links.push(home.clone());
     }
+    spec.identity.name.clone_from(&request.user);
     // A session runs no command of its own; validation still wants one.
     let mut check = spec.clone();
     check.command = vec!["/bin/true".into()];

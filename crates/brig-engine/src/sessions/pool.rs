@@ -139,8 +139,9 @@ pub fn fits(request: &CreateSession, limits: &brig_policy::Limits) -> bool {
     request.snapshot.is_none()
         && request.mounts.as_ref().is_none_or(Vec::is_empty)
         && request.volume.is_none()
-        // Pooled sandboxes were started without the link.
+        // Pooled sandboxes were started without the link, as the default user.
         && request.home.is_none()
+        && request.user.is_none()
         && *limits == super::base_spec().limits
 }
 

@@ -296,7 +296,7 @@ async fn the_reaper_does_not_end_a_session_while_an_exec_runs() {
 }
 
 #[tokio::test]
-async fn a_home_is_made_for_its_session_and_never_taken_from_the_pool() {
+async fn a_home_and_a_user_name_are_made_for_their_session_and_never_taken_from_the_pool() {
     let e = engine(|c| c.pool = vec![("host".into(), 1)]).await;
     let pool = &e.state.sessions().pool;
     assert!(
@@ -307,8 +307,14 @@ async fn a_home_is_made_for_its_session_and_never_taken_from_the_pool() {
     );
     let request = CreateSession {
         home: Some("/home/user".into()),
+        user: Some("user".into()),
         ..Default::default()
     };
+    // The sandbox's spec: the link (made on the host's system dirs) and the name.
+    let limits = sessions::limits_of(&request).unwrap();
+    let spec = sessions::spec_for(&e.state, "alice", &request, &limits).unwrap();
+    assert_eq!(spec.filesystem.workspace_links, ["/home/user"]);
+    assert_eq!(spec.identity.user_name(), "user");
     let info = e.create_with("alice", request).await.unwrap();
     assert!(!info.pooled, "a pooled sandbox has no home link");
     let session = e.state.sessions().get(&info.session_id).unwrap();
@@ -324,10 +330,17 @@ async fn a_home_is_made_for_its_session_and_never_taken_from_the_pool() {
 
     // A home where the root's own directories are is refused, and nothing starts.
     let before = e.state.sessions().count();
-    let bad = CreateSession {
-        home: Some("/usr/user".into()),
-        ..Default::default()
-    };
-    assert_eq!(code(e.create_with("alice", bad).await), "invalid_request");
+    for bad in [
+        CreateSession {
+            home: Some("/usr/user".into()),
+            ..Default::default()
+        },
+        CreateSession {
+            user: Some("Not:A:Name".into()),
+            ..Default::default()
+        },
+    ] {
+        assert_eq!(code(e.create_with("alice", bad).await), "invalid_request");
+    }
     assert_eq!(e.state.sessions().count(), before);
 }

@@ -188,6 +188,7 @@ async fn create(
         metadata: Some(rules::labels(body.metadata, &template)?),
         network,
         home: Some(HOME.into()),
+        user: Some(USER.into()),
         ..CreateSession::default()
     };
     let info = sessions::create_session(&state, &caller, request).await?;

@@ -298,6 +298,7 @@ impl From<CreateSession> for sessions::CreateSession {
             network: network.map(Into::into),
             secrets: secrets.map(|list| list.into_iter().map(Into::into).collect()),
             home: None,
+            user: None,
         }
     }
 }

@@ -11,7 +11,7 @@ use brig_engine::sessions::{self, snapshots, CreateSession};
 use brig_engine::state::AppState;
 
 use super::extract::{self, E2bCaller, E2bError, E2bJson, E2bPath, E2bResult};
-use super::{about, sandbox_json, seconds, wire, HOME, MAX_FORKS, RESUME_TIMEOUT};
+use super::{about, sandbox_json, seconds, wire, HOME, MAX_FORKS, RESUME_TIMEOUT, USER};
 use crate::e2b::tokens::TokenKey;
 
 /// `POST /sandboxes/{id}/snapshots`: brig's snapshot of the sandbox's files
@@ -106,6 +106,7 @@ pub(super) async fn fork(
             idle_timeout_seconds: Some(0),
             metadata: Some(info.metadata.clone()),
             home: Some(HOME.into()),
+            user: Some(USER.into()),
             ..CreateSession::default()
         };
         results.push(
