@@ -26,7 +26,7 @@ use brig_engine::state::AppState;
 
 use super::tokens::{Kind, TokenKey};
 use extract::{E2bCaller, E2bError, E2bJson, E2bPath, E2bResult};
-use wire::{ConnectRequest, NewSandbox, Tokens};
+use wire::{ConnectRequest, NewSandbox};
 
 pub use wire::TEMPLATE_KEY;
 
@@ -86,22 +86,12 @@ pub fn routes() -> Router<AppState> {
     })
 }
 
-/// The access tokens of sandboxes, from the daemon's key.
-fn tokens(key: &TokenKey) -> (impl Fn(&str) -> String + '_, impl Fn(&str) -> String + '_) {
-    (
-        move |id: &str| key.token(Kind::Envd, id),
-        move |id: &str| key.token(Kind::Traffic, id),
-    )
-}
-
+/// A sandbox and its access tokens (derived from the daemon's key).
 fn sandbox_json(key: &TokenKey, info: &SessionInfo) -> wire::Sandbox {
-    let (envd, traffic) = tokens(key);
+    let id = &info.session_id;
     wire::sandbox(
         info,
-        &Tokens {
-            envd: &envd,
-            traffic: &traffic,
-        },
+        (key.token(Kind::Envd, id), key.token(Kind::Traffic, id)),
     )
 }
 
@@ -203,14 +193,8 @@ async fn get_sandbox(
     E2bPath(id): E2bPath,
 ) -> E2bResult<Json<serde_json::Value>> {
     let info = sessions::get_session(&state, &caller, &id).map_err(about(&id))?;
-    let (envd, traffic) = tokens(&key);
-    Ok(Json(wire::detail(
-        &info,
-        &Tokens {
-            envd: &envd,
-            traffic: &traffic,
-        },
-    )))
+    let token = key.token(Kind::Envd, &info.session_id);
+    Ok(Json(wire::detail(&info, token)))
 }
 
 /// `DELETE /sandboxes/{id}`: 204; 404 for one the caller does not have.

@@ -119,12 +119,6 @@ pub struct Sandbox {
     pub domain: Option<String>,
 }
 
-/// What the access tokens of a sandbox are, given its id.
-pub struct Tokens<'a> {
-    pub envd: &'a dyn Fn(&str) -> String,
-    pub traffic: &'a dyn Fn(&str) -> String,
-}
-
 /// The template a session shows: the one it was created from through E2B, else
 /// what it runs.
 pub fn template_of(info: &SessionInfo) -> String {
@@ -143,7 +137,8 @@ fn metadata_of(info: &SessionInfo) -> BTreeMap<String, String> {
     metadata
 }
 
-pub fn sandbox(info: &SessionInfo, tokens: &Tokens<'_>) -> Sandbox {
+/// A sandbox with its access tokens (`envd`, `traffic`).
+pub fn sandbox(info: &SessionInfo, (envd, traffic): (String, String)) -> Sandbox {
     let template = template_of(info);
     Sandbox {
         template_id: template.clone(),
@@ -151,8 +146,8 @@ pub fn sandbox(info: &SessionInfo, tokens: &Tokens<'_>) -> Sandbox {
         client_id: CLIENT_ID.to_string(),
         envd_version: super::super::ENVD_VERSION.to_string(),
         alias: template,
-        envd_access_token: (tokens.envd)(&info.session_id),
-        traffic_access_token: (tokens.traffic)(&info.session_id),
+        envd_access_token: envd,
+        traffic_access_token: traffic,
         domain: None,
     }
 }
@@ -194,7 +189,7 @@ pub fn listed(info: &SessionInfo) -> Value {
 }
 
 /// A sandbox as `GET /sandboxes/{id}` shows it (`SandboxDetail`).
-pub fn detail(info: &SessionInfo, tokens: &Tokens<'_>) -> Value {
+pub fn detail(info: &SessionInfo, envd_token: String) -> Value {
     let mut value = listed(info);
     let network = &info.network;
     let (allow_out, deny_out, internet) = match network.mode.as_str() {
@@ -203,10 +198,7 @@ pub fn detail(info: &SessionInfo, tokens: &Tokens<'_>) -> Value {
         _ => (Vec::new(), vec![ALL_IPV4.to_string()], Some(false)),
     };
     if let Value::Object(fields) = &mut value {
-        fields.insert(
-            "envdAccessToken".into(),
-            (tokens.envd)(&info.session_id).into(),
-        );
+        fields.insert("envdAccessToken".into(), envd_token.into());
         fields.insert("domain".into(), Value::Null);
         fields.insert("allowInternetAccess".into(), internet.into());
         fields.insert(
