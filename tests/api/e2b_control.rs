@@ -323,7 +323,12 @@ fn e2b_lists_page_and_filter_and_a_create_over_quota_is_429() {
         sorted_seen, sorted_made,
         "pages missed or repeated sandboxes"
     );
-    assert_eq!(seen.len(), 5);
+    // Newest first, to the millisecond.
+    let newest_first: Vec<String> = made.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+    let (_, oldest_first) = e2b(&d, "GET", "/v2/sandboxes?order=asc", &alice, "");
+    let oldest_first: Vec<String> = oldest_first.as_array().unwrap().iter().map(id_of).collect();
+    assert_eq!(oldest_first, made);
 
     // Metadata (as the SDK encodes it: each part URL-encoded, then the whole).
     let (status, odd) = e2b(

@@ -1517,7 +1517,9 @@ async fn start_session(
             ..request.clone()
         },
         secrets,
-        created_at: rfc3339(now),
+        // To the millisecond (fixed width, so it sorts as text): lists are in order
+        // of creation, and a client makes several sandboxes a second.
+        created_at: crate::db::now_rfc3339(),
         terms: Mutex::new(Terms {
             expires_at: Some(now + ttl as i64),
             idle_timeout_seconds: idle,

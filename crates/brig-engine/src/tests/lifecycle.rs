@@ -344,3 +344,19 @@ async fn a_home_and_a_user_name_are_made_for_their_session_and_never_taken_from_
     }
     assert_eq!(e.state.sessions().count(), before);
 }
+
+#[tokio::test]
+async fn sessions_made_within_a_second_list_in_the_order_they_were_made() {
+    let e = engine(|_| {}).await;
+    let mut made = Vec::new();
+    for _ in 0..5 {
+        made.push(e.create("alice").await.unwrap().session_id);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let listed: Vec<String> = sessions::list_sessions(&e.state, &caller("alice"), &[])
+        .unwrap()
+        .into_iter()
+        .map(|s| s.session_id)
+        .collect();
+    assert_eq!(listed, made);
+}

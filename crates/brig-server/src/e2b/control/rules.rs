@@ -161,11 +161,10 @@ pub fn filtered(mut sessions: Vec<SessionInfo>, filter: &ListFilter) -> Vec<Sess
 /// The most sandboxes a page holds, and how many when `limit` is not given.
 pub const MAX_PAGE: usize = 100;
 
-fn key(s: &SessionInfo) -> (i64, String) {
-    (
-        brig_engine::sessions::parse_rfc3339(&s.created_at).unwrap_or(0),
-        s.session_id.clone(),
-    )
+/// A sandbox's place in a list: its start (the engine's fixed-width RFC 3339, to
+/// the millisecond, which sorts as text), then its id.
+fn key(s: &SessionInfo) -> (String, String) {
+    (s.created_at.clone(), s.session_id.clone())
 }
 
 /// One page of `sessions` (already in `filter`'s order): the page, and the token
@@ -193,8 +192,8 @@ pub fn page(
                 .ok()
                 .and_then(|b| String::from_utf8(b).ok())
                 .and_then(|text| {
-                    let (at, id) = text.split_once(':')?;
-                    Some((at.parse::<i64>().ok()?, id.to_string()))
+                    let (at, id) = text.split_once('|')?;
+                    Some((at.to_string(), id.to_string()))
                 })
                 .ok_or_else(|| Error::invalid("nextToken is not one this API gave"))?;
             sessions
@@ -217,7 +216,7 @@ pub fn page(
         .then(|| {
             page.last().map(|s| {
                 let (at, id) = key(s);
-                hex::encode(format!("{at}:{id}"))
+                hex::encode(format!("{at}|{id}"))
             })
         })
         .flatten();
