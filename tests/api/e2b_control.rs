@@ -173,7 +173,7 @@ fn e2b_sandboxes_live_and_end_as_e2b_says_and_bad_input_is_refused_in_its_shape(
         "POST",
         &format!("/sandboxes/{id}/timeout"),
         &alice,
-        "{\"timeout\":0}",
+        "{\"timeout\":-1}",
     );
     assert_e2b_error(status, &error, 400);
     // A refresh never shortens it.
@@ -245,6 +245,24 @@ fn e2b_sandboxes_live_and_end_as_e2b_says_and_bad_input_is_refused_in_its_shape(
         let (status, error) = e2b(&d, method, path, &alice, "");
         assert_e2b_error(status, &error, want);
     }
+
+    // A timeout of 0 ends a sandbox now.
+    let (status, _) = e2b(
+        &d,
+        "POST",
+        &format!("/sandboxes/{}/timeout", id_of(&old)),
+        &alice,
+        "{\"timeout\":0}",
+    );
+    assert_eq!(status, 204);
+    let (status, error) = e2b(
+        &d,
+        "GET",
+        &format!("/sandboxes/{}", id_of(&old)),
+        &alice,
+        "",
+    );
+    assert_e2b_error(status, &error, 404);
 
     // Killed: 204, then gone.
     assert_eq!(

@@ -76,6 +76,13 @@ def test_set_timeout(sandbox):
     assert (info.end_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds() < 60
 
 
+def test_a_timeout_of_zero_ends_the_sandbox_now(sandboxes):
+    sandbox = sandboxes()
+    sandbox.set_timeout(0)
+    with pytest.raises(SandboxNotFoundException):
+        sandbox.get_info()
+
+
 def test_pause_and_resume_by_connecting(sandbox):
     assert sandbox.pause() is True
     info = sandbox.get_info()

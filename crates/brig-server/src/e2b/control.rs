@@ -348,13 +348,19 @@ async fn end_no_sooner(
 }
 
 /// `POST /sandboxes/{id}/timeout`: the sandbox now ends `timeout` seconds from
-/// now (sooner or later than before). 204.
+/// now (sooner or later than before); 0 ends it now, as E2B's does. 204.
 async fn set_timeout(
     State(state): State<AppState>,
     E2bCaller(caller): E2bCaller,
     E2bPath(id): E2bPath,
     E2bJson(body): E2bJson<wire::TimeoutRequest>,
 ) -> E2bResult<StatusCode> {
+    if body.timeout == 0 {
+        sessions::delete_session(&state, &caller, &id)
+            .await
+            .map_err(about(&id))?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
     let seconds = seconds(body.timeout, "timeout")?;
     end_in(&state, &caller, &id, seconds).await?;
     Ok(StatusCode::NO_CONTENT)
