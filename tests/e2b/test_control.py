@@ -52,6 +52,19 @@ def test_list_pages_and_filters_by_metadata(sandboxes, label):
     assert len(odd) == 1 and odd[0] in made
 
 
+def test_list_by_start_and_template(sandboxes, label):
+    before = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+    base = sandboxes()
+    other = sandboxes(template="code-interpreter-v1")
+    query = lambda **q: SandboxQuery(metadata={"suite": label}, **q)
+    assert sorted(ids(Sandbox.list(query=query(started_after=before)))[0]) == sorted(
+        [base.sandbox_id, other.sandbox_id]
+    )
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=5)
+    assert ids(Sandbox.list(query=query(started_after=later)))[0] == []
+    assert ids(Sandbox.list(query=query(template="code-interpreter-v1")))[0] == [other.sandbox_id]
+
+
 def test_list_by_state(sandboxes, label):
     running, paused = sandboxes(), sandboxes()
     assert paused.pause()
