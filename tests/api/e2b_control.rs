@@ -85,6 +85,13 @@ fn e2b_sandboxes_live_and_end_as_e2b_says_and_bad_input_is_refused_in_its_shape(
         "{\"templateID\":\"nodejs\"}",
     );
     assert_eq!(error["message"], "template 'nodejs' not found");
+    let body = "{\"templateID\":\"base\"}";
+    let head = format!(
+        "POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\nX-API-KEY: {alice}\r\nContent-Type: text/plain\r\nContent-Length: {}",
+        body.len()
+    );
+    let (status, error) = exchange(d.addr(), &head, body.as_bytes());
+    assert_e2b_error(status, &error, 400);
     for key in ["wrong", ""] {
         let (status, error) = e2b(
             &d,
