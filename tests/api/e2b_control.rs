@@ -69,6 +69,10 @@ fn e2b_sandboxes_live_and_end_as_e2b_says_and_bad_input_is_refused_in_its_shape(
         ("{\"templateID\":\"base\",\"timeout\":0}", 400),
         ("{\"templateID\":\"base\",\"mcp\":{\"x\":{}}}", 400),
         (
+            "{\"templateID\":\"base\",\"autoPause\":true,\"autoPauseMemory\":false}",
+            400,
+        ),
+        (
             "{\"templateID\":\"base\",\"metadata\":{\"e2b.template\":\"x\"}}",
             400,
         ),
@@ -270,6 +274,34 @@ fn e2b_sandboxes_live_and_end_as_e2b_says_and_bad_input_is_refused_in_its_shape(
         "",
     );
     assert_e2b_error(status, &error, 404);
+
+    // autoPause: at its timeout it is paused, not killed, and kept.
+    let pausing = new_sandbox(
+        &d,
+        &alice,
+        json!({"templateID": "base", "timeout": 1, "autoPause": true}),
+    );
+    let path = format!("/sandboxes/{}", id_of(&pausing));
+    let (_, info) = e2b(&d, "GET", &path, &alice, "");
+    assert_eq!(info["lifecycle"]["onTimeout"], "pause", "{info}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, info) = e2b(&d, "GET", &path, &alice, "");
+        assert_eq!(
+            status, 200,
+            "an autoPause sandbox ended at its timeout: {info}"
+        );
+        if info["state"] == "paused" {
+            assert!(
+                seconds(&info["endAt"]) - seconds(&info["startedAt"]) > 29 * 86_400,
+                "{info}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never paused: {info}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(e2b(&d, "DELETE", &path, &alice, "").0, 204);
 
     // Killed: 204, then gone.
     assert_eq!(

@@ -3,6 +3,7 @@ filtered), connect, timeout, pause and resume, snapshots, fork, kill; wrong keys
 unknown templates and another tenant's sandboxes refused."""
 
 import datetime
+import time
 
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
@@ -109,6 +110,19 @@ def test_pause_and_resume_by_connecting(sandbox):
     assert info.state == SandboxState.RUNNING
     now = datetime.datetime.now(datetime.timezone.utc)
     assert 60 < (info.end_at - now).total_seconds() <= 121
+
+
+def test_auto_pause_pauses_at_the_timeout(sandboxes):
+    sandbox = sandboxes(timeout=1, lifecycle={"on_timeout": "pause"})
+    for _ in range(300):
+        info = sandbox.get_info()
+        if info.state == SandboxState.PAUSED:
+            break
+        time.sleep(0.1)
+    assert info.state == SandboxState.PAUSED
+    assert info.lifecycle["on_timeout"] == "pause"
+    resumed = Sandbox.connect(sandbox.sandbox_id, timeout=60)
+    assert resumed.get_info().state == SandboxState.RUNNING
 
 
 def test_kill_then_gone(sandboxes):

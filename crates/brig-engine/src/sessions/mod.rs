@@ -101,6 +101,10 @@ pub struct CreateSession {
     /// absent. Its uid is the same either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// At its TTL the session is paused, not ended, and kept paused this many
+    /// seconds more (E2B's `autoPause`); resuming it is the client's to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_at_expiry: Option<u64>,
 }
 
 /// Bounds of a session's `metadata`: labels to find sessions by, not storage.
@@ -1233,6 +1237,9 @@ async fn create_with(
     if let Some(ttl) = request.ttl_seconds {
         check_ttl(ttl)?;
     }
+    if let Some(keep) = request.pause_at_expiry {
+        check_ttl(keep)?;
+    }
     if let Some(idle) = request.idle_timeout_seconds {
         check_idle_timeout(idle)?;
     }
@@ -1817,6 +1824,14 @@ async fn reap_expired(state: &AppState) {
             && idle_timeout
                 .is_some_and(|s| now - session.last_active.load(Ordering::Relaxed) > s as i64)
             && session.gate.try_write().is_ok();
+        let pause_for = session
+            .request
+            .pause_at_expiry
+            .filter(|_| expired && !session.paused.load(Ordering::SeqCst));
+        if let Some(keep) = pause_for {
+            pause_at_expiry(state, &session, keep).await;
+            continue;
+        }
         if expired || idle {
             let reason = if expired { "ttl" } else { "idle" };
             tracing::info!(session = %session.id, "ending session: {reason}");
@@ -1834,6 +1849,40 @@ async fn reap_expired(state: &AppState) {
             )
             .await;
         }
+    }
+}
+
+/// Pauses a session at its TTL instead of ending it, and keeps it `keep` seconds
+/// more, both audited as the daemon's. A failure leaves it to end at its TTL.
+async fn pause_at_expiry(state: &AppState, session: &Arc<Session>, keep: u64) {
+    let daemon = Caller {
+        tenant: session.tenant.clone(),
+        key_id: None,
+        admin: false,
+        frontend: crate::auth::Frontend::Daemon,
+    };
+    tracing::info!(session = %session.id, "pausing session: ttl");
+    let kept = async {
+        set_paused(state, &daemon, &session.id, true).await?;
+        let update = UpdateSession {
+            ttl_seconds: Some(keep),
+            ..UpdateSession::default()
+        };
+        update_session(state, &daemon, &session.id, update).await
+    }
+    .await;
+    if let Err(e) = kept {
+        tracing::warn!(session = %session.id, "cannot pause at expiry, ending it: {}", e.message);
+        let _ = delete(state, session).await;
+        audit::record_system(
+            state,
+            &session.tenant,
+            Some(&session.id),
+            "session.expire",
+            serde_json::json!({"reason": "ttl"}),
+            "ok",
+        )
+        .await;
     }
 }
 

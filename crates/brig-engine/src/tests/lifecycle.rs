@@ -360,3 +360,40 @@ async fn sessions_made_within_a_second_list_in_the_order_they_were_made() {
         .collect();
     assert_eq!(listed, made);
 }
+
+#[tokio::test]
+async fn a_session_asked_to_pause_at_its_ttl_is_paused_and_kept() {
+    let e = engine(|_| {}).await;
+    let request = CreateSession {
+        ttl_seconds: Some(1),
+        pause_at_expiry: Some(3600),
+        ..Default::default()
+    };
+    let id = e.create_with("alice", request).await.unwrap().session_id;
+    let session = e.state.sessions().get(&id).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || session
+            .paused
+            .load(Ordering::SeqCst))
+        .await,
+        "never paused"
+    );
+    assert!(!gone(&e, &id));
+    let info = sessions::get_session(&e.state, &caller("alice"), &id).unwrap();
+    let ends = sessions::parse_rfc3339(info.expires_at.as_deref().unwrap()).unwrap();
+    assert!(ends - sessions::unix_now() > 3000, "{info:?}");
+    let paused = e.audited("session.pause").await;
+    assert_eq!(paused.len(), 1);
+    assert_eq!(paused[0].frontend, "daemon");
+    assert!(e.audited("session.expire").await.is_empty());
+    // Resumed, it runs again; a bad keep is refused.
+    sessions::set_paused(&e.state, &caller("alice"), &id, false)
+        .await
+        .unwrap();
+    assert_eq!(e.sh("alice", &id, "echo hi").await.unwrap().stdout, "hi\n");
+    let bad = CreateSession {
+        pause_at_expiry: Some(0),
+        ..Default::default()
+    };
+    assert_eq!(code(e.create_with("alice", bad).await), "invalid_request");
+}

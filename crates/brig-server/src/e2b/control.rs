@@ -139,7 +139,10 @@ async fn create(
         body.mcp.as_ref().is_some_and(|m| !m.is_null()),
         "mcp (MCP servers inside sandboxes; brig has its own MCP front end: `brig mcp`)",
     )?;
-    refuse_if(body.auto_pause == Some(true), "autoPause")?;
+    refuse_if(
+        body.auto_pause == Some(true) && body.auto_pause_memory == Some(false),
+        "a filesystem-only auto-pause (autoPauseMemory: false)",
+    )?;
     refuse_if(
         body.auto_resume
             .as_ref()
@@ -179,6 +182,7 @@ async fn create(
         network,
         home: Some(HOME.into()),
         user: Some(USER.into()),
+        pause_at_expiry: (body.auto_pause == Some(true)).then_some(PAUSED_KEEP),
         ..CreateSession::default()
     };
     let info = sessions::create_session(&state, &caller, request).await?;
@@ -192,9 +196,11 @@ async fn get_sandbox(
     E2bCaller(caller): E2bCaller,
     E2bPath(id): E2bPath,
 ) -> E2bResult<Json<serde_json::Value>> {
-    let info = sessions::get_session(&state, &caller, &id).map_err(about(&id))?;
+    let session = sessions::lookup(&state, &caller, &id).map_err(about(&id))?;
+    let info = session.info();
     let token = key.token(Kind::Envd, &info.session_id);
-    Ok(Json(wire::detail(&info, token)))
+    let pauses = session.request.pause_at_expiry.is_some();
+    Ok(Json(wire::detail(&info, token, pauses)))
 }
 
 /// `DELETE /sandboxes/{id}`: 204; 404 for one the caller does not have.

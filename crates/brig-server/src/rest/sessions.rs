@@ -299,6 +299,7 @@ impl From<CreateSession> for sessions::CreateSession {
             secrets: secrets.map(|list| list.into_iter().map(Into::into).collect()),
             home: None,
             user: None,
+            pause_at_expiry: None,
         }
     }
 }

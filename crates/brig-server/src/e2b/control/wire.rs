@@ -30,6 +30,7 @@ pub struct NewSandbox {
     /// Seconds; E2B's default is 300.
     pub timeout: Option<i64>,
     pub auto_pause: Option<bool>,
+    pub auto_pause_memory: Option<bool>,
     pub auto_resume: Option<Value>,
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
@@ -189,7 +190,8 @@ pub fn listed(info: &SessionInfo) -> Value {
 }
 
 /// A sandbox as `GET /sandboxes/{id}` shows it (`SandboxDetail`).
-pub fn detail(info: &SessionInfo, envd_token: String) -> Value {
+/// `pauses`: whether its timeout pauses it (`autoPause`) rather than kills it.
+pub fn detail(info: &SessionInfo, envd_token: String, pauses: bool) -> Value {
     let mut value = listed(info);
     let network = &info.network;
     let (allow_out, deny_out, internet) = match network.mode.as_str() {
@@ -207,7 +209,7 @@ pub fn detail(info: &SessionInfo, envd_token: String) -> Value {
         );
         fields.insert(
             "lifecycle".into(),
-            serde_json::json!({"autoResume": false, "onTimeout": "kill"}),
+            serde_json::json!({"autoResume": false, "onTimeout": if pauses { "pause" } else { "kill" }}),
         );
     }
     value
