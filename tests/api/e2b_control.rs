@@ -211,6 +211,14 @@ fn e2b_sandboxes_live_and_end_as_e2b_says_and_bad_input_is_refused_in_its_shape(
     );
     let (status, error) = e2b(&d, "POST", &pause, &alice, "{}");
     assert_e2b_error(status, &error, 409);
+    // The sandbox plane routes to running sandboxes only, as E2B's edge.
+    let token = sandbox["envdAccessToken"].as_str().unwrap();
+    let health = format!(
+        "GET /health HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\nE2b-Sandbox-Port: 49983\r\nX-Access-Token: {token}"
+    );
+    let (status, error) = exchange(d.addr(), &health, b"");
+    assert_e2b_error(status, &error, 502);
+    assert_eq!(error["sandboxId"], id);
     let connect = format!("/v2/sandboxes/{id}/connect");
     let (status, connected) = e2b(&d, "POST", &connect, &alice, "{\"timeout\":60}");
     assert_eq!(status, 201, "{connected}");
@@ -222,6 +230,7 @@ fn e2b_sandboxes_live_and_end_as_e2b_says_and_bad_input_is_refused_in_its_shape(
         "{info}"
     );
     assert_eq!(e2b(&d, "POST", &connect, &alice, "{}").0, 200);
+    assert_ne!(exchange(d.addr(), &health, b"").0, 502);
     let (status, error) = e2b(&d, "POST", &format!("/sandboxes/{id}/resume"), &alice, "{}");
     assert_e2b_error(status, &error, 409);
 

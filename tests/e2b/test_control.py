@@ -264,3 +264,11 @@ def test_network_fields_brig_cannot_honour_are_refused(label):
             metadata={"suite": label},
             network={"allow_out": ["192.0.2.1"], "deny_out": ["192.0.2.0/24"]},
         )
+
+
+@pytest.mark.envd
+def test_a_paused_sandbox_is_not_running_until_connected(sandbox):
+    assert sandbox.is_running()
+    assert sandbox.pause()
+    assert not sandbox.is_running()
+    assert Sandbox.connect(sandbox.sandbox_id).is_running()

@@ -211,19 +211,31 @@ async fn authorize(
         return Err(sandbox_not_found(sandbox_id));
     };
     let home = home_of(&session);
+    // E2B's edge routes to running sandboxes only: a paused one is not there until
+    // it is resumed (connect), and the SDK reads the 502 as "not running". Said
+    // only to whoever may reach the sandbox.
+    let paused = session.paused.load(std::sync::atomic::Ordering::SeqCst);
     let as_tenant = || {
+        if paused {
+            return Err(plain_error(
+                StatusCode::BAD_GATEWAY,
+                ErrorCode::Conflict,
+                "The sandbox is paused; connect to it to resume it",
+                serde_json::json!({"sandboxId": sandbox_id}),
+            ));
+        }
         let caller = Caller {
             tenant: session.tenant.clone(),
             key_id: None,
             admin: false,
             frontend: Frontend::E2b,
         };
-        (caller, home.clone())
+        Ok((caller, home.clone()))
     };
     let token = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(presented) = token("x-access-token") {
         if planes.key.verify(tokens::Kind::Envd, sandbox_id, presented) {
-            return Ok(as_tenant());
+            return as_tenant();
         }
     }
     if let Some(presented) = token("e2b-traffic-access-token") {
@@ -232,19 +244,21 @@ async fn authorize(
                 .key
                 .verify(tokens::Kind::Traffic, sandbox_id, presented)
         {
-            return Ok(as_tenant());
+            return as_tenant();
         }
     }
     if port == ENVD_PORT && is_health {
-        return Ok(as_tenant());
+        return as_tenant();
     }
     if let Some(caller) = key_caller(state, &headers).await {
         if caller.tenant == session.tenant || caller.admin {
-            let caller = Caller {
-                frontend: Frontend::E2b,
-                ..caller
-            };
-            return Ok((caller, home));
+            return as_tenant().map(|(_, home)| {
+                let caller = Caller {
+                    frontend: Frontend::E2b,
+                    ..caller
+                };
+                (caller, home)
+            });
         }
         return Err(sandbox_not_found(sandbox_id));
     }
