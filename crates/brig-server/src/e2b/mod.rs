@@ -36,9 +36,7 @@ pub const ENVD_VERSION: &str = "0.2.4";
 pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port (e2b-code-interpreter's `JUPYTER_PORT`).
 pub const CODE_PORT: u16 = 49999;
-/// The home of the sandbox's user (`user`), where E2B's SDKs expect commands and
-/// code to start: images made for E2B have it (brig's `python` image does).
-pub const HOME: &str = "/home/user";
+pub use control::{HOME, USER};
 
 /// What a sandbox-plane handler is called for: the sandbox (a brig session id)
 /// and the caller it acts for (the sandbox's tenant, front end `e2b`).
@@ -50,10 +48,14 @@ pub struct SandboxCall {
     pub home: String,
 }
 
-/// The home of E2B's user in a sandbox: [`HOME`] in a sandbox made from an image;
-/// in one on the host's system dirs (image `host`), whose root holds only what brig
-/// puts there, the sandbox's working directory (`/workspace`).
+/// The home of E2B's user in a sandbox: the one it was made with (E2B's creates
+/// give [`HOME`]); else [`HOME`] in a sandbox made from an image, which E2B's
+/// images have, and the working directory (`/workspace`) of one brig's API made on
+/// the host's system dirs, whose root holds only what brig puts there.
 pub fn home_of(session: &brig_engine::sessions::Session) -> String {
+    if let Some(home) = &session.request.home {
+        return home.clone();
+    }
     let sandbox = session.sandbox();
     let facts = sandbox.facts();
     if facts.image.is_some() {
@@ -158,7 +160,7 @@ pub async fn sandbox_plane(State(planes): State<Planes>, request: Request, next:
     .await
     {
         Ok(found) => found,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     if let Some(slot) = request.extensions().get::<CallerSlot>() {
         let _ = slot.0.set(caller.clone());
@@ -201,14 +203,14 @@ async fn authorize(
     port: u16,
     is_health: bool,
     headers: HeaderMap,
-) -> Result<(Caller, String), Response> {
+) -> Result<(Caller, String), Box<Response>> {
     let state = &planes.state;
     let Some(session) = state
         .sessions()
         .get(sandbox_id)
         .filter(|s| !s.deleted.load(std::sync::atomic::Ordering::SeqCst))
     else {
-        return Err(sandbox_not_found(sandbox_id));
+        return Err(Box::new(sandbox_not_found(sandbox_id)));
     };
     let home = home_of(&session);
     // E2B's edge routes to running sandboxes only: a paused one is not there until
@@ -217,12 +219,12 @@ async fn authorize(
     let paused = session.paused.load(std::sync::atomic::Ordering::SeqCst);
     let as_tenant = || {
         if paused {
-            return Err(plain_error(
+            return Err(Box::new(plain_error(
                 StatusCode::BAD_GATEWAY,
                 ErrorCode::Conflict,
                 "The sandbox is paused; connect to it to resume it",
                 serde_json::json!({"sandboxId": sandbox_id}),
-            ));
+            )));
         }
         let caller = Caller {
             tenant: session.tenant.clone(),
@@ -260,14 +262,14 @@ async fn authorize(
                 (caller, home)
             });
         }
-        return Err(sandbox_not_found(sandbox_id));
+        return Err(Box::new(sandbox_not_found(sandbox_id)));
     }
-    Err(plain_error(
+    Err(Box::new(plain_error(
         StatusCode::UNAUTHORIZED,
         ErrorCode::Unauthorized,
         "this sandbox needs its access token (X-Access-Token) or an API key",
         serde_json::Value::Null,
-    ))
+    )))
 }
 
 /// The caller of a brig API key in the request, if it carries a valid one (or,
