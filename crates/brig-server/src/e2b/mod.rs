@@ -32,6 +32,9 @@ pub use tokens::TokenKey;
 pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port (e2b-code-interpreter's `JUPYTER_PORT`).
 pub const CODE_PORT: u16 = 49999;
+/// The envd version whose features [`envd`] really implements (the SDK unlocks
+/// features by it; see `envd`'s module documentation for what is and is not).
+pub const ENVD_VERSION: &str = "0.5.7";
 
 /// What a sandbox-plane handler is called for: the sandbox (a brig session id)
 /// and the caller it acts for (the sandbox's tenant, front end `e2b`).
@@ -231,6 +234,16 @@ async fn authorize(
 /// The caller of a brig API key in the request, if it carries a valid one (or,
 /// under `--no-auth`, none at all).
 async fn key_caller(state: &AppState, headers: &HeaderMap) -> Option<Caller> {
+    // envd's calls name their user in Basic auth: that is no key.
+    let mut headers = headers.clone();
+    let basic = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("basic "));
+    if basic {
+        headers.remove(axum::http::header::AUTHORIZATION);
+    }
+    let headers = &headers;
     let key = crate::http::presented_key(headers).ok()?;
     if key.is_none() && headers.contains_key("x-access-token") {
         // A wrong token is not an anonymous request, even under --no-auth.
