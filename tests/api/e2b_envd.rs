@@ -202,7 +202,7 @@ fn envd_runs_processes_streams_their_output_and_ends_them_as_envd_does() {
     let pid = frames[0].1["event"]["start"]["pid"]
         .as_u64()
         .expect("start first");
-    assert_eq!(output(&frames, "stdout"), "out\nbar /home/user\n/tmp\n");
+    assert_eq!(output(&frames, "stdout"), "out\nbar /workspace\n/tmp\n");
     assert_eq!(output(&frames, "stderr"), "err\n");
     let end = end_event(&frames);
     assert_eq!(
@@ -404,6 +404,22 @@ fn envd_files_and_filesystem_resolve_inside_the_sandbox() {
     let written: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(written[0]["path"], "/tmp/w/sub/b.bin");
     assert_eq!(written[1]["path"], "/tmp/w/c");
+
+    // Relative paths are the user's home's: the workspace in a sandbox on the
+    // host's system dirs (an image made for E2B has /home/user).
+    let (status, _, body) = call(
+        d.addr(),
+        &envd.head("POST", "/files?path=rel.txt", "application/octet-stream"),
+        b"home",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let written: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(written[0]["path"], "/workspace/rel.txt");
+    let (status, body) = envd.unary("filesystem.Filesystem/Stat", json!({"path": ""}));
+    assert_eq!(
+        (status, &body["entry"]["path"]),
+        (200, &json!("/workspace"))
+    );
 
     // Downloads, and a missing file as envd answers it.
     let (status, head, body) = call(

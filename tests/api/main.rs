@@ -12,6 +12,7 @@ mod support;
 mod audit;
 mod bad_input;
 mod connections;
+mod e2b_code;
 mod e2b_envd;
 mod e2b_plane;
 mod egress;

@@ -1,6 +1,6 @@
 # brig's interpreter kernel: one per context, inside the session's sandbox.
 #
-# Requests come one JSON object a line on stdin ({"code", "n"}); events go one JSON
+# Requests come one JSON object a line on stdin ({"code", "n", "env"}); events go one JSON
 # object a line on the stdout brig gave it. Before any user code runs, both are
 # moved to private descriptors and fds 0, 1 and 2 are replaced (0 by /dev/null, 1
 # and 2 by pipes this kernel reads), so nothing user code or its subprocesses print
@@ -115,6 +115,13 @@ def main():
                 data[CHART] = describe(fig)
             except Exception:
                 pass
+            try:
+                # E2B's chart data, where the image has its extractor (e2b-charts).
+                from e2b_charts import chart_figure_to_dict
+
+                data["e2b/chart"] = chart_figure_to_dict(fig)
+            except Exception:
+                pass
             emit_in_order({"type": "result", "data": data, "main": False})
         plt.close("all")
 
@@ -129,12 +136,25 @@ def main():
     sys.modules["__main__"] = main_module
     ns = main_module.__dict__
 
-    def run(code, n):
+    def run(code, n, env):
         filename = "<cell-%d>" % n
+        try:
+            tree = ast.parse(code, filename, "exec")
+        except SyntaxError as original:
+            # Not Python: perhaps IPython's shell escapes (`!ls`, `%pip install`).
+            shelled = shell_escapes(code)
+            if shelled == code:
+                raise
+            try:
+                tree = ast.parse(shelled, filename, "exec")
+            except SyntaxError:
+                raise original from None
+            code = shelled
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
         try:
             running[0] = True
-            tree = ast.parse(code, filename, "exec")
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
                 last = ast.Expression(tree.body.pop().value)
@@ -153,7 +173,13 @@ def main():
             emit_in_order(error_event(e))
         finally:
             running[0] = False
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
+    ns["__brig_shell__"] = shell
     emit({"type": "ready", "python": sys.version.split()[0]})
     while True:
         line = requests.readline()
@@ -161,13 +187,42 @@ def main():
             return
         try:
             request = json.loads(line)
-            run(request["code"], int(request.get("n", 0)))
+            run(request["code"], int(request.get("n", 0)), dict(request.get("env") or {}))
         except KeyboardInterrupt:
             pass
         except Exception as e:
             emit_in_order(error_event(e))
         running[0] = False
         emit_in_order({"type": "end"})
+
+
+def shell_escapes(code):
+    """`code` with IPython's shell escapes as calls: a line `!cmd` runs `cmd` in a
+    shell, `%pip ...` runs pip, as a notebook would. Only for code that is not
+    Python as it is, so that no valid program changes meaning."""
+    out = []
+    for line in code.splitlines(True):
+        body = line.lstrip()
+        indent = line[: len(line) - len(body)]
+        command = None
+        if body.startswith("!"):
+            command = body[1:]
+        elif body.startswith("%pip ") or body.startswith("%pip\n"):
+            command = "pip" + body[4:]
+        if command is None:
+            out.append(line)
+        else:
+            out.append("%s__brig_shell__(%r)\n" % (indent, command.rstrip("\n")))
+    return "".join(out)
+
+
+def shell(command):
+    """Runs a shell escape; its output goes where the cell's does."""
+    import subprocess
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    subprocess.run(command, shell=True, stdin=subprocess.DEVNULL)
 
 
 def safe(f, *args):
@@ -261,6 +316,17 @@ def bundle(obj):
             if value is not None:
                 data[mime] = value
     data.setdefault("text/plain", safe(repr, obj))
+    pandas = sys.modules.get("pandas")
+    if pandas is not None and isinstance(obj, pandas.DataFrame):
+        # The table's columns as lists (E2B's `e2b/data`).
+        try:
+            columns = obj.to_dict("list")
+        except Exception:
+            columns = {}
+        data["e2b/data"] = {str(k): [v.isoformat() if isinstance(v, pandas.Timestamp) else v
+                                     for v in col] for k, col in columns.items()}
+    elif isinstance(obj, (list, dict)) and "application/json" not in data:
+        data["application/json"] = obj
     out = {}
     for mime, value in data.items():
         if isinstance(value, (bytes, bytearray)):

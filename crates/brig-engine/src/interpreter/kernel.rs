@@ -223,8 +223,13 @@ impl Kernel {
     }
 
     /// Asks the kernel to run `code` as cell `n`.
-    pub(super) async fn send(&mut self, code: &str, n: u64) -> std::io::Result<()> {
-        let mut line = serde_json::to_vec(&serde_json::json!({"code": code, "n": n}))?;
+    pub(super) async fn send(
+        &mut self,
+        code: &str,
+        env: &std::collections::BTreeMap<String, String>,
+        n: u64,
+    ) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(&serde_json::json!({"code": code, "n": n, "env": env}))?;
         line.push(b'\n');
         self.stdin.write_all(&line).await
     }

@@ -106,6 +106,15 @@ pub struct RunCode {
     /// Interrupt the code after this long (default and maximum: the daemon's
     /// --max-execute-timeout).
     pub timeout_ms: Option<u64>,
+    /// The working directory of the default context if this call starts it
+    /// (default: the sandbox's).
+    pub cwd: Option<String>,
+    /// Environment variables set for this call only (`os.environ`), then restored.
+    pub env: BTreeMap<String, String>,
+    /// Interrupt the code, as at its timeout, when the caller stops listening
+    /// (E2B's semantics: a client that gave up frees the context for the next
+    /// call). Otherwise the code runs on to its end.
+    pub interrupt_if_abandoned: bool,
 }
 
 /// What running code yields, in order; [`CodeEvent::End`] is always last.
@@ -365,7 +374,7 @@ pub async fn run_code(
     tokio::spawn(async move {
         let _permit = permit;
         let sink = Sink::new(tx, Duration::from_millis(state.args.body_timeout_ms));
-        let end = run_in(&state, &session, &context, &request.code, timeout, &sink).await;
+        let end = run_in(&state, &session, &context, &request, timeout, &sink).await;
         let outcome = if end.timed_out { "timeout" } else { "ok" };
         let detail = serde_json::json!({"context_id": context.id,
             "code_bytes": request.code.len(), "execution_count": end.execution_count,
@@ -390,6 +399,9 @@ fn prepare(
             request.code.len()
         )));
     }
+    for (key, value) in &request.env {
+        crate::sessions::exec::check_env_var(key, value)?;
+    }
     let session = lookup(state, caller, id)?;
     ensure_running(&session)?;
     let max = state.args.max_execute_timeout_ms;
@@ -402,7 +414,10 @@ fn prepare(
     let permit = state.auth.exec_permit(&session.tenant)?;
     let context = match request.context_id.as_deref() {
         None | Some(DEFAULT_CONTEXT) => {
-            let cwd = session.sandbox().facts().cwd.clone();
+            let cwd = request
+                .cwd
+                .clone()
+                .unwrap_or_else(|| session.sandbox().facts().cwd.clone());
             add(&session, Some(DEFAULT_CONTEXT), cwd)?
         }
         Some(other) => find(&session, other).ok_or_else(|| unknown(&session, other))?,
@@ -453,7 +468,7 @@ async fn run_in(
     state: &AppState,
     session: &Arc<Session>,
     context: &Arc<Context>,
-    code: &str,
+    request: &RunCode,
     timeout: Duration,
     sink: &Sink,
 ) -> CodeEnd {
@@ -500,7 +515,7 @@ async fn run_in(
     end.execution_count = n;
     let deadline = tokio::time::Instant::from_std(started + timeout);
     let mut died = None;
-    if kernel.send(code, n).await.is_err() {
+    if kernel.send(&request.code, &request.env, n).await.is_err() {
         died = Some(match kernel.next().await {
             Next::Ended(how) => how,
             _ => "it stopped reading its input".into(),
@@ -525,6 +540,10 @@ async fn run_in(
             },
             _ = tokio::time::sleep_until(deadline), if interrupted.is_none() => {
                 end.timed_out = true;
+                interrupted = Some(tokio::time::Instant::now());
+                kernel.interrupt().await;
+            }
+            () = sink.tx.closed(), if request.interrupt_if_abandoned && interrupted.is_none() => {
                 interrupted = Some(tokio::time::Instant::now());
                 kernel.interrupt().await;
             }

@@ -35,6 +35,9 @@ pub const CODE_PORT: u16 = 49999;
 /// The envd version whose features [`envd`] really implements (the SDK unlocks
 /// features by it; see `envd`'s module documentation for what is and is not).
 pub const ENVD_VERSION: &str = "0.5.7";
+/// The home of the sandbox's user (`user`), where E2B's SDKs expect commands and
+/// code to start: images made for E2B have it (brig's `python` image does).
+pub const HOME: &str = "/home/user";
 
 /// What a sandbox-plane handler is called for: the sandbox (a brig session id)
 /// and the caller it acts for (the sandbox's tenant, front end `e2b`).
@@ -42,6 +45,21 @@ pub const ENVD_VERSION: &str = "0.5.7";
 pub struct SandboxCall {
     pub caller: Caller,
     pub session_id: String,
+    /// Where relative paths, commands and code start: see [`home_of`].
+    pub home: String,
+}
+
+/// The home of E2B's user in a sandbox: [`HOME`] in a sandbox made from an image;
+/// in one on the host's system dirs (image `host`), whose root holds only what brig
+/// puts there, the sandbox's working directory (`/workspace`).
+pub fn home_of(session: &brig_engine::sessions::Session) -> String {
+    let sandbox = session.sandbox();
+    let facts = sandbox.facts();
+    if facts.image.is_some() {
+        HOME.to_string()
+    } else {
+        facts.cwd.clone()
+    }
 }
 
 /// The routers of the sandbox plane, one per port, built once.
@@ -129,7 +147,7 @@ pub async fn sandbox_plane(State(planes): State<Planes>, request: Request, next:
     };
     let mut request = request;
     let is_health = request.uri().path() == "/health";
-    let caller = match authorize(
+    let (caller, home) = match authorize(
         &planes,
         &sandbox_id,
         port,
@@ -138,7 +156,7 @@ pub async fn sandbox_plane(State(planes): State<Planes>, request: Request, next:
     )
     .await
     {
-        Ok(caller) => caller,
+        Ok(found) => found,
         Err(refusal) => return refusal,
     };
     if let Some(slot) = request.extensions().get::<CallerSlot>() {
@@ -148,6 +166,7 @@ pub async fn sandbox_plane(State(planes): State<Planes>, request: Request, next:
     request.extensions_mut().insert(SandboxCall {
         caller,
         session_id: sandbox_id.clone(),
+        home,
     });
     let router = match port {
         ENVD_PORT => planes.envd.clone(),
@@ -181,7 +200,7 @@ async fn authorize(
     port: u16,
     is_health: bool,
     headers: HeaderMap,
-) -> Result<Caller, Response> {
+) -> Result<(Caller, String), Response> {
     let state = &planes.state;
     let Some(session) = state
         .sessions()
@@ -190,11 +209,15 @@ async fn authorize(
     else {
         return Err(sandbox_not_found(sandbox_id));
     };
-    let as_tenant = || Caller {
-        tenant: session.tenant.clone(),
-        key_id: None,
-        admin: false,
-        frontend: Frontend::E2b,
+    let home = home_of(&session);
+    let as_tenant = || {
+        let caller = Caller {
+            tenant: session.tenant.clone(),
+            key_id: None,
+            admin: false,
+            frontend: Frontend::E2b,
+        };
+        (caller, home.clone())
     };
     let token = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(presented) = token("x-access-token") {
@@ -216,10 +239,11 @@ async fn authorize(
     }
     if let Some(caller) = key_caller(state, &headers).await {
         if caller.tenant == session.tenant || caller.admin {
-            return Ok(Caller {
+            let caller = Caller {
                 frontend: Frontend::E2b,
                 ..caller
-            });
+            };
+            return Ok((caller, home));
         }
         return Err(sandbox_not_found(sandbox_id));
     }

@@ -138,6 +138,7 @@ impl Workspace for EngineWorkspace {
             code,
             context_id: None,
             timeout_ms,
+            ..Default::default()
         };
         let ran =
             brig_engine::interpreter::run_code_summary(&self.state, &caller, &id, request).await;

@@ -163,6 +163,7 @@ async fn run_code(
         code: request.code,
         context_id: request.context_id,
         timeout_ms: request.timeout_ms,
+        ..Default::default()
     };
     if !events {
         let s = engine::run_code_summary(&state, &caller, &id, request).await?;

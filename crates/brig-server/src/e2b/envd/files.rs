@@ -73,8 +73,8 @@ fn check_username(params: &HashMap<String, String>) -> Result<(), Box<Response>>
     }
 }
 
-fn resolved(params: &HashMap<String, String>) -> Result<String, Box<Response>> {
-    resolve_path(params.get("path").map(String::as_str).unwrap_or("")).map_err(|e| {
+fn resolved(params: &HashMap<String, String>, home: &str) -> Result<String, Box<Response>> {
+    resolve_path(params.get("path").map(String::as_str).unwrap_or(""), home).map_err(|e| {
         Box::new(error(
             StatusCode::BAD_REQUEST,
             ErrorCode::InvalidPath,
@@ -91,7 +91,7 @@ pub async fn download(
     if let Err(refused) = check_username(&params) {
         return *refused;
     }
-    let path = match resolved(&params) {
+    let path = match resolved(&params, &call.home) {
         Ok(path) => path,
         Err(refused) => return *refused,
     };
@@ -192,7 +192,7 @@ pub async fn upload(
                 "path query parameter is required for raw body upload",
             );
         }
-        let path = match resolved(&params) {
+        let path = match resolved(&params, &call.home) {
             Ok(path) => path,
             Err(refused) => return *refused,
         };
@@ -280,7 +280,7 @@ async fn multipart(
             Some(path) => path.clone(),
             None => field.file_name().unwrap_or_default().to_string(),
         };
-        let path = resolve_path(&asked).map_err(|e| bad(e.message))?;
+        let path = resolve_path(&asked, &call.home).map_err(|e| bad(e.message))?;
         if done.iter().any(|d| d["path"] == path.as_str()) {
             return Err(bad(format!(
                 "you cannot upload multiple files to the same path '{path}' in one upload request, only the first specified file was uploaded"

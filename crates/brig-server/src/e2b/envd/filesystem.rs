@@ -149,7 +149,7 @@ pub async fn stat(
     answer(
         async {
             check_user(&request.headers)?;
-            let path = resolve_path(&request.message.path)?;
+            let path = resolve_path(&request.message.path, &call.home)?;
             Ok(json!({"entry": entry_of(&state, &call, &path).await?}))
         }
         .await,
@@ -164,7 +164,7 @@ pub async fn make_dir(
     answer(
         async {
             check_user(&request.headers)?;
-            let path = resolve_path(&request.message.path)?;
+            let path = resolve_path(&request.message.path, &call.home)?;
             match entries::make_dir(&state, &call.caller, &call.session_id, &path).await {
                 Ok(true) => {}
                 Ok(false) => {
@@ -194,8 +194,8 @@ pub async fn move_entry(
     answer(
         async {
             check_user(&request.headers)?;
-            let source = resolve_path(&request.message.source)?;
-            let destination = resolve_path(&request.message.destination)?;
+            let source = resolve_path(&request.message.source, &call.home)?;
+            let destination = resolve_path(&request.message.destination, &call.home)?;
             entries::rename(
                 &state,
                 &call.caller,
@@ -219,7 +219,7 @@ pub async fn list_dir(
     answer(
         async {
             check_user(&request.headers)?;
-            let path = resolve_path(&request.message.path)?;
+            let path = resolve_path(&request.message.path, &call.home)?;
             let depth = request.message.depth.unwrap_or(0).max(1);
             let found = entries::walk(&state, &call.caller, &call.session_id, &path, depth)
                 .await
@@ -247,7 +247,7 @@ pub async fn remove(
     answer(
         async {
             check_user(&request.headers)?;
-            let path = resolve_path(&request.message.path)?;
+            let path = resolve_path(&request.message.path, &call.home)?;
             // envd removes like os.RemoveAll: what is not there is removed.
             match files::remove(&state, &call.caller, &call.session_id, &path, true).await {
                 Ok(()) => Ok(json!({})),

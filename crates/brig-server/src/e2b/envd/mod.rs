@@ -22,10 +22,9 @@ pub mod process;
 
 use connect::{Code, ConnectError};
 
-/// The sandbox's one user, as E2B names it.
+/// The sandbox's one user, as E2B names it (its home is the call's
+/// [`crate::e2b::SandboxCall::home`]).
 pub const USER: &str = "user";
-/// Its home, where relative paths and commands start.
-pub const HOME: &str = "/home/user";
 
 /// The routes of port 49983.
 pub fn router() -> Router<AppState> {
@@ -122,15 +121,15 @@ pub fn check_user(headers: &HeaderMap) -> Result<(), ConnectError> {
     }
 }
 
-/// A path as envd resolves it for the user: empty is the home, `~` expands to
-/// it, relative paths are relative to it; the result is cleaned (`.`, `..`,
-/// repeated slashes) like Go's `filepath.Join`. Resolution inside the sandbox's
-/// root is the engine's.
-pub fn resolve_path(path: &str) -> Result<String, ConnectError> {
+/// A path as envd resolves it for the user whose home is `home`: empty is the
+/// home, `~` expands to it, relative paths are relative to it; the result is
+/// cleaned (`.`, `..`, repeated slashes) like Go's `filepath.Join`. Resolution
+/// inside the sandbox's root is the engine's.
+pub fn resolve_path(path: &str, home: &str) -> Result<String, ConnectError> {
     let joined = if path.is_empty() || path == "~" {
-        HOME.to_string()
+        home.to_string()
     } else if let Some(rest) = path.strip_prefix("~/") {
-        format!("{HOME}/{rest}")
+        format!("{home}/{rest}")
     } else if path.starts_with('~') {
         return Err(ConnectError::invalid(format!(
             "failed to expand path '{path}' for user '{USER}': cannot expand user-specific home dir"
@@ -138,7 +137,7 @@ pub fn resolve_path(path: &str) -> Result<String, ConnectError> {
     } else if path.starts_with('/') {
         path.to_string()
     } else {
-        format!("{HOME}/{path}")
+        format!("{home}/{path}")
     };
     let mut parts: Vec<&str> = Vec::new();
     for part in joined.split('/') {
@@ -159,13 +158,15 @@ mod tests {
 
     #[test]
     fn paths_resolve_as_envd_does() {
-        assert_eq!(resolve_path("").unwrap(), "/home/user");
-        assert_eq!(resolve_path("~").unwrap(), "/home/user");
-        assert_eq!(resolve_path("~/a/b").unwrap(), "/home/user/a/b");
-        assert_eq!(resolve_path("a/./b/").unwrap(), "/home/user/a/b");
-        assert_eq!(resolve_path("../../../etc").unwrap(), "/etc");
-        assert_eq!(resolve_path("/tmp//x/..").unwrap(), "/tmp");
-        assert!(resolve_path("~root/x").is_err());
+        let home = "/home/user";
+        assert_eq!(resolve_path("", home).unwrap(), "/home/user");
+        assert_eq!(resolve_path("~", home).unwrap(), "/home/user");
+        assert_eq!(resolve_path("~/a/b", home).unwrap(), "/home/user/a/b");
+        assert_eq!(resolve_path("a/./b/", home).unwrap(), "/home/user/a/b");
+        assert_eq!(resolve_path("../../../etc", home).unwrap(), "/etc");
+        assert_eq!(resolve_path("/tmp//x/..", home).unwrap(), "/tmp");
+        assert_eq!(resolve_path("f", "/workspace").unwrap(), "/workspace/f");
+        assert!(resolve_path("~root/x", home).is_err());
     }
 
     #[test]

@@ -25,7 +25,7 @@ use brig_engine::sessions::processes::{self, Offsets, ProcessEvent, ProcessInfo,
 use brig_engine::state::AppState;
 
 use super::connect::{self, Code, ConnectError, Incoming, Sender, Streamed, Unary};
-use super::{check_user, resolve_path, HOME, USER};
+use super::{check_user, resolve_path, USER};
 use crate::e2b::SandboxCall;
 
 /// How long a StreamInput client may send nothing (envd's keepalives come more
@@ -370,7 +370,7 @@ async fn start_process(
     let args = config.and_then(|c| c.args.clone()).unwrap_or_default();
     let envs = config.and_then(|c| c.envs.clone()).unwrap_or_default();
     let cwd_asked = config.and_then(|c| c.cwd.clone());
-    let cwd = resolve_path(cwd_asked.as_deref().unwrap_or(""))?;
+    let cwd = resolve_path(cwd_asked.as_deref().unwrap_or(""), &call.home)?;
     match brig_engine::sessions::entries::stat(state, &call.caller, &call.session_id, &cwd).await {
         Ok(_) => {}
         Err(e) if e.code == brig_engine::fault::ErrorCode::NoSuchFile => {
@@ -379,10 +379,14 @@ async fn start_process(
         Err(e) => return Err(e.into()),
     }
     // envd's defaults first, the caller's on top.
-    let mut env: BTreeMap<String, String> = [("HOME", HOME), ("USER", USER), ("LOGNAME", USER)]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let mut env: BTreeMap<String, String> = [
+        ("HOME", call.home.as_str()),
+        ("USER", USER),
+        ("LOGNAME", USER),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
     env.extend(envs.clone());
     let mut argv = vec![cmd];
     argv.extend(args);
