@@ -211,6 +211,19 @@ fn envd_runs_processes_streams_their_output_and_ends_them_as_envd_does() {
     );
     assert_eq!(frames.last().unwrap(), &(2, json!({})));
 
+    // The pid is the process's own in the sandbox (what `kill` there takes).
+    let frames = envd.stream("process.Process/Start", json!({"process": bash("echo $$")}));
+    let own = frames[0].1["event"]["start"]["pid"].as_u64().unwrap();
+    assert_eq!(output(&frames, "stdout"), format!("{own}\n"));
+
+    // Output is text: bytes that are not UTF-8 read as replacement characters,
+    // also a character the end cut short.
+    let frames = envd.stream(
+        "process.Process/Start",
+        json!({"process": bash(r"printf 'a\xffb\xe2'")}),
+    );
+    assert_eq!(output(&frames, "stdout"), "a\u{fffd}b\u{fffd}");
+
     // stdin false: a reader sees its end at once.
     let frames = envd.stream(
         "process.Process/Start",

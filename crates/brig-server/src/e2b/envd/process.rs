@@ -3,9 +3,9 @@
 //!
 //! A command runs as a background process of the session, its output followed
 //! from its files; its pid is brig's process id. What envd echoes back about a
-//! process that brig does not keep (its tag, envs and cwd) is held here, in
-//! memory, for the processes started through this daemon: after a restart they
-//! are listed without it, as brig lists them.
+//! process that brig does not keep (its pid in the sandbox, tag, envs and cwd) is
+//! held here, in memory, for the processes started through this daemon: after a
+//! restart they are known by brig's process id, and listed as brig lists them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, OnceLock};
@@ -35,6 +35,9 @@ const INPUT_IDLE: Duration = Duration::from_secs(120);
 /// What envd reports of a process that brig does not keep.
 #[derive(Clone, Debug, Default)]
 struct Config {
+    /// The pid in the sandbox, which envd's clients know a process by (they may
+    /// `kill` it from a command).
+    pid: Option<u32>,
     tag: Option<String>,
     envs: BTreeMap<String, String>,
     cwd: Option<String>,
@@ -46,6 +49,36 @@ fn configs() -> &'static Mutex<HashMap<(String, u64), Config>> {
     CONFIGS.get_or_init(Default::default)
 }
 
+/// The pid envd's clients know process `id` by: its pid in the sandbox if this
+/// daemon started it, else brig's id.
+fn e2b_pid(session: &str, id: u64) -> Result<u32, ConnectError> {
+    match config_of(session, id).pid {
+        Some(pid) => Ok(pid),
+        None => pid_u32(id),
+    }
+}
+
+/// brig's id of the process envd's clients call `pid`.
+fn brig_id(session: &str, pid: u32) -> Option<u64> {
+    let configs = configs().lock().unwrap_or_else(|e| e.into_inner());
+    let mut known = configs.iter().filter(|((s, _), _)| s == session);
+    // The newest of that pid: the kernel may have given it again since.
+    let newest = known
+        .clone()
+        .filter(|(_, c)| c.pid == Some(pid))
+        .map(|((_, id), _)| *id)
+        .max();
+    if newest.is_some() {
+        return newest;
+    }
+    // brig's own id, unless that names a process known by another pid.
+    let id = u64::from(pid);
+    match known.find(|((_, i), _)| *i == id) {
+        Some((_, c)) if c.pid.is_some() => None,
+        _ => Some(id),
+    }
+}
+
 fn config_of(session: &str, pid: u64) -> Config {
     let configs = configs().lock().unwrap_or_else(|e| e.into_inner());
     configs
@@ -54,16 +87,12 @@ fn config_of(session: &str, pid: u64) -> Config {
         .unwrap_or_default()
 }
 
-/// Forgets the configs of processes that ended (or of sessions gone).
-fn prune(state: &AppState, session: &str, running: &[u64]) {
+/// Forgets the configs of sessions gone. Those of ended processes stay while their
+/// session lives (as brig's own records of them do), so that a pid never comes to
+/// name another process.
+fn prune(state: &AppState) {
     let mut configs = configs().lock().unwrap_or_else(|e| e.into_inner());
-    configs.retain(|(s, pid), _| {
-        if s == session {
-            running.contains(pid)
-        } else {
-            state.sessions().get(s).is_some()
-        }
-    });
+    configs.retain(|(s, _), _| state.sessions().get(s).is_some());
 }
 
 /// A uint32 as protobuf's JSON gives it: a number, or a string of one.
@@ -178,7 +207,10 @@ async fn select(
     let found = match (selector.pid, selector.tag) {
         (Some(pid), _) => {
             let not_found = || ConnectError::not_found(format!("process with pid {pid} not found"));
-            match processes::get(state, &call.caller, &call.session_id, u64::from(pid)).await {
+            let Some(id) = brig_id(&call.session_id, pid) else {
+                return Err(not_found());
+            };
+            match processes::get(state, &call.caller, &call.session_id, id).await {
                 Ok(info) => Ok(info),
                 Err(e) if e.code == brig_engine::fault::ErrorCode::NotFound => Err(not_found()),
                 Err(e) => Err(e.into()),
@@ -268,7 +300,9 @@ async fn pump(
     keepalive: Option<Duration>,
     deadline: Option<Duration>,
 ) {
-    let Ok(pid32) = pid_u32(pid) else { return };
+    let Ok(pid32) = e2b_pid(&call.session_id, pid) else {
+        return;
+    };
     if !sender
         .send(&json!({"event": {"start": {"pid": pid32}}}))
         .await
@@ -402,6 +436,7 @@ async fn start_process(
     configs().lock().unwrap_or_else(|e| e.into_inner()).insert(
         (call.session_id.clone(), pid),
         Config {
+            pid: info.sandbox_pid.and_then(|p| u32::try_from(p).ok()),
             tag: message.tag.clone(),
             envs,
             cwd: cwd_asked,
@@ -461,12 +496,11 @@ pub async fn list(
         Err(e) => return ConnectError::from(e).into_response(),
     };
     let running: Vec<ProcessInfo> = all.into_iter().filter(|p| p.state == "running").collect();
-    let ids: Vec<u64> = running.iter().map(|p| p.process_id).collect();
-    prune(&state, &call.session_id, &ids);
+    prune(&state);
     let processes: Vec<Value> = running
         .iter()
         .filter_map(|p| {
-            let pid = pid_u32(p.process_id).ok()?;
+            let pid = e2b_pid(&call.session_id, p.process_id).ok()?;
             let config = config_of(&call.session_id, p.process_id);
             let mut process = json!({
                 "pid": pid,
