@@ -46,7 +46,7 @@ fi
 # server (tests/mcp_client.py); the Python SDK (editable, with its httpx) and
 # pytest run its suite against a live daemon (tests/sdk_python.rs).
 validator=target/test-venv/bin/openapi-spec-validator
-pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0 httpx==0.28.1 pytest==8.3.4 pytest-asyncio==0.25.3)
+pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0 httpx==0.28.1 pytest==8.3.4 pytest-asyncio==0.25.3 e2b==2.63.0 e2b-code-interpreter==2.11.5)
 if [ ! -x "$validator" ]; then
   rm -rf target/test-venv
   if ! python3 -m venv target/test-venv; then
