@@ -555,14 +555,91 @@ fn envd_files_and_filesystem_resolve_inside_the_sandbox() {
     let (status, _) = envd.unary("filesystem.Filesystem/Stat", json!({"path": "/tmp/w/new"}));
     assert_eq!(status, 404);
 
-    // Watching is not offered.
+    // Watching, by polling: a watcher's events are what changed since it last
+    // looked; a stream looks on its own until its deadline.
     let (status, body) = envd.unary(
         "filesystem.Filesystem/CreateWatcher",
-        json!({"path": "/tmp/w"}),
+        json!({"path": "/tmp/w", "recursive": true, "includeEntry": true}),
     );
-    assert_eq!((status, &body["code"]), (501, &json!("unimplemented")));
-    let frames = envd.stream("filesystem.Filesystem/WatchDir", json!({"path": "/tmp/w"}));
-    assert_eq!(end_error(&frames)["code"], "unimplemented");
+    assert_eq!(status, 200, "{body}");
+    let watcher = body["watcherId"].clone();
+    let (status, _, _) = call(
+        d.addr(),
+        &envd.head(
+            "POST",
+            "/files?path=/tmp/w/d/watched",
+            "application/octet-stream",
+        ),
+        b"seen",
+    );
+    assert_eq!(status, 200);
+    let (status, body) = envd.unary(
+        "filesystem.Filesystem/GetWatcherEvents",
+        json!({"watcherId": watcher}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let events = body["events"].as_array().unwrap();
+    assert_eq!(events[0]["name"], "d/watched", "{body}");
+    assert_eq!(events[0]["type"], "EVENT_TYPE_CREATE");
+    assert_eq!(events[0]["entry"]["path"], "/tmp/w/d/watched");
+    let (status, body) = envd.unary(
+        "filesystem.Filesystem/GetWatcherEvents",
+        json!({"watcherId": watcher}),
+    );
+    assert_eq!((status, &body["events"]), (200, &json!([])), "nothing new");
+    let (status, _) = envd.unary(
+        "filesystem.Filesystem/RemoveWatcher",
+        json!({"watcherId": watcher}),
+    );
+    assert_eq!(status, 200);
+    let (status, body) = envd.unary(
+        "filesystem.Filesystem/GetWatcherEvents",
+        json!({"watcherId": watcher}),
+    );
+    assert_eq!((status, &body["code"]), (404, &json!("not_found")));
+    for (path, code) in [
+        ("/tmp/w/none", "not_found"),
+        ("/tmp/w/a.txt", "invalid_argument"),
+    ] {
+        let (_, body) = envd.unary("filesystem.Filesystem/CreateWatcher", json!({"path": path}));
+        assert_eq!(body["code"], code, "{path}");
+    }
+    // Files keep coming while the stream lasts (its first look may take a while
+    // on a loaded machine): it reports those made after that look.
+    let frames = std::thread::scope(|scope| {
+        let watching = scope.spawn(|| {
+            envd.stream_raw(
+                "filesystem.Filesystem/WatchDir",
+                &frame(0, &json!({"path": "/tmp/w"})),
+                "\r\nConnect-Timeout-Ms: 10000",
+            )
+        });
+        let mut made = 0;
+        while !watching.is_finished() {
+            std::thread::sleep(Duration::from_millis(300));
+            let (status, _, _) = call(
+                d.addr(),
+                &envd.head(
+                    "POST",
+                    &format!("/files?path=/tmp/w/new{made}"),
+                    "application/octet-stream",
+                ),
+                b"x",
+            );
+            assert_eq!(status, 200);
+            made += 1;
+        }
+        watching.join().unwrap()
+    });
+    assert_eq!(frames[0].1, json!({"start": {}}));
+    assert!(
+        frames
+            .iter()
+            .any(|(_, f)| f["filesystem"]["type"] == "EVENT_TYPE_CREATE"
+                && f["filesystem"]["name"].as_str().unwrap().starts_with("new")),
+        "{frames:?}"
+    );
+    assert_eq!(end_error(&frames)["code"], "deadline_exceeded");
 }
 
 #[test]

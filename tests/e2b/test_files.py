@@ -3,7 +3,7 @@
 import io
 
 import pytest
-from e2b import FileType, NotFoundException, Sandbox
+from e2b import FileType, FilesystemEventType, NotFoundException, Sandbox
 
 
 def home(sandbox: Sandbox) -> str:
@@ -95,3 +95,18 @@ def test_a_missing_file_raises_not_found(sandbox: Sandbox):
         sandbox.files.get_info("does/not/exist.txt")
     with pytest.raises(NotFoundException):
         sandbox.files.list("does/not/exist")
+
+
+def test_watch_dir_reports_changes_since_it_last_looked(sandbox: Sandbox):
+    sandbox.files.make_dir("watched/sub")
+    handle = sandbox.files.watch_dir("watched", recursive=True)
+    sandbox.files.write("watched/sub/new.txt", "content")
+    events = handle.get_new_events()
+    assert (FilesystemEventType.CREATE, "sub/new.txt") in [(e.type, e.name) for e in events]
+    sandbox.files.remove("watched/sub/new.txt")
+    events = handle.get_new_events()
+    assert [(e.type, e.name) for e in events] == [(FilesystemEventType.REMOVE, "sub/new.txt")]
+    handle.stop()
+    sandbox.files.remove("watched")
+    with pytest.raises(NotFoundException):
+        sandbox.files.watch_dir("watched")

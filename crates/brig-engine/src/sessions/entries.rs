@@ -190,10 +190,177 @@ pub async fn make_dir(
     audited(state, caller, id, "file.mkdir", path, operation).await
 }
 
+/// What a directory held at one moment (names relative to it), to tell what
+/// changed since by comparing two: a watch by polling, for sandboxes whose
+/// inotify the daemon cannot read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    entries: std::collections::BTreeMap<String, Seen>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    kind: EntryKind,
+    size: u64,
+    modified_ns: i64,
+    mode: u32,
+}
+
+/// How an entry changed between two snapshots (in inotify's terms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    Create,
+    Write,
+    Remove,
+    Chmod,
+}
+
+/// One change: the entry's name relative to the directory watched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub name: String,
+    pub kind: ChangeKind,
+}
+
+/// A snapshot of directory `path` in session `id` (with everything below it if
+/// `recursive`). Not audited: it is taken again and again while a watch lasts
+/// (its start is the front end's to audit).
+pub async fn snapshot(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    path: &str,
+    recursive: bool,
+) -> Result<Snapshot, ApiError> {
+    let session = lookup(state, caller, id)?;
+    let path = path.to_string();
+    with_root(&session, move |root| {
+        let mut found = Vec::new();
+        let depth = if recursive { u32::MAX } else { 1 };
+        walk_in(&root, &path, depth, &mut found).map_err(rootfs_error)?;
+        let prefix = if path.ends_with('/') {
+            path.clone()
+        } else {
+            format!("{path}/")
+        };
+        let entries = found
+            .into_iter()
+            .map(|e| {
+                let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path).to_string();
+                let seen = Seen {
+                    kind: e.stat.kind,
+                    size: e.stat.size_bytes,
+                    modified_ns: e
+                        .stat
+                        .modified
+                        .saturating_mul(1_000_000_000)
+                        .saturating_add(i64::from(e.stat.modified_nsec)),
+                    mode: e.stat.mode,
+                };
+                (name, seen)
+            })
+            .collect();
+        Ok(Snapshot { entries })
+    })
+    .await
+}
+
+/// What changed from `old` to `new`, by name: what appeared (a file that appeared
+/// with content was also written), what was written (size or time changed), what
+/// changed mode, what went. A rename shows as a removal and a creation.
+pub fn changes(old: &Snapshot, new: &Snapshot) -> Vec<Change> {
+    let mut out = Vec::new();
+    let change = |name: &str, kind| Change {
+        name: name.to_string(),
+        kind,
+    };
+    for (name, now) in &new.entries {
+        match old.entries.get(name) {
+            None => {
+                out.push(change(name, ChangeKind::Create));
+                if now.kind == EntryKind::File && now.size > 0 {
+                    out.push(change(name, ChangeKind::Write));
+                }
+            }
+            Some(before) if before.kind != now.kind => {
+                out.push(change(name, ChangeKind::Remove));
+                out.push(change(name, ChangeKind::Create));
+            }
+            Some(before) => {
+                let written = now.kind != EntryKind::Directory
+                    && (before.size != now.size || before.modified_ns != now.modified_ns);
+                if written {
+                    out.push(change(name, ChangeKind::Write));
+                }
+                if before.mode != now.mode {
+                    out.push(change(name, ChangeKind::Chmod));
+                }
+            }
+        }
+    }
+    for name in old.entries.keys() {
+        if !new.entries.contains_key(name) {
+            out.push(change(name, ChangeKind::Remove));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::rootfs::SandboxRoot;
+
+    fn snap(entries: &[(&str, EntryKind, u64, i64, u32)]) -> Snapshot {
+        Snapshot {
+            entries: entries
+                .iter()
+                .map(|(n, kind, size, modified_ns, mode)| {
+                    let seen = Seen {
+                        kind: *kind,
+                        size: *size,
+                        modified_ns: *modified_ns,
+                        mode: *mode,
+                    };
+                    (n.to_string(), seen)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn changes_between_snapshots_read_as_inotify_would() {
+        use ChangeKind::*;
+        use EntryKind::{Directory as D, File as F};
+        let old = snap(&[
+            ("a", F, 1, 1, 0o644),
+            ("b", F, 1, 1, 0o644),
+            ("d", D, 0, 1, 0o755),
+        ]);
+        let new = snap(&[
+            ("a", F, 2, 2, 0o644),
+            ("d", D, 0, 9, 0o700),
+            ("d/n", F, 3, 5, 0o644),
+            ("e", F, 0, 5, 0o644),
+        ]);
+        let got: Vec<(String, ChangeKind)> = changes(&old, &new)
+            .into_iter()
+            .map(|c| (c.name, c.kind))
+            .collect();
+        let want: Vec<(String, ChangeKind)> = [
+            ("a", Write),
+            ("d", Chmod),
+            ("d/n", Create),
+            ("d/n", Write),
+            ("e", Create),
+            ("b", Remove),
+        ]
+        .into_iter()
+        .map(|(n, k)| (n.to_string(), k))
+        .collect();
+        assert_eq!(got, want);
+        assert!(changes(&new, &new).is_empty());
+    }
 
     #[test]
     fn walk_goes_depth_first_by_name_to_the_depth_asked() {

@@ -519,6 +519,11 @@ impl Sender {
         self.tx.send(envelope(0, &payload)).await.is_ok()
     }
 
+    /// Whether the client has gone (the body was dropped).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
     /// Ends the stream, with the error that ended it if any.
     pub async fn end(self, error: Option<ConnectError>) {
         let _ = self.tx.send(end_stream(error.as_ref())).await;

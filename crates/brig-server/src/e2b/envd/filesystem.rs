@@ -1,9 +1,7 @@
 //! envd's `filesystem.Filesystem` service over brig's file verbs
 //! (`brig_engine::sessions::{entries, files}`): every path is the sandbox's,
 //! resolved inside its root by the engine.
-//!
-//! Watching (WatchDir and the watcher calls) would need the sandbox's inotify,
-//! which brig's engine does not offer: those answer `unimplemented`.
+//! Watching is [`super::watch`]'s.
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -257,21 +255,6 @@ pub async fn remove(
         }
         .await,
     )
-}
-
-/// WatchDir, CreateWatcher, GetWatcherEvents, RemoveWatcher.
-pub async fn watch_unsupported() -> Response {
-    ConnectError::unimplemented(
-        "brig does not watch a sandbox's directories (its engine has no inotify inside the sandbox)",
-    )
-    .into_response()
-}
-
-/// WatchDir is a stream: its refusal is a stream's end.
-pub async fn watch_dir_unsupported() -> Response {
-    connect::stream_error(ConnectError::unimplemented(
-        "brig does not watch a sandbox's directories (its engine has no inotify inside the sandbox)",
-    ))
 }
 
 #[cfg(test)]

@@ -5,8 +5,10 @@
 //!
 //! What it implements is what envd [`super::ENVD_VERSION`] promises the SDK:
 //! stdin on request (0.3.0), the default user (0.4.0), CloseStdin (0.5.2) and
-//! octet-stream uploads (0.5.7). Not: file metadata (0.6.2, xattrs), directory
-//! watching, PTYs (`unimplemented`), other users than the sandbox's.
+//! octet-stream uploads (0.5.7), recursive directory watches (0.1.4, by polling:
+//! [`watch`]). Not: file metadata (0.6.2, xattrs), watch events with entries
+//! promised (0.6.3; given when asked all the same), PTYs (`unimplemented`), other
+//! users than the sandbox's.
 
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -19,6 +21,7 @@ pub mod connect;
 pub mod files;
 pub mod filesystem;
 pub mod process;
+pub mod watch;
 
 use connect::{Code, ConnectError};
 
@@ -44,21 +47,18 @@ pub fn router() -> Router<AppState> {
         .route("/filesystem.Filesystem/Move", any(filesystem::move_entry))
         .route("/filesystem.Filesystem/ListDir", any(filesystem::list_dir))
         .route("/filesystem.Filesystem/Remove", any(filesystem::remove))
-        .route(
-            "/filesystem.Filesystem/WatchDir",
-            any(filesystem::watch_dir_unsupported),
-        )
+        .route("/filesystem.Filesystem/WatchDir", any(watch::watch_dir))
         .route(
             "/filesystem.Filesystem/CreateWatcher",
-            any(filesystem::watch_unsupported),
+            any(watch::create_watcher),
         )
         .route(
             "/filesystem.Filesystem/GetWatcherEvents",
-            any(filesystem::watch_unsupported),
+            any(watch::get_watcher_events),
         )
         .route(
             "/filesystem.Filesystem/RemoveWatcher",
-            any(filesystem::watch_unsupported),
+            any(watch::remove_watcher),
         )
         .fallback(connect::unknown_procedure)
 }
