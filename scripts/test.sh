@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 #   python3        /usr/bin/python3 inside the sandbox (the host's /usr is its /usr)
 #   python3-matplotlib, python3-pandas
 #                  the interpreter's charts and tables (tests/api/interpreter.rs)
+#   python3-openpyxl
+#                  onyx's Excel test (tests/onyx.rs runs onyx's tests in the host image)
 #   procps         ps, used by isolation tests
 #   util-linux     setpriv (rootless test), unshare, ipcmk/ipcs, setsid
 #   passwd         useradd/userdel for the rootless test's own user
@@ -21,6 +23,7 @@ need=()
 command -v /usr/bin/python3 >/dev/null 2>&1 || need+=(python3)
 /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
 /usr/bin/python3 -c 'import pandas' >/dev/null 2>&1 || need+=(python3-pandas)
+/usr/bin/python3 -c 'import openpyxl' >/dev/null 2>&1 || need+=(python3-openpyxl)
 command -v ps >/dev/null 2>&1 || need+=(procps)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v ipcmk >/dev/null 2>&1 || need+=(util-linux)
@@ -44,9 +47,11 @@ fi
 # daemon's OpenAPI document, and its jsonschema checks live exchanges against it
 # (tests/openapi_conformance.py); mcp, the official MCP client, drives brig's MCP
 # server (tests/mcp_client.py); the Python SDK (editable, with its httpx) and
-# pytest run its suite against a live daemon (tests/sdk_python.rs).
+# pytest run its suite against a live daemon (tests/sdk_python.rs), and onyx's
+# code-interpreter tests and its client (httpx, pytest, requests, pydantic) against
+# one (tests/onyx.rs).
 validator=target/test-venv/bin/openapi-spec-validator
-pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0 httpx==0.28.1 pytest==8.3.4 pytest-asyncio==0.25.3 e2b==2.63.0 e2b-code-interpreter==2.11.5)
+pypi=(openapi-spec-validator==0.9.0 mcp==2.3.0 httpx==0.28.1 pytest==8.3.4 pytest-asyncio==0.25.3 requests==2.33.0 pydantic==2.14.4 e2b==2.63.0 e2b-code-interpreter==2.11.5)
 if [ ! -x "$validator" ]; then
   rm -rf target/test-venv
   if ! python3 -m venv target/test-venv; then

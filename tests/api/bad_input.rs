@@ -485,13 +485,7 @@ fn root_unknown_ids_and_bad_paths_or_queries_are_refused_and_change_nothing() {
             404,
             "not_found",
         ),
-        (
-            "GET",
-            "/v1/files/nope".into(),
-            b"".to_vec(),
-            404,
-            "not_found",
-        ),
+        // `/v1/files/nope` is onyx's route, with onyx's 404 (tests/api/onyx.rs).
         (
             "DELETE",
             "/v1/keys/key_nope".into(),

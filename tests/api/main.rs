@@ -25,6 +25,7 @@ mod hostile_tree;
 mod http_edges;
 mod interpreter;
 mod onyx;
+mod onyx_mount;
 mod openapi;
 mod processes;
 mod restore;

@@ -176,16 +176,37 @@ fn root_onyx_execute_files_in_and_out() {
         Some(&key),
         Some(json!({"code": "1", "files": [{"path": "x", "file_id": "nope"}]})),
     );
-    assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
-    for path in ["/etc/passwd", "../x", "a/../../x", ""] {
+    assert_eq!(
+        (status, &body["detail"]),
+        (404, &json!("File with ID 'nope' not found for path 'x'.")),
+        "{body}"
+    );
+    for (path, detail) in [
+        ("/etc/passwd", "File paths must be relative."),
+        ("../x", "File paths must not contain '..'."),
+        ("a/../../x", "File paths must not contain '..'."),
+        ("", "File path must not be empty."),
+    ] {
         let (status, body) = d.request(
             "POST",
             "/v1/execute",
             Some(&key),
             Some(json!({"code": "1", "files": [{"path": path, "file_id": input}]})),
         );
-        assert_eq!(status, 422, "path {path:?}: {body}");
+        assert_eq!(
+            (status, &body["detail"]),
+            (422, &json!(detail)),
+            "path {path:?}: {body}"
+        );
     }
+    // onyx looks the files up first: an unknown file with a bad path is a 404.
+    let (status, body) = d.request(
+        "POST",
+        "/v1/execute",
+        Some(&key),
+        Some(json!({"code": "1", "files": [{"path": "../x", "file_id": "nope"}]})),
+    );
+    assert_eq!(status, 404, "{body}");
     let (status, body) = d.request(
         "POST",
         "/v1/execute",
@@ -193,6 +214,11 @@ fn root_onyx_execute_files_in_and_out() {
         Some(json!({"code": "1", "timeout_ms": 10001})),
     );
     assert_eq!(status, 422, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("timeout_ms exceeds maximum of 10000 ms"),
+        "{body}"
+    );
     let (status, body) = d.request(
         "POST",
         "/v1/execute/stream",
@@ -339,8 +365,7 @@ fn root_execute_without_its_default_image_is_unavailable_and_says_how_to_fix_it(
     for path in ["/v1/execute", "/v1/execute/stream"] {
         let (status, body) = d.request("POST", path, Some(&key), Some(json!({"code": "1"})));
         assert_eq!(status, 503, "{path}: {body}");
-        assert_eq!(error_code(&body), "unavailable", "{body}");
-        let message = body["error"]["message"].as_str().unwrap();
+        let message = body["detail"].as_str().unwrap();
         assert!(
             message.contains("brig image build python -f images/python.toml")
                 && message.contains("--default-image host")
@@ -619,4 +644,181 @@ fn root_onyx_sessions_and_bash() {
         Some(json!({"cmd": "true"})),
     );
     assert_eq!(status, 404);
+}
+
+/// onyx's clients read FastAPI's errors: `{"detail": "..."}` for what a handler
+/// refuses, and 422 `{"detail": [{type, loc, msg, input}]}` for a request that does
+/// not fit onyx's model, whatever the route (execute, its stream, files, bash). An
+/// unknown field is ignored, as pydantic does. brig's own routes keep their shape.
+#[test]
+fn root_onyx_routes_answer_errors_as_fastapi_does() {
+    require_root!();
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let detail = |body: &Value| body["detail"].clone();
+    let kinds = |body: &Value| -> Vec<(String, Value)> {
+        body["detail"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{body}"))
+            .iter()
+            .map(|e| {
+                assert!(e["msg"].is_string() && e.get("input").is_some(), "{e}");
+                (e["type"].as_str().unwrap().to_string(), e["loc"].clone())
+            })
+            .collect()
+    };
+    for path in ["/v1/execute", "/v1/execute/stream"] {
+        let (status, body) = d.request("POST", path, Some(&key), Some(json!({"stdin": 1})));
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(
+            kinds(&body),
+            vec![
+                ("missing".into(), json!(["body", "code"])),
+                ("string_type".into(), json!(["body", "stdin"])),
+            ],
+            "{body}"
+        );
+        let (status, body) = d.request(
+            "POST",
+            path,
+            Some(&key),
+            Some(json!({"code": "1", "timeout_ms": 0, "files": [{"path": "a"}]})),
+        );
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(
+            kinds(&body),
+            vec![
+                ("greater_than_equal".into(), json!(["body", "timeout_ms"])),
+                ("missing".into(), json!(["body", "files", 0, "file_id"])),
+            ],
+            "{body}"
+        );
+        let (status, body) = d.raw(
+            "POST",
+            path,
+            Some(&key),
+            Some("application/json"),
+            Some(b"{\"code\": ".to_vec()),
+        );
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(kinds(&body)[0].0, "json_invalid", "{body}");
+    }
+    // An unknown field is ignored.
+    let (status, body) = d.request(
+        "POST",
+        "/v1/execute",
+        Some(&key),
+        Some(json!({"code": "print(1)", "from_a_newer_client": true})),
+    );
+    assert_eq!((status, &body["stdout"]), (200, &json!("1\n")), "{body}");
+
+    for (method, path) in [("GET", "/v1/files/nope"), ("DELETE", "/v1/files/nope")] {
+        let (status, body) = d.request(method, path, Some(&key), None);
+        assert_eq!(
+            (status, detail(&body)),
+            (404, json!("File with ID 'nope' not found")),
+            "{method} {path}"
+        );
+    }
+    // A form without its `file` field, or no form at all.
+    let (status, body) = d.raw(
+        "POST",
+        "/v1/files",
+        Some(&key),
+        Some("multipart/form-data; boundary=XX"),
+        Some(
+            b"--XX\r\nContent-Disposition: form-data; name=\"other\"\r\n\r\nx\r\n--XX--\r\n"
+                .to_vec(),
+        ),
+    );
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (status, kinds(&body)),
+        (422, vec![("missing".into(), json!(["body", "file"]))])
+    );
+    let (status, body) = d.request("POST", "/v1/files", Some(&key), Some(json!({})));
+    assert_eq!(
+        (status, kinds(&body)),
+        (422, vec![("missing".into(), json!(["body", "file"]))])
+    );
+
+    let (status, body) = d.request(
+        "POST",
+        "/v1/sessions/ses_nope/bash",
+        Some(&key),
+        Some(json!({"cmd": "true"})),
+    );
+    assert_eq!(
+        (status, detail(&body)),
+        (404, json!("Session 'ses_nope' not found"))
+    );
+    let (status, body) = d.request(
+        "POST",
+        "/v1/sessions/ses_nope/bash",
+        Some(&key),
+        Some(json!({"cmd": ["true"]})),
+    );
+    assert_eq!(
+        (status, kinds(&body)),
+        (422, vec![("string_type".into(), json!(["body", "cmd"]))])
+    );
+
+    // A wrong method: FastAPI's 405 on onyx's routes, brig's on brig's.
+    for (method, path) in [
+        ("PUT", "/v1/execute"),
+        ("PATCH", "/v1/files/x"),
+        ("GET", "/v1/sessions/s/bash"),
+    ] {
+        let (status, body) = d.request(method, path, Some(&key), None);
+        assert_eq!(
+            (status, detail(&body)),
+            (405, json!("Method Not Allowed")),
+            "{method} {path}"
+        );
+    }
+    let (status, body) = d.request("PATCH", "/v1/keys", Some(&key), None);
+    assert_eq!(
+        (status, error_code(&body)),
+        (405, "method_not_allowed"),
+        "{body}"
+    );
+
+    // Without a key: 401 in onyx's shape on its routes, brig's on brig's.
+    let (status, body) = d.request("POST", "/v1/execute", None, Some(json!({"code": "1"})));
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["detail"].is_string() && body.get("error").is_none(),
+        "{body}"
+    );
+    let (status, body) = d.request("GET", "/v1/sessions", None, None);
+    assert_eq!((status, error_code(&body)), (401, "unauthorized"), "{body}");
+    let (status, body) = d.request("GET", "/v1/sessions/ses_nope", Some(&key), None);
+    assert_eq!((status, error_code(&body)), (404, "not_found"), "{body}");
+}
+
+/// An upload over `--max-file-size` is 413 with onyx's words for it.
+#[test]
+fn onyx_upload_over_the_limit_is_413_with_onyxs_detail() {
+    let d = daemon(&["--max-file-size", "1M"]);
+    let key = d.admin_key().to_string();
+    let mut form =
+        b"--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.bin\"\r\n\r\n"
+            .to_vec();
+    form.extend(vec![b'x'; (1 << 20) + 1]);
+    form.extend(b"\r\n--XX--\r\n");
+    let (status, body) = d.raw(
+        "POST",
+        "/v1/files",
+        Some(&key),
+        Some("multipart/form-data; boundary=XX"),
+        Some(form),
+    );
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 413, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("File size exceeds maximum of 1 MB"),
+        "{body}"
+    );
 }

@@ -108,8 +108,13 @@ impl Daemon {
                 .arg(store)
                 .arg("--listen")
                 .arg(&addr)
-                .args(extra_args)
-                .stdin(Stdio::null())
+                .args(extra_args);
+            // A daemon without its default image builds it at start (minutes, from
+            // Debian and PyPI): tests opt in by naming the recipe to build from.
+            if !extra_args.contains(&"--default-image-recipe") {
+                cmd.arg("--no-build-default-image");
+            }
+            cmd.stdin(Stdio::null())
                 .stdout(log_file.try_clone().unwrap())
                 .stderr(log_file);
             let child = cmd.spawn().expect("start brig serve");

@@ -56,10 +56,24 @@ pub async fn start(args: Config) -> anyhow::Result<AppState> {
     let problem =
         tokio::task::spawn_blocking(move || crate::execute::default_image_problem(&store, &image))
             .await?;
-    if let Some(problem) = problem {
-        tracing::warn!("/v1/execute will answer 503 until this is fixed: {problem}");
+    let builds = state.args.build_default_image
+        && (state.args.default_image_recipe.is_some() || state.args.default_image == "python");
+    match problem {
+        // Said by the build as it starts (`spawn_default_image_build`).
+        Some(_) if builds => {}
+        Some(problem) => {
+            tracing::warn!("/v1/execute will answer 503 until this is fixed: {problem}")
+        }
+        None => {}
     }
     Ok(state)
+}
+
+/// Builds the default image in the background if it is missing (see
+/// [`crate::default_image`]): `brig serve`'s, not every front end's (an in-process
+/// MCP server runs no `/v1/execute`).
+pub async fn spawn_default_image_build(state: &AppState) {
+    crate::default_image::spawn_build(state).await;
 }
 
 /// Starts the background work of a started state: session tasks, file expiry

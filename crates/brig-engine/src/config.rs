@@ -25,6 +25,11 @@ pub struct Config {
     pub no_auth: bool,
     /// The image of `/v1/execute`.
     pub default_image: String,
+    /// Build the default image in the background when it is missing from the store
+    /// (see [`crate::default_image`]).
+    pub build_default_image: bool,
+    /// The recipe it is built from; `None`: for `python`, the one compiled in.
+    pub default_image_recipe: Option<PathBuf>,
     /// The image of sessions that name none; `None`: the host's read-only system dirs.
     pub default_session_image: Option<String>,
     /// Captured output per stream and exec.
@@ -91,6 +96,8 @@ impl Default for Config {
             store: PathBuf::from("/var/lib/brig"),
             no_auth: false,
             default_image: "python".to_string(),
+            build_default_image: true,
+            default_image_recipe: None,
             default_session_image: None,
             output_limit_bytes: 1 << 20,
             max_body_bytes: 10 << 20,

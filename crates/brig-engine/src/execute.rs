@@ -101,19 +101,38 @@ pub enum ExecuteEvent {
     },
 }
 
-/// Checks a request before anything is started.
+/// Checks a request's values before anything is started (its files' paths are
+/// checked after its files are found, in onyx's order).
 fn validate(state: &AppState, request: &ExecuteRequest) -> Result<u64, ApiError> {
     let max = state.args.max_execute_timeout_ms;
     let timeout_ms = request.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
-    if timeout_ms == 0 || timeout_ms > max {
+    if timeout_ms == 0 {
+        return Err(ApiError::invalid("timeout_ms must be at least 1"));
+    }
+    if timeout_ms > max {
         return Err(ApiError::invalid(format!(
-            "timeout_ms must be between 1 and {max} (the daemon's --max-execute-timeout)"
+            "timeout_ms exceeds maximum of {max} ms (the daemon's --max-execute-timeout)"
         )));
     }
-    for file in request.files.iter().flatten() {
-        sessions::workspace_path(&file.path, "/workspace")?;
-    }
     Ok(timeout_ms)
+}
+
+/// Why a file's path cannot be placed in the working directory, in onyx's words
+/// (its clients show them).
+fn path_problem(path: &str) -> Option<&'static str> {
+    if path.starts_with('/') {
+        return Some("File paths must be relative.");
+    }
+    if path.split('/').any(|part| part == "..") {
+        return Some("File paths must not contain '..'.");
+    }
+    if path.split('/').all(|part| part.is_empty() || part == ".") {
+        return Some("File path must not be empty.");
+    }
+    if path.contains('\0') {
+        return Some("File paths must not contain NUL characters.");
+    }
+    None
 }
 
 /// Why the daemon's `--default-image` cannot run code, if it cannot: an image that
@@ -156,6 +175,21 @@ async fn precheck(
     request: &ExecuteRequest,
 ) -> Result<u64, ApiError> {
     let timeout_ms = validate(state, request)?;
+    ready(state, caller, request.files.as_deref().unwrap_or_default()).await?;
+    Ok(timeout_ms)
+}
+
+/// The default image is there to run in and `files` can be placed in the working
+/// directory: what a run of code, or a session made for code
+/// ([`crate::execute_session`]), is refused for before anything is made.
+pub(crate) async fn ready(
+    state: &AppState,
+    caller: &Caller,
+    files: &[FileRef],
+) -> Result<(), ApiError> {
+    if let Some(problem) = state.default_image_build.problem(&state.args.default_image) {
+        return Err(ApiError::unavailable(problem));
+    }
     let (store, name) = (state.args.store.clone(), state.args.default_image.clone());
     let problem = tokio::task::spawn_blocking(move || default_image_problem(&store, &name))
         .await
@@ -163,10 +197,30 @@ async fn precheck(
     if let Some(problem) = problem {
         return Err(ApiError::unavailable(problem));
     }
-    for file in request.files.iter().flatten() {
-        crate::filestore::open(state, &caller.tenant, &file.file_id).await?;
+    for file in files {
+        crate::filestore::open(state, &caller.tenant, &file.file_id)
+            .await
+            .map_err(|e| match e.code {
+                ErrorCode::NotFound => ApiError::not_found(format!(
+                    "File with ID '{}' not found for path '{}'.",
+                    file.file_id, file.path
+                )),
+                _ => e,
+            })?;
     }
-    Ok(timeout_ms)
+    for file in files {
+        if let Some(problem) = path_problem(&file.path) {
+            return Err(ApiError::invalid(problem));
+        }
+        sessions::workspace_path(&file.path, "/workspace")?;
+    }
+    Ok(())
+}
+
+/// The image argument of a session in the daemon's default image ("host": none,
+/// the host's read-only system dirs and its python3).
+pub(crate) fn default_image(state: &AppState) -> Option<String> {
+    (state.args.default_image != "host").then(|| state.args.default_image.clone())
 }
 
 /// What the working directory held: path -> (is dir, size, mtime).
@@ -236,8 +290,7 @@ async fn run(
         state,
         caller,
         CreateSession {
-            // "host": the host's read-only system dirs (and its python3).
-            image: (state.args.default_image != "host").then(|| state.args.default_image.clone()),
+            image: default_image(state),
             files: request.files.clone(),
             // A backstop: the session is deleted right after the run.
             ttl_seconds: Some(timeout_ms / 1000 + 300),

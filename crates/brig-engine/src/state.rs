@@ -40,6 +40,8 @@ pub struct Shared {
     pub refusals: crate::audit::RefusalBudget,
     /// The egress settings and the audit channel of sessions' proxies.
     pub egress: crate::egress::Egress,
+    /// A background build of the default image, if one is under way or failed.
+    pub default_image_build: crate::default_image::DefaultImageBuild,
     shutdown: watch::Sender<bool>,
     /// Held for as long as the state lives; see [`DataDirLock`].
     _data_dir_lock: DataDirLock,
@@ -109,6 +111,7 @@ impl Shared {
             holds: Holds::default(),
             refusals: Default::default(),
             egress,
+            default_image_build: Default::default(),
             shutdown,
             _data_dir_lock: data_dir_lock,
         }))

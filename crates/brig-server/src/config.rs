@@ -35,9 +35,18 @@ pub struct ServeArgs {
     /// Allowed only on a loopback listen address.
     #[arg(long)]
     pub no_auth: bool,
-    /// Image used by /v1/execute.
+    /// Image used by /v1/execute. Missing from the store at start, it is built in
+    /// the background (from --default-image-recipe, or for `python` the recipe
+    /// compiled in: images/python.toml); /v1/execute answers 503 meanwhile.
     #[arg(long, value_name = "NAME", default_value = "python")]
     pub default_image: String,
+    /// Do not build a missing --default-image at start.
+    #[arg(long = "no-build-default-image", action = clap::ArgAction::SetFalse)]
+    pub build_default_image: bool,
+    /// The recipe a missing --default-image is built from [default: for `python`,
+    /// images/python.toml, compiled in].
+    #[arg(long, value_name = "RECIPE.toml")]
+    pub default_image_recipe: Option<PathBuf>,
     /// Image for sessions that name none [default: the host's read-only system dirs].
     #[arg(long, value_name = "NAME")]
     pub default_session_image: Option<String>,
@@ -279,6 +288,8 @@ impl From<ServeArgs> for Config {
             store,
             no_auth,
             default_image,
+            build_default_image,
+            default_image_recipe,
             default_session_image,
             output_limit_bytes,
             max_body_bytes,
@@ -323,6 +334,8 @@ impl From<ServeArgs> for Config {
             store,
             no_auth,
             default_image,
+            build_default_image,
+            default_image_recipe,
             default_session_image,
             output_limit_bytes,
             max_body_bytes,

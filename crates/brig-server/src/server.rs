@@ -27,9 +27,7 @@ use utoipa_axum::routes;
 
 use crate::auth::Frontend;
 use crate::config::{Config, LogFormat, ServeArgs};
-use crate::error::{
-    method_not_allowed_fallback, not_found_fallback, ApiJson, Error, ErrorBody, HttpError,
-};
+use crate::error::{not_found_fallback, ApiJson, Error, ErrorBody, HttpError};
 use crate::state::AppState;
 
 /// How long in-flight requests may run on after SIGTERM/SIGINT.
@@ -75,20 +73,84 @@ pub struct Health {
     /// Always `ok` while the daemon answers.
     pub status: String,
     pub version: String,
+    /// The default image (`--default-image`, what `/v1/execute` runs in), by name.
+    pub images: std::collections::BTreeMap<String, ImageHealth>,
 }
 
-/// Liveness and version (no auth).
+/// Where an image stands: `ready`; `missing` (with why and what to do);
+/// `building` (the step under way, e.g. `step 3/7: pip install ...`, and for how
+/// long); `failed` (why; not retried until the daemon restarts).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ImageHealth {
+    /// `ready`, `missing`, `building` or `failed`.
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elapsed_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Liveness, version and the default image's state (no auth).
 #[utoipa::path(
     get,
     path = "/health",
     tag = "operations",
     responses((status = 200, body = Health))
 )]
-async fn health() -> ApiJson<Health> {
+async fn health(axum::extract::State(state): axum::extract::State<AppState>) -> ApiJson<Health> {
     ApiJson(Health {
         status: "ok".to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
+        images: [default_image_health(state).await].into(),
     })
+}
+
+/// The default image's name and state, as `/health` reports it.
+pub(crate) async fn default_image_health(state: AppState) -> (String, ImageHealth) {
+    use brig_engine::default_image::ImageState;
+    let name = state.args.default_image.clone();
+    let image = tokio::task::spawn_blocking(move || brig_engine::default_image::state(&state))
+        .await
+        .unwrap_or_else(|e| ImageState::Failed {
+            error: e.to_string(),
+        });
+    let none = ImageHealth {
+        state: String::new(),
+        step: None,
+        elapsed_seconds: None,
+        message: None,
+        error: None,
+    };
+    let image = match image {
+        ImageState::Ready => ImageHealth {
+            state: "ready".into(),
+            ..none
+        },
+        ImageState::Missing { message } => ImageHealth {
+            state: "missing".into(),
+            message: Some(message),
+            ..none
+        },
+        ImageState::Building {
+            step,
+            elapsed_seconds,
+        } => ImageHealth {
+            state: "building".into(),
+            step: Some(step),
+            elapsed_seconds: Some(elapsed_seconds),
+            ..none
+        },
+        ImageState::Failed { error } => ImageHealth {
+            state: "failed".into(),
+            error: Some(error),
+            ..none
+        },
+    };
+    (name, image)
 }
 
 /// The OpenAPI document, rendered once when the router is built.
@@ -127,6 +189,7 @@ pub fn api_router(args: &Config) -> OpenApiRouter<AppState> {
         .merge(crate::rest::interpreter::routes())
         .merge(crate::rest::volumes::routes())
         .merge(crate::onyx::execute::routes().layer(Extension(Frontend::Onyx)))
+        .merge(crate::onyx::bash::routes().layer(Extension(Frontend::Onyx)))
         .merge(crate::rest::sessions::routes())
         .merge(crate::rest::tenants::routes())
         .merge(crate::rest::audit::routes())
@@ -205,8 +268,9 @@ pub fn router(state: AppState) -> Router {
     let routes = routes
         .merge(crate::mcp::http::routes(&state))
         .merge(crate::e2b::control::routes().layer(Extension(Frontend::E2b)))
+        .nest("/onyx", crate::onyx::mount::router(&state.args))
         .fallback(not_found_fallback)
-        .method_not_allowed_fallback(method_not_allowed_fallback)
+        .method_not_allowed_fallback(crate::onyx::error::method_not_allowed)
         .layer(Extension(OpenApiJson(Arc::new(doc))))
         .layer(Extension(e2b_key.clone()))
         // Axum's buffering extractors (JSON) stop at this; routes that stream bodies
@@ -499,6 +563,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let state = start(args).await?;
     crate::state::record_listen_address(&state.data_dir, listener.local_addr()?)?;
     spawn_background(&state, crate::filestore::EXPIRY_INTERVAL);
+    brig_engine::boot::spawn_default_image_build(&state).await;
     tracing::info!(
         addr = %listener.local_addr().unwrap_or(listen),
         data_dir = %state.data_dir.display(),

@@ -13,7 +13,7 @@ use brig_engine::execute::{self as engine, ExecuteEvent};
 use brig_engine::state::AppState;
 
 use crate::http::sse::{self, Frame};
-use crate::http::{ApiJson, Authed, HttpResult};
+use crate::onyx::error::{Fields, OnyxAuthed, OnyxErrorBody, OnyxJson, OnyxModel, OnyxResult};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -21,8 +21,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(execute_stream))
 }
 
+/// onyx's `ExecuteRequest`: unknown fields are ignored, as pydantic does.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
 pub struct ExecuteRequest {
     pub code: String,
     pub stdin: Option<String>,
@@ -33,6 +33,27 @@ pub struct ExecuteRequest {
     pub last_line_interactive: Option<bool>,
     /// Uploaded files to place in the working directory first.
     pub files: Option<Vec<FileRef>>,
+}
+
+impl OnyxModel for engine::ExecuteRequest {
+    fn from_body(body: &serde_json::Value) -> Result<Self, Vec<serde_json::Value>> {
+        let mut fields =
+            Fields::of(body, vec!["body".into()], "ExecuteRequest").map_err(|error| vec![error])?;
+        let code = fields.string("code", true, false);
+        let stdin = fields.string("stdin", false, true);
+        let timeout_ms = fields.int_at_least("timeout_ms", 1);
+        let last_line_interactive = fields.boolean("last_line_interactive");
+        let files = fields.files("files");
+        fields.finish(|| {
+            Some(engine::ExecuteRequest {
+                code: code?,
+                stdin,
+                timeout_ms,
+                last_line_interactive,
+                files: Some(files),
+            })
+        })
+    }
 }
 
 impl From<ExecuteRequest> for engine::ExecuteRequest {
@@ -140,15 +161,16 @@ impl From<engine::ExecuteResult> for ExecuteResult {
 
 #[utoipa::path(post, path = "/v1/execute", tag = "execute",
     request_body = ExecuteRequest,
-    responses((status = 200, body = ExecuteResponse), (status = 404, body = crate::error::ErrorBody),
-              (status = 422, body = crate::error::ErrorBody), (status = 503, body = crate::error::ErrorBody)),
+    responses((status = 200, body = ExecuteResponse), (status = 404, body = OnyxErrorBody),
+              (status = 422, body = OnyxErrorBody), (status = 503, body = OnyxErrorBody),
+              (status = "default", description = "An error: `{\"detail\": ...}`", body = OnyxErrorBody)),
     security(("bearer" = [])))]
 async fn execute(
     State(state): State<AppState>,
-    Authed(caller): Authed,
-    ApiJson(request): ApiJson<ExecuteRequest>,
-) -> HttpResult<Response> {
-    let (response, slot) = engine::execute(&state, &caller, request.into()).await?;
+    OnyxAuthed(caller): OnyxAuthed,
+    OnyxJson(request): OnyxJson<engine::ExecuteRequest>,
+) -> OnyxResult<Response> {
+    let (response, slot) = engine::execute(&state, &caller, request).await?;
     Ok(crate::http::json_holding(
         &ExecuteResponse::from(response),
         slot,
@@ -158,15 +180,16 @@ async fn execute(
 #[utoipa::path(post, path = "/v1/execute/stream", tag = "execute",
     request_body = ExecuteRequest,
     responses((status = 200, description = "Server-Sent Events: `output` {stream, data}, then `result` (ExecuteResult) or `error` {message}", content_type = "text/event-stream"),
-              (status = 404, body = crate::error::ErrorBody), (status = 422, body = crate::error::ErrorBody),
-              (status = 503, body = crate::error::ErrorBody)),
+              (status = 404, body = OnyxErrorBody), (status = 422, body = OnyxErrorBody),
+              (status = 503, body = OnyxErrorBody),
+              (status = "default", description = "An error: `{\"detail\": ...}`", body = OnyxErrorBody)),
     security(("bearer" = [])))]
 async fn execute_stream(
     State(state): State<AppState>,
-    Authed(caller): Authed,
-    ApiJson(request): ApiJson<ExecuteRequest>,
-) -> HttpResult<Response> {
-    let events = engine::execute_stream(&state, &caller, request.into()).await?;
+    OnyxAuthed(caller): OnyxAuthed,
+    OnyxJson(request): OnyxJson<engine::ExecuteRequest>,
+) -> OnyxResult<Response> {
+    let events = engine::execute_stream(&state, &caller, request).await?;
     Ok(sse::pump(events, |event| match event {
         ExecuteEvent::Output { stream, data } => Frame::json(
             "output",

@@ -14,11 +14,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use brig_engine::config::Config;
-use brig_engine::fault::Error;
+use brig_engine::fault::{Error, ErrorCode};
 use brig_engine::filestore::{self, FileMeta};
 use brig_engine::state::AppState;
 
-use crate::http::{ApiJson, ApiPath, Authed, HttpResult};
+use crate::http::ApiJson;
+use crate::onyx::error::{OnyxAuthed, OnyxError, OnyxErrorBody, OnyxPath, OnyxResult};
 
 /// Room for the multipart framing and small fields around the file.
 const MULTIPART_OVERHEAD: u64 = 1 << 20;
@@ -113,6 +114,39 @@ fn multipart_error(err: MultipartError) -> Error {
     }
 }
 
+/// An upload's refusal in onyx's words where onyx has words for it.
+fn upload_error(state: &AppState, error: Error) -> OnyxError {
+    if error.code != ErrorCode::PayloadTooLarge {
+        return error.into();
+    }
+    let max = state.args.max_file_size_bytes;
+    let limit = if max.is_multiple_of(1 << 20) {
+        format!("{} MB", max >> 20)
+    } else {
+        format!("{max} bytes")
+    };
+    OnyxError::worded(
+        error,
+        format!("File size exceeds maximum of {limit} (the daemon's --max-file-size)"),
+    )
+}
+
+/// FastAPI's 422 for a form without its required `file` field.
+fn no_file_field() -> OnyxError {
+    OnyxError::validation(vec![serde_json::json!({
+        "type": "missing", "loc": ["body", "file"], "msg": "Field required", "input": null
+    })])
+}
+
+/// onyx's 404 for a file id it does not know.
+fn file_error(file_id: &str, error: Error) -> OnyxError {
+    if error.code == ErrorCode::NotFound {
+        let detail = format!("File with ID '{file_id}' not found");
+        return OnyxError::worded(error, detail);
+    }
+    error.into()
+}
+
 /// Upload a file (multipart field `file`), streamed to disk.
 #[utoipa::path(
     post,
@@ -122,28 +156,31 @@ fn multipart_error(err: MultipartError) -> Error {
     request_body(content = inline(UploadForm), content_type = "multipart/form-data"),
     responses(
         (status = 201, body = UploadedFile),
-        (status = 400, body = crate::error::ErrorBody),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 413, body = crate::error::ErrorBody),
-        (status = 422, body = crate::error::ErrorBody),
-        (status = 429, body = crate::error::ErrorBody),
+        (status = 400, body = OnyxErrorBody),
+        (status = 401, body = OnyxErrorBody),
+        (status = 413, body = OnyxErrorBody),
+        (status = 422, body = OnyxErrorBody),
+        (status = 429, body = OnyxErrorBody),
+        (status = "default", description = "An error: `{\"detail\": ...}`", body = OnyxErrorBody),
     ),
     security(("bearer" = []), ("api_key" = []))
 )]
 async fn upload(
     State(state): State<AppState>,
-    Authed(caller): Authed,
+    OnyxAuthed(caller): OnyxAuthed,
     multipart: Result<Multipart, MultipartRejection>,
-) -> HttpResult<impl IntoResponse> {
-    let mut multipart = multipart.map_err(|e| {
-        Error::bad_request(format!(
-            "expected a multipart/form-data body: {}",
-            e.body_text()
-        ))
-    })?;
+) -> OnyxResult<impl IntoResponse> {
+    // FastAPI reads any other body as a form without the field.
+    let Ok(mut multipart) = multipart else {
+        return Err(no_file_field());
+    };
     loop {
-        let Some(field) = multipart.next_field().await.map_err(multipart_error)? else {
-            return Err(Error::invalid("the form has no field named \"file\"").into());
+        let field = multipart
+            .next_field()
+            .await
+            .map_err(|e| upload_error(&state, multipart_error(e)))?;
+        let Some(field) = field else {
+            return Err(no_file_field());
         };
         if field.name() != Some("file") {
             continue;
@@ -152,7 +189,9 @@ async fn upload(
         // The engine answers a read error carrying one of its errors as that error.
         let body = field.map_err(|e| std::io::Error::other(multipart_error(e)));
         let mut body = tokio_util::io::StreamReader::new(body);
-        let meta = filestore::upload(&state, &caller, filename.as_deref(), &mut body).await?;
+        let meta = filestore::upload(&state, &caller, filename.as_deref(), &mut body)
+            .await
+            .map_err(|e| upload_error(&state, e))?;
         return Ok((StatusCode::CREATED, ApiJson(UploadedFile::from(meta))));
     }
 }
@@ -165,14 +204,15 @@ async fn upload(
     tag = "files",
     responses(
         (status = 200, body = FileList),
-        (status = 401, body = crate::error::ErrorBody),
+        (status = 401, body = OnyxErrorBody),
+        (status = "default", description = "An error: `{\"detail\": ...}`", body = OnyxErrorBody),
     ),
     security(("bearer" = []), ("api_key" = []))
 )]
 async fn list(
     State(state): State<AppState>,
-    Authed(caller): Authed,
-) -> HttpResult<ApiJson<FileList>> {
+    OnyxAuthed(caller): OnyxAuthed,
+) -> OnyxResult<ApiJson<FileList>> {
     let files = filestore::list(&state, &caller).await?;
     Ok(ApiJson(FileList {
         files: files.into_iter().map(FileListItem::from).collect(),
@@ -188,18 +228,20 @@ async fn list(
     params(("file_id" = String, Path)),
     responses(
         (status = 200, description = "The file's bytes", body = Vec<u8>, content_type = "application/octet-stream"),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
+        (status = 401, body = OnyxErrorBody),
+        (status = 404, body = OnyxErrorBody),
+        (status = "default", description = "An error: `{\"detail\": ...}`", body = OnyxErrorBody),
     ),
     security(("bearer" = []), ("api_key" = []))
 )]
 async fn download(
     State(state): State<AppState>,
-    Authed(caller): Authed,
-    ApiPath(file_id): ApiPath<String>,
-) -> HttpResult<Response> {
-    let filestore::Download { meta, len, file } =
-        filestore::download(&state, &caller, &file_id).await?;
+    OnyxAuthed(caller): OnyxAuthed,
+    OnyxPath(file_id): OnyxPath,
+) -> OnyxResult<Response> {
+    let filestore::Download { meta, len, file } = filestore::download(&state, &caller, &file_id)
+        .await
+        .map_err(|e| file_error(&file_id, e))?;
     let mut response = file_body(file).into_response();
     let headers = response.headers_mut();
     headers.insert(
@@ -223,18 +265,21 @@ async fn download(
     params(("file_id" = String, Path)),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, body = crate::error::ErrorBody),
-        (status = 404, body = crate::error::ErrorBody),
-        (status = 409, description = "Mounted by a live session", body = crate::error::ErrorBody),
+        (status = 401, body = OnyxErrorBody),
+        (status = 404, body = OnyxErrorBody),
+        (status = 409, description = "Mounted by a live session", body = OnyxErrorBody),
+        (status = "default", description = "An error: `{\"detail\": ...}`", body = OnyxErrorBody),
     ),
     security(("bearer" = []), ("api_key" = []))
 )]
 async fn delete(
     State(state): State<AppState>,
-    Authed(caller): Authed,
-    ApiPath(file_id): ApiPath<String>,
-) -> HttpResult<StatusCode> {
-    filestore::delete(&state, &caller, &file_id).await?;
+    OnyxAuthed(caller): OnyxAuthed,
+    OnyxPath(file_id): OnyxPath,
+) -> OnyxResult<StatusCode> {
+    filestore::delete(&state, &caller, &file_id)
+        .await
+        .map_err(|e| file_error(&file_id, e))?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -1,5 +1,6 @@
 //! Exec in a session: `POST /v1/sessions/{id}/exec` (the result at the end),
-//! `.../exec/stream` (Server-Sent Events as output comes) and onyx's `.../bash`.
+//! `.../exec/stream` (Server-Sent Events as output comes); onyx's `.../bash` is in
+//! `crate::onyx::bash`.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +20,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(exec_sync))
         .routes(routes!(exec_stream))
-        .routes(routes!(bash))
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
@@ -146,24 +146,6 @@ impl From<engine::ExecExit> for ExecExit {
     }
 }
 
-/// `POST /v1/sessions/{id}/bash` (onyx python-sandbox).
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BashRequest {
-    pub cmd: String,
-    #[schema(minimum = 1)]
-    pub timeout_ms: Option<u64>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct BashResult {
-    pub stdout: String,
-    pub stderr: String,
-    pub exit_code: Option<i32>,
-    pub timed_out: bool,
-    pub duration_ms: u64,
-}
-
 #[utoipa::path(post, path = "/v1/sessions/{id}/exec", tag = "exec",
     params(("id" = String, Path)), request_body = ExecRequest,
     responses((status = 200, body = ExecResult), (status = 404, body = crate::error::ErrorBody),
@@ -199,25 +181,4 @@ async fn exec_stream(
             &serde_json::json!({"code": e.code.as_str(), "message": e.message}),
         ),
     }))
-}
-
-#[utoipa::path(post, path = "/v1/sessions/{id}/bash", tag = "execute",
-    params(("id" = String, Path)), request_body = BashRequest,
-    responses((status = 200, body = BashResult), (status = 404, body = crate::error::ErrorBody)),
-    security(("bearer" = [])))]
-async fn bash(
-    State(state): State<AppState>,
-    Authed(caller): Authed,
-    ApiPath(id): ApiPath<String>,
-    ApiJson(request): ApiJson<BashRequest>,
-) -> HttpResult<Response> {
-    let (r, slot) = engine::bash(&state, &caller, &id, &request.cmd, request.timeout_ms).await?;
-    let answer = BashResult {
-        stdout: r.stdout,
-        stderr: r.stderr,
-        exit_code: r.exit_code,
-        timed_out: r.timed_out,
-        duration_ms: r.duration_ms,
-    };
-    Ok(crate::http::json_holding(&answer, slot))
 }

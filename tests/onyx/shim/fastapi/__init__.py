@@ -1,0 +1,2 @@
+"""Only `fastapi.testclient` of FastAPI, for onyx's vendored tests: see
+tests/onyx/conftest.py."""
