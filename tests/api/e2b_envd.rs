@@ -267,10 +267,19 @@ fn envd_runs_processes_streams_their_output_and_ends_them_as_envd_does() {
             json!({"process": selector, "input": {"stdin": stdin}}),
         );
         assert_eq!((status, &body), (200, &json!({})));
+        // Client streaming: a start naming the process, data, keepalives.
+        let mut input = frame(0, &json!({"start": {"process": selector}}));
+        input.extend(frame(0, &json!({"keepalive": {}})));
+        input.extend(frame(
+            0,
+            &json!({"data": {"input": {"stdin": b64(b"more\n")}}}),
+        ));
+        let replies = envd.stream_raw("process.Process/StreamInput", &input, "");
+        assert_eq!(replies, [(0, json!({})), (2, json!({}))]);
         let (status, body) = envd.unary("process.Process/CloseStdin", json!({"process": selector}));
         assert_eq!((status, &body), (200, &json!({})));
         let frames = streamed.recv_timeout(Duration::from_secs(60)).unwrap();
-        assert_eq!(output(&frames, "stdout"), "fed\nclosed\n");
+        assert_eq!(output(&frames, "stdout"), "fed\nmore\nclosed\n");
         assert_eq!(end_event(&frames)["exitCode"], 0);
         // Ended: no longer envd's to list, signal or feed.
         let pid = frames[0].1["event"]["start"]["pid"].clone();
@@ -326,6 +335,12 @@ fn envd_runs_processes_streams_their_output_and_ends_them_as_envd_does() {
         json!({"process": {"pid": 999999}}),
     );
     assert_eq!(end_error(&missing)["code"], "not_found");
+    let early = frame(0, &json!({"data": {"input": {"stdin": b64(b"x")}}}));
+    let refused = envd.stream_raw("process.Process/StreamInput", &early, "");
+    assert_eq!(end_error(&refused)["code"], "invalid_argument");
+    let nobody = frame(0, &json!({"start": {"process": {"pid": 999999}}}));
+    let refused = envd.stream_raw("process.Process/StreamInput", &nobody, "");
+    assert_eq!(end_error(&refused)["code"], "not_found");
     let pty = envd.stream(
         "process.Process/Start",
         json!({"process": bash("true"), "pty": {"size": {"cols": 80, "rows": 24}}}),
