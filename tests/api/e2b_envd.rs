@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::{create, daemon, sid, tenant_key};
+use crate::support::{create, daemon, set_quotas, sid, tenant_key};
 
 /// A raw exchange on one connection: status, head (lowercase), body (unchunked).
 fn call(addr: &str, head: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
@@ -368,6 +368,61 @@ fn envd_runs_processes_streams_their_output_and_ends_them_as_envd_does() {
         json!({"process": {"cmd": "/bin/true", "cwd": "/nonexistent"}}),
     );
     assert_eq!(end_error(&nowhere)["code"], "invalid_argument");
+}
+
+#[test]
+fn a_start_refused_its_stream_leaves_no_process_running() {
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "e2b-envd-cap");
+    set_quotas(&d, "e2b-envd-cap", json!({"max_concurrent_execs": 1}));
+    let envd = Envd {
+        addr: d.addr(),
+        sandbox: sid(&create(&d, &key, json!({}))),
+        key,
+    };
+    let running = || {
+        let (status, list) = envd.unary("process.Process/List", json!({}));
+        assert_eq!(status, 200, "{list}");
+        list["processes"].as_array().unwrap().len()
+    };
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| {
+            envd.stream(
+                "process.Process/Start",
+                json!({"process": bash("sleep 600"), "tag": "holder"}),
+            )
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while running() == 0 {
+            assert!(Instant::now() < deadline, "the first never ran");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The tenant's one stream is taken: the second start is refused, and its
+        // process does not stay.
+        let second = envd.stream(
+            "process.Process/Start",
+            json!({"process": bash("sleep 600")}),
+        );
+        assert_eq!(
+            end_error(&second)["code"],
+            "resource_exhausted",
+            "{second:?}"
+        );
+        while running() > 1 {
+            assert!(
+                Instant::now() < deadline,
+                "the refused start's process stayed"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (status, body) = envd.unary(
+            "process.Process/SendSignal",
+            json!({"process": {"tag": "holder"}, "signal": "SIGNAL_SIGKILL"}),
+        );
+        assert_eq!(status, 200, "{body}");
+        let frames = first.join().unwrap();
+        assert_eq!(end_event(&frames)["status"], "signal: killed");
+    });
 }
 
 #[test]

@@ -290,29 +290,20 @@ fn keepalive_interval(headers: &HeaderMap) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
-/// Streams a process's events from `from`: start, its output, its end.
+/// Streams a process's events: start, its output (`events`), its end.
 async fn pump(
-    state: AppState,
-    call: SandboxCall,
-    pid: u64,
-    from: Offsets,
+    events: impl futures_util::Stream<Item = ProcessEvent> + Send + 'static,
+    pid: u32,
     sender: Sender,
     keepalive: Option<Duration>,
     deadline: Option<Duration>,
 ) {
-    let Ok(pid32) = e2b_pid(&call.session_id, pid) else {
-        return;
-    };
     if !sender
-        .send(&json!({"event": {"start": {"pid": pid32}}}))
+        .send(&json!({"event": {"start": {"pid": pid}}}))
         .await
     {
         return;
     }
-    let events = match processes::follow(&state, &call.caller, &call.session_id, pid, from).await {
-        Ok(events) => events,
-        Err(e) => return sender.end(Some(e.into())).await,
-    };
     let mut events = std::pin::pin!(events);
     let until = deadline.map(|d| tokio::time::Instant::now() + d);
     let never = Duration::from_secs(86_400 * 365);
@@ -367,23 +358,36 @@ pub async fn start(
     Extension(call): Extension<SandboxCall>,
     request: Streamed<StartRequest>,
 ) -> Response {
-    match start_process(&state, &call, &request).await {
-        Ok(pid) => {
-            let (sender, response) = connect::stream();
-            let keepalive = keepalive_interval(&request.headers);
-            tokio::spawn(pump(
-                state,
-                call,
-                pid,
-                Offsets::default(),
-                sender,
-                keepalive,
-                request.deadline,
-            ));
-            response
-        }
-        Err(e) => connect::stream_error(e),
+    let pid = match start_process(&state, &call, &request).await {
+        Ok(pid) => pid,
+        Err(e) => return connect::stream_error(e),
+    };
+    let followed = async {
+        let events = processes::follow(
+            &state,
+            &call.caller,
+            &call.session_id,
+            pid,
+            Offsets::default(),
+        )
+        .await?;
+        Ok::<_, ConnectError>((events, e2b_pid(&call.session_id, pid)?))
     }
+    .await;
+    let (events, pid32) = match followed {
+        Ok(found) => found,
+        Err(e) => {
+            // Not left running for a client that was told it failed (a tenant
+            // at its cap of streams).
+            let kill = json!("KILL");
+            let _ = processes::signal(&state, &call.caller, &call.session_id, pid, &kill).await;
+            return connect::stream_error(e);
+        }
+    };
+    let (sender, response) = connect::stream();
+    let keepalive = keepalive_interval(&request.headers);
+    tokio::spawn(pump(events, pid32, sender, keepalive, request.deadline));
+    response
 }
 
 async fn start_process(
@@ -472,17 +476,19 @@ pub async fn connect(
         stdout: info.stdout_bytes,
         stderr: info.stderr_bytes,
     };
+    let followed = async {
+        let id = info.process_id;
+        let events = processes::follow(&state, &call.caller, &call.session_id, id, from).await?;
+        Ok::<_, ConnectError>((events, e2b_pid(&call.session_id, id)?))
+    }
+    .await;
+    let (events, pid32) = match followed {
+        Ok(found) => found,
+        Err(e) => return connect::stream_error(e),
+    };
     let (sender, response) = connect::stream();
     let keepalive = keepalive_interval(&request.headers);
-    tokio::spawn(pump(
-        state,
-        call,
-        info.process_id,
-        from,
-        sender,
-        keepalive,
-        request.deadline,
-    ));
+    tokio::spawn(pump(events, pid32, sender, keepalive, request.deadline));
     response
 }
 
