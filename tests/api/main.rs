@@ -14,6 +14,7 @@ mod bad_input;
 mod connections;
 mod e2b_code;
 mod e2b_control;
+mod e2b_envd;
 mod e2b_plane;
 mod egress;
 mod egress_secrets;

@@ -41,6 +41,7 @@
 mod error;
 mod fsops;
 mod path;
+mod stat;
 mod tar_in;
 mod tar_out;
 #[cfg(test)]
@@ -57,6 +58,7 @@ use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, Uid};
 use rustix::io::Errno;
 
 pub use error::RootfsError;
+pub use stat::EntryStat;
 pub use tar_in::{ExtractLimits, ExtractSummary};
 
 use error::{errno, show};

@@ -97,7 +97,7 @@ pub struct FileRead {
 /// Runs a file operation and records it in the audit log, to its end even if the
 /// client goes away meanwhile: its blocking part cannot be stopped halfway, so a
 /// request dropped with it would leave work done that the log never saw.
-async fn audited<T: Send + 'static>(
+pub(super) async fn audited<T: Send + 'static>(
     state: &AppState,
     caller: &Caller,
     id: &str,
@@ -147,7 +147,7 @@ async fn in_sandbox<T: Send + 'static>(
 
 /// [`with_root`] for an operation that changes a session's files: the session
 /// must be running (not paused), as for every write.
-async fn change_root<T: Send + 'static>(
+pub(super) async fn change_root<T: Send + 'static>(
     state: &AppState,
     caller: &Caller,
     id: &str,

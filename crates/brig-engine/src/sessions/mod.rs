@@ -9,6 +9,7 @@
 //! and cleans up the rest.
 
 mod cut;
+pub mod entries;
 pub mod exec;
 pub mod files;
 mod locks;

@@ -63,6 +63,9 @@ pub struct ProcessInfo {
     pub ended_at: Option<String>,
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
+    /// Its pid in the sandbox's pid namespace: known to the start that made it
+    /// (not kept: a list or get gives `None`).
+    pub sandbox_pid: Option<i32>,
 }
 
 /// What following a process's output ([`follow`]) yields: its output from the
@@ -176,9 +179,9 @@ async fn start_in(
         Ok(reply) => reply.map_err(sandbox_gone)?.0,
         Err(_) => return Err(init_not_answering(ANSWER_TIMEOUT)),
     };
-    let (job, failed) = match reply {
-        AgentReply::Started { job, .. } => (Some(job), None),
-        AgentReply::ExecFailed { message, exit_code } => (None, Some((message, exit_code))),
+    let (job, sandbox_pid, failed) = match reply {
+        AgentReply::Started { job, pid } => (Some(job), Some(pid), None),
+        AgentReply::ExecFailed { message, exit_code } => (None, None, Some((message, exit_code))),
         AgentReply::Error { message } => return Err(ApiError::invalid(message)),
         other => {
             return Err(ApiError::internal(format!(
@@ -225,6 +228,7 @@ async fn start_in(
         ended_at: None,
         stdout_bytes: 0,
         stderr_bytes: 0,
+        sandbox_pid,
     })
 }
 
@@ -411,6 +415,7 @@ async fn load(
             ended_at,
             stdout_bytes: size("stdout"),
             stderr_bytes: size("stderr"),
+            sandbox_pid: None,
         };
         list.push(Loaded { info, tag });
     }
@@ -601,6 +606,20 @@ pub async fn follow(
             }
             if let Some(process) = ended {
                 if !got {
+                    // A character cut by the end never gets the rest: given as
+                    // the replacement character, not dropped.
+                    for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
+                        let rest = text[i].flush();
+                        if !rest.is_empty() {
+                            let event = ProcessEvent::Output(stream, rest);
+                            if !matches!(
+                                tokio::time::timeout(idle, tx.send(event)).await,
+                                Ok(Ok(()))
+                            ) {
+                                return;
+                            }
+                        }
+                    }
                     let event = ProcessEvent::Exit {
                         exit_code: process.exit_code,
                         signal: process.signal,

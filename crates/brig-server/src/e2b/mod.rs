@@ -30,7 +30,7 @@ pub use tokens::TokenKey;
 
 /// The envd version sandboxes report (`envdVersion`): the SDK enables features by
 /// it, so it names the newest version whose features brig's envd really serves.
-pub const ENVD_VERSION: &str = "0.2.4";
+pub const ENVD_VERSION: &str = "0.5.7";
 
 /// envd's port in every E2B sandbox.
 pub const ENVD_PORT: u16 = 49983;
@@ -275,6 +275,16 @@ async fn authorize(
 /// The caller of a brig API key in the request, if it carries a valid one (or,
 /// under `--no-auth`, none at all).
 async fn key_caller(state: &AppState, headers: &HeaderMap) -> Option<Caller> {
+    // envd's calls name their user in Basic auth: that is no key.
+    let mut headers = headers.clone();
+    let basic = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("basic "));
+    if basic {
+        headers.remove(axum::http::header::AUTHORIZATION);
+    }
+    let headers = &headers;
     let key = crate::http::presented_key(headers).ok()?;
     if key.is_none() && headers.contains_key("x-access-token") {
         // A wrong token is not an anonymous request, even under --no-auth.

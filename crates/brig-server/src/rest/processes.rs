@@ -80,6 +80,7 @@ impl From<engine::ProcessInfo> for ProcessInfo {
             ended_at,
             stdout_bytes,
             stderr_bytes,
+            sandbox_pid: _,
         } = p;
         ProcessInfo {
             process_id,
