@@ -17,10 +17,6 @@ use serde_json::json;
 /// beyond that.
 const SUITE_LIMIT: Duration = Duration::from_secs(1200);
 
-/// The only reason a test may be skipped: a daemon whose sandbox plane does not
-/// serve envd yet (tests/e2b/conftest.py).
-const ENVD_SKIP: &str = "envd not served by this daemon yet";
-
 fn key(d: &Daemon, tenant: &str) -> String {
     let (status, key) = d.request(
         "POST",
@@ -115,29 +111,15 @@ fn root_the_e2b_sdk_suites_pass_against_a_live_daemon() {
         None => panic!("pytest still ran after {SUITE_LIMIT:?}:\n{output}"),
     }
     assert!(output.contains(" passed"), "{output}");
-    let other_skips: Vec<&str> = output
+    let skips: Vec<&str> = output
         .lines()
-        .filter(|l| l.starts_with("SKIPPED") && !l.contains(ENVD_SKIP))
+        .filter(|l| l.starts_with("SKIPPED"))
         .collect();
     assert!(
-        other_skips.is_empty(),
+        skips.is_empty(),
         "the suite skipped tests:\n{}",
-        other_skips.join("\n")
+        skips.join("\n")
     );
-    // pytest's summary groups them: `SKIPPED [5] conftest.py:54: <reason>`.
-    let envd_skips: usize = output
-        .lines()
-        .filter(|l| l.starts_with("SKIPPED") && l.contains(ENVD_SKIP))
-        .map(|l| {
-            l.split_once('[')
-                .and_then(|(_, rest)| rest.split_once(']'))
-                .and_then(|(n, _)| n.parse().ok())
-                .unwrap_or(1)
-        })
-        .sum();
-    if envd_skips > 0 {
-        eprintln!("{envd_skips} tests wait for envd: {ENVD_SKIP}");
-    }
 
     // Each test cleans up after itself: neither tenant has a sandbox or snapshot left.
     for key in [&key, &other] {

@@ -9,49 +9,11 @@ each makes its own sandboxes, finds them by labels of its own, and kills them.
 import os
 import uuid
 
-import httpx
 import pytest
 from e2b import Sandbox
 
 # Generous: CI is a loaded 2-core VM.
 TIMEOUT = 300
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "envd: needs brig's envd (port 49983: commands, files, /health); skipped, "
-        "with that reason, by a daemon whose sandbox plane does not serve it yet",
-    )
-
-
-_ENVD = None
-
-
-def envd_served() -> bool:
-    """Whether the daemon answers envd's /health for a sandbox (probed once)."""
-    global _ENVD
-    if _ENVD is None:
-        sandbox = Sandbox.create(timeout=60)
-        try:
-            response = httpx.get(
-                os.environ["E2B_SANDBOX_URL"].rstrip("/") + "/health",
-                headers={
-                    "E2b-Sandbox-Id": sandbox.sandbox_id,
-                    "E2b-Sandbox-Port": "49983",
-                    "X-Access-Token": sandbox._envd_access_token or "",
-                },
-                timeout=60,
-            )
-            _ENVD = response.status_code < 300
-        finally:
-            sandbox.kill()
-    return _ENVD
-
-
-def pytest_runtest_setup(item):
-    if item.get_closest_marker("envd") and not envd_served():
-        pytest.skip("envd not served by this daemon yet")
 
 
 @pytest.fixture

@@ -186,7 +186,6 @@ def test_fork(sandbox, label):
     assert Sandbox.list_snapshots(sandbox_id=sandbox.sandbox_id).next_items() == []
 
 
-@pytest.mark.envd
 def test_a_sandbox_runs_as_user_in_its_home(sandboxes):
     sandbox = sandboxes(envs={"GREETING": "hi"})
     assert sandbox.is_running()
@@ -194,7 +193,6 @@ def test_a_sandbox_runs_as_user_in_its_home(sandboxes):
     assert result.stdout.split("\n")[:3] == ["hi /home/user user", "/home/user", "user"]
 
 
-@pytest.mark.envd
 def test_two_sandboxes_are_isolated_from_each_other(sandboxes):
     one, two = sandboxes(), sandboxes()
     one.files.write("/home/user/secret.txt", "only in one")
@@ -206,7 +204,6 @@ def test_two_sandboxes_are_isolated_from_each_other(sandboxes):
     assert "sleep 300" not in two.commands.run("ps -eo args").stdout
 
 
-@pytest.mark.envd
 def test_a_snapshot_keeps_the_files(sandboxes, sandbox):
     sandbox.files.write("kept.txt", "still here")
     snapshot = sandbox.create_snapshot()
@@ -217,7 +214,6 @@ def test_a_snapshot_keeps_the_files(sandboxes, sandbox):
         Sandbox.delete_snapshot(snapshot.snapshot_id)
 
 
-@pytest.mark.envd
 def test_a_killed_sandbox_is_not_running(sandboxes):
     sandbox = sandboxes()
     assert sandbox.is_running()
@@ -225,7 +221,6 @@ def test_a_killed_sandbox_is_not_running(sandboxes):
     assert not sandbox.is_running()
 
 
-@pytest.mark.envd
 def test_files_survive_a_pause(sandbox):
     sandbox.files.write("/home/user/before.txt", "paused")
     assert sandbox.pause()
@@ -266,7 +261,6 @@ def test_network_fields_brig_cannot_honour_are_refused(label):
         )
 
 
-@pytest.mark.envd
 def test_a_paused_sandbox_is_not_running_until_connected(sandbox):
     assert sandbox.is_running()
     assert sandbox.pause()

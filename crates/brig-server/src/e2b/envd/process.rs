@@ -425,6 +425,9 @@ async fn start_process(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
+    // As Go's exec gives envd's children: a shell then names its directory as asked
+    // (`pwd` says /home/user where that is a link to the workspace).
+    env.insert("PWD".to_string(), cwd.clone());
     env.extend(envs.clone());
     let mut argv = vec![cmd];
     argv.extend(args);
