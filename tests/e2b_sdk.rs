@@ -1,23 +1,29 @@
 //! E2B's SDKs, unmodified (`e2b`, `e2b-code-interpreter` from PyPI), end to end
-//! against a live daemon: every `tests/e2b/test_*.py`, in one pytest run (in
-//! parallel with pytest-xdist when installed), with the SDK pointed at the daemon
-//! by its own variables (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY`). The
-//! packages are in the virtualenv `scripts/test.sh` makes (`target/test-venv`).
+//! against a live daemon, with the SDK pointed at it by its own variables
+//! (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY`). The packages are in the
+//! virtualenv `scripts/test.sh` makes (`target/test-venv`).
+//!
+//! Two suites, each one pytest run (in parallel with pytest-xdist):
+//! - ours, `tests/e2b/test_*.py`: every test must run and pass;
+//! - E2B's own, `tests/e2b_upstream/` (the SDKs' sync tests, vendored from their
+//!   repositories; see its README): every test that applies must pass, and the
+//!   ones that do not apply are listed, each with its reason, in
+//!   `tests/e2b_upstream/deselected.txt`.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::daemon::Daemon;
 use serde_json::json;
 
-/// The suite takes a minute or two on a loaded 2-core VM; a hang is cut off far
+/// A suite takes a minute or two on a loaded 2-core VM; a hang is cut off far
 /// beyond that.
 const SUITE_LIMIT: Duration = Duration::from_secs(1200);
 
-fn key(d: &Daemon, tenant: &str) -> String {
+fn key_of(d: &Daemon, tenant: &str) -> String {
     let (status, key) = d.request(
         "POST",
         "/v1/keys",
@@ -28,9 +34,8 @@ fn key(d: &Daemon, tenant: &str) -> String {
     key["key"].as_str().unwrap().to_string()
 }
 
-#[test]
-fn root_the_e2b_sdk_suites_pass_against_a_live_daemon() {
-    require_root!();
+/// The test venv's python, if it has the SDKs (None: the test is skipped, said).
+fn venv_python() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = root.join("target/test-venv/bin/python");
     if !python.exists() {
@@ -38,7 +43,7 @@ fn root_the_e2b_sdk_suites_pass_against_a_live_daemon() {
             "skipped: no {} (./scripts/test.sh makes it)",
             python.display()
         );
-        return;
+        return None;
     }
     let imports = Command::new(&python)
         .args(["-c", "import e2b, e2b_code_interpreter, pytest, httpx"])
@@ -50,40 +55,47 @@ fn root_the_e2b_sdk_suites_pass_against_a_live_daemon() {
         python.display(),
         String::from_utf8_lossy(&imports.stderr)
     );
-    let parallel = Command::new(&python)
-        .args(["-c", "import xdist"])
-        .output()
-        .unwrap()
-        .status
-        .success();
+    Some(python)
+}
 
-    let d = Daemon::start(&[
+/// A daemon whose E2B templates are sandboxes on the host's dirs.
+fn daemon() -> Daemon {
+    Daemon::start(&[
         "--default-image",
         "host",
         "--e2b-template",
         "base=host",
         "--e2b-template",
         "code-interpreter-v1=host",
-    ]);
-    let key = key(&d, "e2b");
-    let other = key_of_other(&d);
+    ])
+}
 
+/// Runs pytest on `args` against `d` with `key` as E2B_API_KEY; its output, after
+/// failing the test if pytest failed, hung or skipped anything.
+fn pytest(python: &Path, d: &Daemon, key: &str, other: &str, args: &[String]) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let parallel = Command::new(python)
+        .args(["-c", "import xdist"])
+        .output()
+        .unwrap()
+        .status
+        .success();
     let out_dir = tempfile::tempdir().unwrap();
     let log = out_dir.path().join("pytest.log");
     let log_file = std::fs::File::create(&log).unwrap();
-    let mut pytest = Command::new(&python);
+    let mut pytest = Command::new(python);
     pytest.args(["-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider"]);
     if parallel {
         pytest.args(["-n", "2"]);
     }
     let mut child = pytest
-        .arg(root.join("tests/e2b"))
+        .args(args)
         .current_dir(root)
         .env("E2B_API_URL", d.url(""))
         .env("E2B_SANDBOX_URL", d.url(""))
-        .env("E2B_API_KEY", &key)
+        .env("E2B_API_KEY", key)
         .env("E2B_DOMAIN", d.addr())
-        .env("BRIG_E2B_OTHER_KEY", &other)
+        .env("BRIG_E2B_OTHER_KEY", other)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
@@ -120,9 +132,12 @@ fn root_the_e2b_sdk_suites_pass_against_a_live_daemon() {
         "the suite skipped tests:\n{}",
         skips.join("\n")
     );
+    output
+}
 
-    // Each test cleans up after itself: neither tenant has a sandbox or snapshot left.
-    for key in [&key, &other] {
+/// Each test cleans up after itself: no tenant has a sandbox or snapshot left.
+fn assert_nothing_left(d: &Daemon, keys: &[&str]) {
+    for key in keys {
         let (status, list) = d.request("GET", "/v1/sessions", Some(key), None);
         assert_eq!(status, 200);
         assert_eq!(list["sessions"], json!([]), "the SDK tests left sandboxes");
@@ -135,8 +150,77 @@ fn root_the_e2b_sdk_suites_pass_against_a_live_daemon() {
     }
 }
 
-/// A key of a second tenant, for the tests that check one tenant cannot reach
-/// another's sandboxes.
-fn key_of_other(d: &Daemon) -> String {
-    key(d, "e2b-other")
+#[test]
+fn root_the_e2b_sdk_suites_pass_against_a_live_daemon() {
+    require_root!();
+    let Some(python) = venv_python() else { return };
+    let d = daemon();
+    let key = key_of(&d, "e2b");
+    let other = key_of(&d, "e2b-other");
+    pytest(&python, &d, &key, &other, &["tests/e2b".to_string()]);
+    assert_nothing_left(&d, &[&key, &other]);
+}
+
+/// The tests of E2B's own repositories that apply to brig, less those listed in
+/// `deselected.txt` (`<node id>  # <why>` a line).
+#[test]
+fn root_e2bs_own_sdk_tests_pass_where_they_apply() {
+    require_root!();
+    let Some(python) = venv_python() else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let listed = std::fs::read_to_string(root.join("tests/e2b_upstream/deselected.txt")).unwrap();
+    let mut args = vec![
+        "-c".to_string(),
+        "tests/e2b_upstream/pytest.ini".to_string(),
+        "--rootdir".to_string(),
+        "tests/e2b_upstream".to_string(),
+    ];
+    for line in listed.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (id, why) = line.split_once("  # ").expect("`<node id>  # <why>`");
+        assert!(!why.trim().is_empty(), "{line}: no reason given");
+        args.push("--deselect".to_string());
+        args.push(id.trim().to_string());
+    }
+    args.push("tests/e2b_upstream/python_sdk".to_string());
+    args.push("tests/e2b_upstream/code_interpreter".to_string());
+    let d = daemon();
+    let key = key_of(&d, "e2b-upstream");
+    let other = key_of(&d, "e2b-upstream-other");
+    pytest(&python, &d, &key, &other, &args);
+    // Every deselected test exists: a list that names nothing hides nothing.
+    let collected = Command::new(&python)
+        .args([
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ])
+        .args(&args[..4])
+        .args([
+            "tests/e2b_upstream/python_sdk",
+            "tests/e2b_upstream/code_interpreter",
+        ])
+        .current_dir(root)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    let collected = String::from_utf8_lossy(&collected.stdout);
+    let ids: std::collections::BTreeSet<&str> = collected.lines().map(str::trim).collect();
+    let missing: Vec<&String> = args
+        .windows(2)
+        .filter(|w| w[0] == "--deselect")
+        .map(|w| &w[1])
+        .filter(|id| !ids.contains(id.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "deselected.txt names tests that are not collected: {missing:?}\n{collected}"
+    );
+    assert_nothing_left(&d, &[&key]);
 }

@@ -48,10 +48,12 @@ def main():
         os.close(w)
         os.set_blocking(r, False)
         streams[r] = (name, codecs.getincrementaldecoder("utf-8")("replace"))
+    # A line at a time, as a notebook shows it: print()'s text and its newline go
+    # out together. What a line leaves unfinished goes out before the next event.
     sys.stdout = io.TextIOWrapper(open(1, "wb", 0, closefd=False), "utf-8",
-                                  "backslashreplace", write_through=True)
+                                  "backslashreplace", line_buffering=True)
     sys.stderr = io.TextIOWrapper(open(2, "wb", 0, closefd=False), "utf-8",
-                                  "backslashreplace", write_through=True)
+                                  "backslashreplace", line_buffering=True)
 
     def drain():
         # Under `lock`: what the pipes hold now, as events.
@@ -138,6 +140,7 @@ def main():
 
     def run(code, n, env):
         filename = "<cell-%d>" % n
+        code = leading_indent(code)
         try:
             tree = ast.parse(code, filename, "exec")
         except SyntaxError as original:
@@ -194,6 +197,18 @@ def main():
             emit_in_order(error_event(e))
         running[0] = False
         emit_in_order({"type": "end"})
+
+
+def leading_indent(code):
+    """`code` without the indentation of its first line, taken off every line that
+    has it, as IPython does: a cell pasted from an indented block (or written in an
+    indented string) runs. Python never starts indented, so nothing valid changes."""
+    lines = code.splitlines(True)
+    first = next((l for l in lines if l.strip()), "")
+    indent = first[: len(first) - len(first.lstrip(" \t"))]
+    if not indent:
+        return code
+    return "".join(l[len(indent):] if l.startswith(indent) else l for l in lines)
 
 
 def shell_escapes(code):

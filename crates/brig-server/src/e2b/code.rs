@@ -7,7 +7,6 @@
 //! so these routes do too.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -190,7 +189,8 @@ async fn execute(
     let events = engine::run_code(&state, &call.caller, &call.session_id, run)
         .await
         .map_err(refused)?;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(16);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    let session_id = call.session_id.clone();
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         let mut keepalive = tokio::time::interval(KEEPALIVE);
@@ -199,6 +199,13 @@ async fn execute(
             let line = tokio::select! {
                 event = events.next() => match event {
                     Some(CodeEvent::End(end)) => {
+                        if gone(&state, &session_id) {
+                            // Cut, not ended: the SDK then asks whether the sandbox
+                            // runs, and says it was killed mid-request.
+                            let cut = std::io::Error::other("the sandbox was killed");
+                            let _ = tx.send(Err(cut)).await;
+                            return;
+                        }
                         let count = json!({"type": "number_of_executions",
                             "execution_count": end.execution_count});
                         let _ = tx.send(Ok(line_of(&count))).await;
@@ -219,6 +226,14 @@ async fn execute(
     });
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
+}
+
+/// Whether the session has ended (killed, expired) since the run began.
+fn gone(state: &AppState, session_id: &str) -> bool {
+    state
+        .sessions()
+        .get(session_id)
+        .is_none_or(|s| s.deleted.load(std::sync::atomic::Ordering::SeqCst))
 }
 
 fn line_of(value: &Value) -> Bytes {
@@ -279,6 +294,8 @@ fn result_of(mut data: Map<String, Value>, main: bool) -> Value {
         }
         out.insert(name.into(), value);
     }
+    // brig's own description of a chart is for brig's API; E2B's is `chart`.
+    data.retain(|mime, _| !mime.starts_with("application/vnd.brig."));
     out.insert("extra".into(), Value::Object(data));
     out.insert("is_main_result".into(), main.into());
     Value::Object(out)
