@@ -239,3 +239,46 @@ fn an_abandoned_run_is_interrupted_so_the_next_one_runs() {
         "the interrupted run counted"
     );
 }
+
+/// Where the image has E2B's chart extractor (`e2b-charts`, in brig's python image),
+/// a figure's result carries its `chart`; brig's own chart description stays out of
+/// E2B's `extra`. Here a stand-in extractor is on the sandbox's PYTHONPATH.
+#[test]
+fn a_figure_carries_e2b_charts_data_where_the_image_has_it() {
+    let d = daemon(&[]);
+    let key = d.admin_key().to_string();
+    let id = sid(&create(
+        &d,
+        &key,
+        json!({"env": {"PYTHONPATH": "/workspace/site"}}),
+    ));
+    let stand_in = b"def chart_figure_to_dict(fig):\n    \
+        return {'type': 'line', 'title': fig.axes[0].get_title(), 'elements': []}\n";
+    let (status, body) = d.raw(
+        "PUT",
+        &crate::support::files_url(&id, "/workspace/site/e2b_charts/__init__.py"),
+        Some(&key),
+        None,
+        Some(stand_in.to_vec()),
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let ctx = context(&d, &id, r#"{"cwd": "/workspace"}"#);
+    let lines = execute(
+        &d,
+        &id,
+        json!({"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4])\n\
+                        plt.title('up')\nplt.show()", "context_id": ctx}),
+    );
+    let result = lines
+        .iter()
+        .find(|l| l["type"] == "result")
+        .unwrap_or_else(|| panic!("no result: {lines:?}"));
+    assert_eq!(
+        result["chart"],
+        json!({"type": "line", "title": "up", "elements": []})
+    );
+    assert!(result["png"]
+        .as_str()
+        .is_some_and(|p| p.starts_with("iVBOR")));
+    assert_eq!(result["extra"], json!({}));
+}
