@@ -13,8 +13,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use common::daemon::Daemon;
 use serde_json::json;
@@ -80,59 +80,20 @@ fn pytest(python: &Path, d: &Daemon, key: &str, other: &str, args: &[String]) ->
         .unwrap()
         .status
         .success();
-    let out_dir = tempfile::tempdir().unwrap();
-    let log = out_dir.path().join("pytest.log");
-    let log_file = std::fs::File::create(&log).unwrap();
     let mut pytest = Command::new(python);
     pytest.args(["-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider"]);
     if parallel {
         pytest.args(["-n", "2"]);
     }
-    let mut child = pytest
+    pytest
         .args(args)
         .current_dir(root)
         .env("E2B_API_URL", d.url(""))
         .env("E2B_SANDBOX_URL", d.url(""))
         .env("E2B_API_KEY", key)
         .env("E2B_DOMAIN", d.addr())
-        .env("BRIG_E2B_OTHER_KEY", other)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().unwrap())
-        .stderr(log_file)
-        .spawn()
-        .unwrap();
-    let end = Instant::now() + SUITE_LIMIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let output = std::fs::read_to_string(&log).unwrap_or_default();
-    // The summary, so a run shows what ran even when it passes.
-    eprintln!("{}", output.lines().last().unwrap_or_default());
-    match status {
-        Some(s) if s.success() => {}
-        Some(s) => panic!("pytest failed ({s}):\n{output}"),
-        None => panic!("pytest still ran after {SUITE_LIMIT:?}:\n{output}"),
-    }
-    assert!(output.contains(" passed"), "{output}");
-    let skips: Vec<&str> = output
-        .lines()
-        .filter(|l| l.starts_with("SKIPPED"))
-        .collect();
-    assert!(
-        skips.is_empty(),
-        "the suite skipped tests:\n{}",
-        skips.join("\n")
-    );
-    output
+        .env("BRIG_E2B_OTHER_KEY", other);
+    common::pytest::run(pytest, SUITE_LIMIT)
 }
 
 /// Each test cleans up after itself: no tenant has a sandbox or snapshot left.

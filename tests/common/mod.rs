@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod daemon;
+pub mod pytest;
 pub mod sessions;
 
 use std::path::PathBuf;
