@@ -420,6 +420,9 @@ pub struct Session {
     pub(crate) egress: Mutex<Option<crate::egress::Proxy>>,
     /// Its interpreter's contexts (in memory: they end with the daemon).
     pub interpreter: crate::interpreter::Contexts,
+    /// Woken when one of its background processes has ended (its end recorded), so
+    /// that a stream following it ends now rather than at its next look.
+    pub process_ended: tokio::sync::Notify,
 }
 
 /// What of a session can change after create (`PATCH /v1/sessions/{id}`).
@@ -833,6 +836,7 @@ impl Sessions {
                 lock_kills: AtomicU64::new(0),
                 next_lock_count: Mutex::new(None),
                 interpreter: Default::default(),
+                process_ended: Default::default(),
                 egress: Mutex::new(None),
             };
             // Its listeners went with the previous daemon; until they are bound
@@ -1546,6 +1550,7 @@ async fn start_session(
         lock_kills: AtomicU64::new(0),
         next_lock_count: Mutex::new(None),
         interpreter: Default::default(),
+        process_ended: Default::default(),
         egress: Mutex::new(proxy),
     });
     // Files are copied in after the row is written, and if that fails the session is

@@ -354,6 +354,7 @@ async fn record_exit(state: &AppState, session: &Session, job: u64, exit: JobExi
         .db
         .end_process(&session.id, &job.to_string(), exit.code, exit.signal)
         .await;
+    session.process_ended.notify_waiters();
 }
 
 /// After a restart: watch every process the previous daemon left running.
@@ -560,9 +561,15 @@ pub async fn follow(
         ];
         let mut got = false;
         loop {
+            // Armed before the end state is read: an end recorded from then on
+            // wakes the wait below at once.
+            let woken = session.process_ended.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
             // Read the end state before the output, so nothing written before the
             // exit is missed; not while output keeps coming (the stream cannot end
             // on a round that got some).
+            let after_output = got;
             let ended = match got {
                 true => None,
                 false => load_one(&state, &session, pid)
@@ -631,7 +638,14 @@ pub async fn follow(
                 if session.deleted.load(Ordering::SeqCst) || tx.is_closed() {
                     return;
                 }
-                tokio::time::sleep(TAIL_INTERVAL).await;
+                if after_output {
+                    // The output ran dry: look at the end state now, not after a wait.
+                    continue;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(TAIL_INTERVAL) => {}
+                    () = &mut woken => {}
+                }
             }
         }
     });
