@@ -37,7 +37,9 @@ class _AsyncHttp:
         self._client = self._new()
 
     def _new(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self._base, headers=self._headers, timeout=self._timeout)
+        return httpx.AsyncClient(
+            base_url=self._base, headers=self._headers, timeout=self._timeout, verify=c.tls()
+        )
 
     @property
     def client(self) -> httpx.AsyncClient:

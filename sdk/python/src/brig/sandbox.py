@@ -36,7 +36,9 @@ class _Http:
         self._client = self._new()
 
     def _new(self) -> httpx.Client:
-        return httpx.Client(base_url=self._base, headers=self._headers, timeout=self._timeout)
+        return httpx.Client(
+            base_url=self._base, headers=self._headers, timeout=self._timeout, verify=c.tls()
+        )
 
     @property
     def client(self) -> httpx.Client:
