@@ -829,3 +829,91 @@ fn envd_answers_bad_connect_input_with_connect_errors() {
         (200, &json!("FILE_TYPE_DIRECTORY"))
     );
 }
+
+/// A sandbox plants symlinks to host paths and asks envd to follow them: reads,
+/// writes, listings, moves and removals all resolve inside the sandbox's root, so
+/// nothing of the host is read, made, moved or removed.
+#[test]
+fn root_envd_never_follows_a_planted_link_out_of_the_sandbox() {
+    require_root!();
+    let d = daemon(&[]);
+    let (key, _) = tenant_key(&d, "e2b-envd-links");
+    let envd = Envd {
+        addr: d.addr(),
+        sandbox: sid(&create(&d, &key, json!({}))),
+        key,
+    };
+    // Host paths the sandbox cannot see: a secret to read, a directory to write
+    // into and list, a file to move and remove.
+    let host = tempfile::tempdir().unwrap();
+    let secret = host.path().join("secret.txt");
+    std::fs::write(&secret, "host secret").unwrap();
+    let victim = host.path().join("victim.txt");
+    std::fs::write(&victim, "keep me").unwrap();
+    let host_dir = host.path().display().to_string();
+    let plant = format!(
+        "ln -s {secret} /tmp/read && ln -s {host_dir} /tmp/dir && ln -s {victim} /tmp/victim \
+         && ln -s / /tmp/root",
+        secret = secret.display(),
+        victim = victim.display()
+    );
+    let frames = envd.stream("process.Process/Start", json!({"process": bash(&plant)}));
+    assert_eq!(end_event(&frames)["exitCode"], 0, "{frames:?}");
+
+    // Reads: the link leads nowhere inside the sandbox.
+    for path in [
+        "/tmp/read",
+        "/tmp/dir/secret.txt",
+        "/tmp/root/../../../../tmp/read",
+    ] {
+        let (status, _, body) = call(
+            d.addr(),
+            &envd.head("GET", &format!("/files?path={path}"), "application/json"),
+            b"",
+        );
+        assert!(
+            !String::from_utf8_lossy(&body).contains("host secret"),
+            "{path}: {status}"
+        );
+        assert_ne!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
+    }
+    let (_, listed) = envd.unary("filesystem.Filesystem/ListDir", json!({"path": "/tmp/dir"}));
+    assert!(!listed.to_string().contains("secret.txt"), "{listed}");
+
+    // Writes through a link to a host directory make nothing on the host.
+    let (_, _, _) = call(
+        d.addr(),
+        &envd.head(
+            "POST",
+            "/files?path=/tmp/dir/planted.txt",
+            "application/octet-stream",
+        ),
+        b"from the sandbox",
+    );
+    let (_, _) = envd.unary(
+        "filesystem.Filesystem/MakeDir",
+        json!({"path": "/tmp/dir/planted-dir"}),
+    );
+    // Moves and removals of a link act on the link, never on its host target.
+    let (_, _) = envd.unary(
+        "filesystem.Filesystem/Move",
+        json!({"source": "/tmp/victim", "destination": "/tmp/moved"}),
+    );
+    let (_, _) = envd.unary(
+        "filesystem.Filesystem/Remove",
+        json!({"path": "/tmp/moved"}),
+    );
+    let (_, _) = envd.unary(
+        "filesystem.Filesystem/Remove",
+        json!({"path": "/tmp/dir/secret.txt"}),
+    );
+
+    let mut names: Vec<String> = std::fs::read_dir(host.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["secret.txt", "victim.txt"], "the host dir changed");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "host secret");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+}
