@@ -150,18 +150,11 @@ pub async fn sandbox_plane(State(planes): State<Planes>, request: Request, next:
     };
     let mut request = request;
     let is_health = request.uri().path() == "/health";
-    let (caller, home) = match authorize(
-        &planes,
-        &sandbox_id,
-        port,
-        is_health,
-        request.headers().clone(),
-    )
-    .await
-    {
-        Ok(found) => found,
-        Err(refusal) => return *refusal,
-    };
+    let (caller, home) =
+        match authorize(&planes, &sandbox_id, port, is_health, request.headers()).await {
+            Ok(found) => found,
+            Err(refusal) => return *refusal,
+        };
     if let Some(slot) = request.extensions().get::<CallerSlot>() {
         let _ = slot.0.set(caller.clone());
     }
@@ -202,7 +195,7 @@ async fn authorize(
     sandbox_id: &str,
     port: u16,
     is_health: bool,
-    headers: HeaderMap,
+    headers: &HeaderMap,
 ) -> Result<(Caller, String), Box<Response>> {
     let state = &planes.state;
     let Some(session) = state
@@ -252,7 +245,7 @@ async fn authorize(
     if port == ENVD_PORT && is_health {
         return as_tenant();
     }
-    if let Some(caller) = key_caller(state, &headers).await {
+    if let Some(caller) = key_caller(state, headers).await {
         if caller.tenant == session.tenant || caller.admin {
             return as_tenant().map(|(_, home)| {
                 let caller = Caller {
